@@ -1,0 +1,59 @@
+"""Deterministic random weights of the real shapes, for tests, checkpoints and GPU benchmarks.
+
+Each tensor has its own generator seeded from (seed, name), so a tensor's values do not
+depend on sharding, order or which other tensors are built. Scales keep activations in a
+sane range through every layer: unit-RMS inputs to every projection give unit-variance
+outputs, residual-writing projections are halved, sinks and router biases are O(1)/O(0.1)
+so that both visibly matter.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Iterator
+
+import torch
+
+from flint_backend.config import FlintConfig
+from flint_backend.weights.schema import FP32_KINDS, Kind, checkpoint_tensors
+
+OUTPUT_SCALE = 0.5  # o_proj / down_proj: keep the residual stream from growing layer over layer
+NORM_JITTER = 0.1   # norm weights 1 + N(0, 0.1): a test notices a norm whose weight is ignored
+BIAS_STD = 0.1      # router correction bias: changes some top-k choices, not most
+
+
+def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    return g
+
+
+def random_tensor(name: str, shape: tuple[int, ...], kind: Kind, seed: int = 0,
+                  device: str | torch.device = "cpu") -> torch.Tensor:
+    """fp32 values for one checkpoint tensor (CPU and CUDA generators give different streams)."""
+    device = torch.device(device)
+    x = torch.randn(shape, generator=_generator(seed, name, device), device=device, dtype=torch.float32)
+    if kind is Kind.EMBEDDING:
+        return x
+    if kind is Kind.NORM:
+        return 1.0 + NORM_JITTER * x
+    if kind is Kind.SINK:
+        return x
+    if kind is Kind.BIAS:
+        return BIAS_STD * x
+    scale = 1.0 / math.sqrt(shape[-1])  # LINEAR, OUTPUT, ROUTER: fan-in scaling
+    if kind is Kind.OUTPUT:
+        scale *= OUTPUT_SCALE
+    return x * scale
+
+
+def storage_dtype(kind: Kind, dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if kind in FP32_KINDS else dtype
+
+
+def random_weights(config: FlintConfig, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                   device: str | torch.device = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) for every checkpoint tensor, stored as a checkpoint stores it."""
+    for name, shape, spec in checkpoint_tensors(config):
+        yield name, random_tensor(name, shape, spec.kind, seed, device).to(storage_dtype(spec.kind, dtype))

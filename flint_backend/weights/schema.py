@@ -1,0 +1,129 @@
+"""The checkpoint's tensors, declared once: HF name, llama.cpp-style GGUF name, shape, kind.
+
+Every loader, writer and converter walks this table; nothing else spells a tensor name.
+`{i}` is the layer index, `{e}` the routed-expert index. GGUF stacks the routed experts of a
+layer into one tensor (`*_exps`, shape [E, N, K]); HF stores one tensor per expert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Iterator
+
+from flint_backend.config import FlintConfig
+
+
+class Kind(Enum):
+    EMBEDDING = "embedding"  # [V, H] row lookup
+    LINEAR = "linear"        # [N, K] weight of y = x @ W.T
+    OUTPUT = "output"        # LINEAR whose result lands on the residual stream (o_proj, down_proj)
+    ROUTER = "router"        # [E, H] router weight, used in fp32
+    NORM = "norm"            # RMSNorm weight
+    SINK = "sink"            # [heads] attention-sink logits, fp32
+    BIAS = "bias"            # [E] router correction bias, fp32
+
+
+class Scope(Enum):
+    GLOBAL = "global"  # once per model
+    LAYER = "layer"    # every layer
+    DENSE = "dense"    # layers < first_k_dense_replace
+    MOE = "moe"        # MoE layers
+    EXPERT = "expert"  # every routed expert of every MoE layer
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    hf: str
+    gguf: str
+    kind: Kind
+    scope: Scope
+    shape: Callable[[FlintConfig], tuple[int, ...]]
+
+
+def _q(c): return c.num_attention_heads * c.head_dim
+def _kv(c): return c.num_key_value_heads * c.head_dim
+def _shared(c): return c.shared_intermediate_size
+
+
+_L = "model.layers.{i}."
+_E = _L + "mlp.experts.{e}."
+_S = _L + "mlp.shared_experts."
+
+TENSORS: tuple[TensorSpec, ...] = (
+    TensorSpec("model.embed_tokens.weight", "token_embd.weight", Kind.EMBEDDING, Scope.GLOBAL,
+               lambda c: (c.vocab_size, c.hidden_size)),
+    TensorSpec(_L + "input_layernorm.weight", "blk.{i}.attn_norm.weight", Kind.NORM, Scope.LAYER,
+               lambda c: (c.hidden_size,)),
+    TensorSpec(_L + "self_attn.q_proj.weight", "blk.{i}.attn_q.weight", Kind.LINEAR, Scope.LAYER,
+               lambda c: (_q(c), c.hidden_size)),
+    TensorSpec(_L + "self_attn.k_proj.weight", "blk.{i}.attn_k.weight", Kind.LINEAR, Scope.LAYER,
+               lambda c: (_kv(c), c.hidden_size)),
+    TensorSpec(_L + "self_attn.v_proj.weight", "blk.{i}.attn_v.weight", Kind.LINEAR, Scope.LAYER,
+               lambda c: (_kv(c), c.hidden_size)),
+    TensorSpec(_L + "self_attn.o_proj.weight", "blk.{i}.attn_output.weight", Kind.OUTPUT, Scope.LAYER,
+               lambda c: (c.hidden_size, _q(c))),
+    TensorSpec(_L + "self_attn.q_norm.weight", "blk.{i}.attn_q_norm.weight", Kind.NORM, Scope.LAYER,
+               lambda c: (c.head_dim,)),
+    TensorSpec(_L + "self_attn.k_norm.weight", "blk.{i}.attn_k_norm.weight", Kind.NORM, Scope.LAYER,
+               lambda c: (c.head_dim,)),
+    TensorSpec(_L + "self_attn.sinks", "blk.{i}.attn_sinks.weight", Kind.SINK, Scope.LAYER,
+               lambda c: (c.num_attention_heads,)),
+    TensorSpec(_L + "post_attention_layernorm.weight", "blk.{i}.ffn_norm.weight", Kind.NORM, Scope.LAYER,
+               lambda c: (c.hidden_size,)),
+    # dense SwiGLU (layers 0..first_k_dense_replace-1)
+    TensorSpec(_L + "mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight", Kind.LINEAR, Scope.DENSE,
+               lambda c: (c.intermediate_size, c.hidden_size)),
+    TensorSpec(_L + "mlp.up_proj.weight", "blk.{i}.ffn_up.weight", Kind.LINEAR, Scope.DENSE,
+               lambda c: (c.intermediate_size, c.hidden_size)),
+    TensorSpec(_L + "mlp.down_proj.weight", "blk.{i}.ffn_down.weight", Kind.OUTPUT, Scope.DENSE,
+               lambda c: (c.hidden_size, c.intermediate_size)),
+    # MoE: router, correction bias, shared expert
+    TensorSpec(_L + "mlp.gate.weight", "blk.{i}.ffn_gate_inp.weight", Kind.ROUTER, Scope.MOE,
+               lambda c: (c.n_routed_experts, c.hidden_size)),
+    TensorSpec(_L + "mlp.gate.e_score_correction_bias", "blk.{i}.exp_probs_b.bias", Kind.BIAS, Scope.MOE,
+               lambda c: (c.n_routed_experts,)),
+    TensorSpec(_S + "gate_proj.weight", "blk.{i}.ffn_gate_shexp.weight", Kind.LINEAR, Scope.MOE,
+               lambda c: (_shared(c), c.hidden_size)),
+    TensorSpec(_S + "up_proj.weight", "blk.{i}.ffn_up_shexp.weight", Kind.LINEAR, Scope.MOE,
+               lambda c: (_shared(c), c.hidden_size)),
+    TensorSpec(_S + "down_proj.weight", "blk.{i}.ffn_down_shexp.weight", Kind.OUTPUT, Scope.MOE,
+               lambda c: (c.hidden_size, _shared(c))),
+    # routed experts: one HF tensor per expert, one stacked GGUF tensor per layer
+    TensorSpec(_E + "gate_proj.weight", "blk.{i}.ffn_gate_exps.weight", Kind.LINEAR, Scope.EXPERT,
+               lambda c: (c.moe_intermediate_size, c.hidden_size)),
+    TensorSpec(_E + "up_proj.weight", "blk.{i}.ffn_up_exps.weight", Kind.LINEAR, Scope.EXPERT,
+               lambda c: (c.moe_intermediate_size, c.hidden_size)),
+    TensorSpec(_E + "down_proj.weight", "blk.{i}.ffn_down_exps.weight", Kind.OUTPUT, Scope.EXPERT,
+               lambda c: (c.hidden_size, c.moe_intermediate_size)),
+    TensorSpec("model.norm.weight", "output_norm.weight", Kind.NORM, Scope.GLOBAL,
+               lambda c: (c.hidden_size,)),
+    TensorSpec("lm_head.weight", "output.weight", Kind.LINEAR, Scope.GLOBAL,
+               lambda c: (c.vocab_size, c.hidden_size)),
+)
+
+# fp32 in every checkpoint (tiny, precision-critical); everything else is stored in bf16
+FP32_KINDS = frozenset({Kind.SINK, Kind.BIAS})
+
+
+def _in_scope(config: FlintConfig, scope: Scope, layer: int) -> bool:
+    if scope is Scope.LAYER:
+        return True
+    return config.is_moe_layer(layer) == (scope in (Scope.MOE, Scope.EXPERT))
+
+
+def checkpoint_tensors(config: FlintConfig) -> Iterator[tuple[str, tuple[int, ...], TensorSpec]]:
+    """(HF name, shape, spec) of every tensor, layer by layer (embedding first, norm + LM head last)."""
+    globals_ = [s for s in TENSORS if s.scope is Scope.GLOBAL]
+    yield globals_[0].hf, globals_[0].shape(config), globals_[0]
+    for i in range(config.num_hidden_layers):
+        for spec in TENSORS:
+            if spec.scope is Scope.GLOBAL or not _in_scope(config, spec.scope, i):
+                continue
+            if spec.scope is Scope.EXPERT:
+                for e in range(config.n_routed_experts):
+                    yield spec.hf.format(i=i, e=e), spec.shape(config), spec
+            else:
+                yield spec.hf.format(i=i), spec.shape(config), spec
+    for spec in globals_[1:]:
+        yield spec.hf, spec.shape(config), spec
