@@ -42,7 +42,11 @@ class ParameterCount(NamedTuple):
     active: int  # read per token by the forward pass (one embedding row, top-k + shared experts)
 
     def __str__(self) -> str:
-        return f"total {self.total / 1e9:.2f}B parameters, active {self.active / 1e9:.2f}B per token"
+        return f"total {_human(self.total)} parameters, active {_human(self.active)} per token"
+
+
+def _human(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
 @dataclass

@@ -216,7 +216,7 @@ class FlintForCausalLM(PreTrainedModel):
     config_class = FlintHFConfig
     base_model_prefix = "model"
     _no_split_modules = ["FlintDecoderLayer"]
-    _keep_in_fp32_modules = ["sinks", "e_score_correction_bias"]
+    _keep_in_fp32_modules_strict = ["sinks", "e_score_correction_bias"]
 
     def __init__(self, config: FlintHFConfig | FlintConfig):
         if isinstance(config, FlintConfig):

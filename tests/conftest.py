@@ -15,3 +15,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A flint-tiny checkpoint (seed 0, bf16, one shard) shared by the whole session."""
+    from scripts.make_checkpoint import make_checkpoint
+
+    out = tmp_path_factory.mktemp("flint-tiny")
+    make_checkpoint("flint-tiny", out, seed=0)
+    return out
