@@ -1,0 +1,197 @@
+"""Fused per-head Q/K RMSNorm + NeoX RoPE + KV-cache write, one launch per layer.
+
+qkv rows are [q heads | k heads | v heads], each head D wide. Q and K heads are normalised
+with `flint_backend.reference.rms_norm` semantics (fp32 statistics, cast, scale in the
+input dtype), then rotated: x * cos + rotate_half(x) * sin in fp32, cast back (the
+reference's `apply_rope`). `cos_sin [max_pos, D]` fp32 holds cos in its first D/2 columns
+and sin in the last D/2; None means no RoPE (NoPE full-attention layers). V passes through.
+With caches, k (normed, roped) and v are also written to `cache.view(-1, Hk, D)[slot]`
+for every token whose slot is not -1.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rope_heads(
+    src_ptr,      # [heads, D] of one token (row of qkv)
+    dst_ptr,      # [heads, D] of one token (row of q or k), contiguous
+    weight_ptr,   # [D]
+    cos_ptr,      # [D] fp32: cos | sin at this token's position (read when USE_ROPE)
+    cache_ptr,    # [heads, D] this token's cache row (written when WRITE_CACHE and write)
+    write, eps,
+    HEADS: tl.constexpr, D: tl.constexpr, BLOCK_HEADS: tl.constexpr,
+    USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
+):
+    HALF: tl.constexpr = D // 2
+    heads = tl.arange(0, BLOCK_HEADS)[:, None]
+    cols = tl.arange(0, HALF)[None, :]
+    mask = heads < HEADS
+    off = heads * D + cols  # first half of each head; + HALF for the second
+    x1 = tl.load(src_ptr + off, mask=mask, other=0.0)
+    x2 = tl.load(src_ptr + off + HALF, mask=mask, other=0.0)
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    rstd = tl.rsqrt((tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)) / D + eps)[:, None]
+    w1 = tl.load(weight_ptr + cols).to(x1.dtype).to(tl.float32)
+    w2 = tl.load(weight_ptr + cols + HALF).to(x1.dtype).to(tl.float32)
+    # round after the norm and after the weight, as the reference does
+    y1 = ((x1f * rstd).to(x1.dtype).to(tl.float32) * w1).to(x1.dtype)
+    y2 = ((x2f * rstd).to(x1.dtype).to(tl.float32) * w2).to(x1.dtype)
+    if USE_ROPE:
+        cos = tl.load(cos_ptr + cols)
+        sin = tl.load(cos_ptr + cols + HALF)
+        y1f, y2f = y1.to(tl.float32), y2.to(tl.float32)
+        y1 = (y1f * cos - y2f * sin).to(x1.dtype)
+        y2 = (y2f * cos + y1f * sin).to(x1.dtype)
+    tl.store(dst_ptr + off, y1, mask=mask)
+    tl.store(dst_ptr + off + HALF, y2, mask=mask)
+    if WRITE_CACHE:
+        cache_ty = cache_ptr.dtype.element_ty
+        tl.store(cache_ptr + off, y1.to(cache_ty), mask=mask & write)
+        tl.store(cache_ptr + off + HALF, y2.to(cache_ty), mask=mask & write)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    qkv_ptr,        # [N, (Hq + 2 Hk) * D], unit stride in the last dim
+    q_weight_ptr,   # [D]
+    k_weight_ptr,   # [D]
+    positions_ptr,  # [N] int
+    cos_sin_ptr,    # [max_pos, D] fp32 (read when USE_ROPE)
+    slots_ptr,      # [N] int64, -1 = no write (read when WRITE_CACHE)
+    q_ptr,          # [N, Hq, D] contiguous
+    k_ptr,          # [N, Hk, D] contiguous
+    k_cache_ptr,    # [num_slots, Hk, D] contiguous (written when WRITE_CACHE)
+    v_cache_ptr,    # [num_slots, Hk, D] contiguous
+    stride_qkv, eps,
+    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    row = qkv_ptr + tok * stride_qkv
+    cos_row = cos_sin_ptr
+    if USE_ROPE:
+        cos_row = cos_sin_ptr + tl.load(positions_ptr + tok).to(tl.int64) * D
+    slot = tl.load(slots_ptr + tok).to(tl.int64) if WRITE_CACHE else tok
+    write = slot >= 0
+    slot = tl.maximum(slot, 0)
+    _norm_rope_heads(row, q_ptr + tok * HQ * D, q_weight_ptr, cos_row, q_ptr, write, eps,
+                     HEADS=HQ, D=D, BLOCK_HEADS=BLOCK_HQ, USE_ROPE=USE_ROPE, WRITE_CACHE=False)
+    _norm_rope_heads(row + HQ * D, k_ptr + tok * HK * D, k_weight_ptr, cos_row,
+                     k_cache_ptr + slot * HK * D, write, eps,
+                     HEADS=HK, D=D, BLOCK_HEADS=BLOCK_HK, USE_ROPE=USE_ROPE, WRITE_CACHE=WRITE_CACHE)
+    if WRITE_CACHE:
+        heads = tl.arange(0, BLOCK_HK)[:, None]
+        off = heads * D + tl.arange(0, D)[None, :]
+        v = tl.load(row + (HQ + HK) * D + off, mask=(heads < HK) & write)
+        tl.store(v_cache_ptr + slot * HK * D + off, v.to(v_cache_ptr.dtype.element_ty),
+                 mask=(heads < HK) & write)
+
+
+def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 positions: torch.Tensor, cos_sin: torch.Tensor | None, eps: float,
+                 num_q_heads: int, num_kv_heads: int,
+                 k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+                 slot_mapping: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv [N, (Hq+2Hk)*D] -> q [N, Hq, D], k [N, Hk, D] (new tensors), v [N, Hk, D] (a view of qkv)."""
+    n, d, write = _check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
+                                num_kv_heads, k_cache, v_cache, slot_mapping)
+    q = torch.empty((n, num_q_heads, d), dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty((n, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
+    v = qkv[:, (num_q_heads + num_kv_heads) * d:].view(n, num_kv_heads, d)
+    if n == 0:
+        return q, k, v
+    _qk_norm_rope_kernel[(n,)](
+        qkv_ptr=qkv, q_weight_ptr=q_weight, k_weight_ptr=k_weight, positions_ptr=positions,
+        cos_sin_ptr=cos_sin if cos_sin is not None else qkv,
+        slots_ptr=slot_mapping if write else positions,
+        q_ptr=q, k_ptr=k,
+        k_cache_ptr=k_cache if write else k, v_cache_ptr=v_cache if write else k,
+        stride_qkv=qkv.stride(0), eps=eps,
+        HQ=num_q_heads, HK=num_kv_heads, D=d,
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads),
+        USE_ROPE=cos_sin is not None, WRITE_CACHE=write,
+        num_warps=4,
+    )
+    return q, k, v
+
+
+def qk_norm_rope_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                       positions: torch.Tensor, cos_sin: torch.Tensor | None, eps: float,
+                       num_q_heads: int, num_kv_heads: int,
+                       k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+                       slot_mapping: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same signature and semantics as `qk_norm_rope`, in plain torch."""
+    n, d, write = _check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
+                                num_kv_heads, k_cache, v_cache, slot_mapping)
+    hq, hk = num_q_heads, num_kv_heads
+    q = _norm(qkv[:, :hq * d].reshape(n, hq, d), q_weight, eps)  # [N, Hq, D]
+    k = _norm(qkv[:, hq * d:(hq + hk) * d].reshape(n, hk, d), k_weight, eps)  # [N, Hk, D]
+    v = qkv[:, (hq + hk) * d:].view(n, hk, d)
+    if cos_sin is not None:
+        cs = cos_sin[positions.long()][:, None, :]  # [N, 1, D]
+        q, k = _rope(q, cs), _rope(k, cs)
+    else:
+        q, k = q.contiguous(), k.contiguous()
+    if write:
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep]
+        k_cache.view(-1, hk, d).index_copy_(0, slots, k[keep].to(k_cache.dtype))
+        v_cache.view(-1, hk, d).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    return q, k, v
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, D], cos_sin [N, 1, D] fp32 -> rotated x in x's dtype."""
+    half = x.shape[-1] // 2
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    cos, sin = cos_sin[..., :half].to(xf.dtype), cos_sin[..., half:].to(xf.dtype)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def _check_inputs(qkv, q_weight, k_weight, positions, cos_sin, hq, hk, k_cache, v_cache, slot_mapping):
+    if qkv.dim() != 2 or qkv.stride(-1) != 1:
+        raise ValueError(f"qk_norm_rope: qkv has shape {tuple(qkv.shape)} strides {qkv.stride()}, "
+                         "expected [N, (Hq + 2*Hk) * D] with unit stride in the last dim")
+    n, width = qkv.shape
+    if hq <= 0 or hk <= 0 or width % (hq + 2 * hk):
+        raise ValueError(f"qk_norm_rope: qkv width {width} with num_q_heads={hq}, num_kv_heads={hk}, "
+                         "expected a multiple of Hq + 2*Hk")
+    d = width // (hq + 2 * hk)
+    if d % 2 or d & (d - 1):
+        raise ValueError(f"qk_norm_rope: head_dim {d}, expected a power of two (RoPE rotates halves)")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w.shape != (d,) or not w.is_contiguous():
+            raise ValueError(f"qk_norm_rope: {name} has shape {tuple(w.shape)}, expected contiguous ({d},)")
+    if positions.shape != (n,):
+        raise ValueError(f"qk_norm_rope: positions has shape {tuple(positions.shape)}, expected ({n},)")
+    if cos_sin is not None and (cos_sin.dim() != 2 or cos_sin.shape[1] != d
+                                or cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous()):
+        raise ValueError(f"qk_norm_rope: cos_sin is {cos_sin.dtype} {tuple(cos_sin.shape)}, "
+                         f"expected contiguous float32 [max_pos, {d}]")
+    given = [x is not None for x in (k_cache, v_cache, slot_mapping)]
+    if any(given) and not all(given):
+        raise ValueError("qk_norm_rope: k_cache, v_cache and slot_mapping go together; "
+                         f"got k_cache={given[0]}, v_cache={given[1]}, slot_mapping={given[2]}")
+    if all(given):
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if cache.shape[-2:] != (hk, d) or not cache.is_contiguous():
+                raise ValueError(f"qk_norm_rope: {name} has shape {tuple(cache.shape)}, "
+                                 f"expected contiguous [..., {hk}, {d}]")
+        if slot_mapping.shape != (n,) or slot_mapping.dtype != torch.int64:
+            raise ValueError(f"qk_norm_rope: slot_mapping is {slot_mapping.dtype} "
+                             f"{tuple(slot_mapping.shape)}, expected int64 ({n},)")
+    return n, d, all(given)

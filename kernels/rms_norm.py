@@ -1,0 +1,88 @@
+"""RMSNorm over rows, optionally fused with the residual add that precedes it.
+
+Semantics are `flint_backend.reference.rms_norm`: normalise in fp32, cast to the input
+dtype, then multiply by the weight in that dtype. With `residual`, the residual stream is
+updated first (`residual += x`, rounded in residual's dtype like the reference's
+`x = x + sublayer(x)`) and the norm is taken of the updated stream.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_HIDDEN = 16384  # one program holds a whole row in registers
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,         # [T, H]
+    weight_ptr,    # [H]
+    residual_ptr,  # [T, H], updated in place (only read when HAS_RESIDUAL)
+    out_ptr,       # [T, H], contiguous
+    stride_x, stride_res,
+    H, eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(residual_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (res.to(tl.float32) + x.to(tl.float32)).to(res.dtype)
+        tl.store(residual_ptr + row * stride_res + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
+    normed = (xf * rstd).to(x.dtype)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(x.dtype)
+    out = normed.to(tl.float32) * w.to(tl.float32)
+    tl.store(out_ptr + row * H + cols, out.to(x.dtype), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, H], weight [H] -> [T, H] in x's dtype (residual's dtype when given; residual += x)."""
+    _check_inputs(x, weight, residual)
+    t, h = x.shape
+    out_dtype = x.dtype if residual is None else residual.dtype
+    out = torch.empty((t, h), dtype=out_dtype, device=x.device)
+    if t == 0:
+        return out
+    block_h = triton.next_power_of_2(h)
+    _rms_norm_kernel[(t,)](
+        x_ptr=x, weight_ptr=weight, residual_ptr=x if residual is None else residual, out_ptr=out,
+        stride_x=x.stride(0), stride_res=0 if residual is None else residual.stride(0),
+        H=h, eps=eps,
+        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h,
+        num_warps=min(16, max(1, block_h // 256)),
+    )
+    return out
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Same signature and semantics as `rms_norm`, in plain torch."""
+    _check_inputs(x, weight, residual)
+    if residual is not None:
+        residual.add_(x)  # computed in fp32, rounded once to residual's dtype
+        x = residual
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return normed.to(x.dtype) * weight.to(x.dtype)
+
+
+def _check_inputs(x, weight, residual):
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"rms_norm: x has shape {tuple(x.shape)} strides {x.stride()}, "
+                         "expected [T, H] with unit stride in H")
+    h = x.shape[1]
+    if h > MAX_HIDDEN:
+        raise ValueError(f"rms_norm: hidden size {h}, expected at most {MAX_HIDDEN}")
+    if weight.shape != (h,) or not weight.is_contiguous():
+        raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, expected contiguous ({h},)")
+    if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
+        raise ValueError(f"rms_norm: residual has shape {tuple(residual.shape)} strides "
+                         f"{residual.stride()}, expected {tuple(x.shape)} with unit stride in H")

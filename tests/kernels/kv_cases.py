@@ -1,0 +1,76 @@
+"""Attention steps as the engine would present them: earlier positions already written to a
+paged or ring cache (in order, so a ring keeps only its last R positions), this step's
+tokens in q/k/v. Unwritten cache slots hold NaN, so reading one fails the comparison."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Step:
+    q: torch.Tensor                  # [N, Hq, D]
+    k: torch.Tensor                  # [N, Hk, D]
+    v: torch.Tensor                  # [N, Hk, D]
+    query_start_loc: torch.Tensor    # [B + 1] int32
+    context_lens: torch.Tensor       # [B] int32
+    k_cache: torch.Tensor            # [rows, R, Hk, D]
+    v_cache: torch.Tensor
+    sinks: torch.Tensor              # [Hq] fp32
+    block_tables: torch.Tensor | None
+    ring_rows: torch.Tensor | None
+    keys: list[torch.Tensor]         # per sequence [ctx + n, Hk, D]: every position's key
+    values: list[torch.Tensor]
+
+    def cache_kwargs(self):
+        return dict(block_tables=self.block_tables, ring_rows=self.ring_rows)
+
+
+def make_step(seqs: list[tuple[int, int]], *, hq=8, hk=2, d=16, dtype=torch.float32, layout="paged",
+              rows_per=8, sink_scale=1.0, write_current=False, seed=0, device="cpu") -> Step:
+    """seqs: (context_len, new_tokens) per sequence. layout "paged": R = block size, blocks
+    handed out shuffled; "ring": R = ring width. write_current also writes this step's
+    tokens before attention (what the fused qk_norm_rope write does in decode)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    b = len(seqs)
+    keys = [rand(c + n, hk, d) for c, n in seqs]
+    values = [rand(c + n, hk, d) for c, n in seqs]
+    q = rand(sum(n for _, n in seqs), hq, d)
+    k = torch.cat([kk[c:] for kk, (c, _) in zip(keys, seqs)])
+    v = torch.cat([vv[c:] for vv, (c, _) in zip(values, seqs)])
+    qsl = torch.tensor([0] + [n for _, n in seqs]).cumsum(0).to(torch.int32)
+    ctx = torch.tensor([c for c, _ in seqs], dtype=torch.int32)
+    if layout == "paged":
+        need = [-(-(c + n) // rows_per) for c, n in seqs]
+        rows = sum(need) + 3
+        perm = torch.randperm(rows, generator=g)
+        tables = torch.full((b, max(need) + 1), rows + 7, dtype=torch.int32)  # padding: never read
+        used = 0
+        for i, m in enumerate(need):
+            tables[i, :m] = perm[used:used + m]
+            used += m
+        ring = None
+    else:
+        rows = b + 2
+        ring = torch.randperm(rows, generator=g)[:b].to(torch.int32)
+        tables = None
+    k_cache = torch.full((rows, rows_per, hk, d), float("nan"), dtype=dtype)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    for i, (c, n) in enumerate(seqs):
+        for p in range(c + n if write_current else c):
+            if tables is not None:
+                row, col = int(tables[i, p // rows_per]), p % rows_per
+            else:
+                row, col = int(ring[i]), p % rows_per
+            k_cache[row, col] = keys[i][p]
+            v_cache[row, col] = values[i][p]
+    sinks = torch.randn(hq, generator=g) * sink_scale
+    step = Step(q, k, v, qsl, ctx, k_cache, v_cache, sinks, tables, ring, keys, values)
+    if device != "cpu":
+        for name, x in vars(step).items():
+            if isinstance(x, torch.Tensor):
+                setattr(step, name, x.to(device))
+    return step

@@ -1,0 +1,99 @@
+"""qk_norm_rope: kernel vs qk_norm_rope_torch vs flint_backend.reference (rms_norm, rope)."""
+
+import pytest
+import torch
+
+from flint_backend import reference
+from flint_kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+THETA = 10000.0
+# bf16: one rounding apart (fp32 statistics summed in another order; the interpreter truncates
+# fp32 -> bf16 where a GPU rounds to nearest); fp32: a few ulps
+TOL = {torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2), torch.float32: dict(rtol=1e-5, atol=1e-5)}
+
+
+def cos_sin_table(max_pos, d):
+    """What the engine builds: fp64 angles (reference.rope_cos_sin), stored fp32 as cos | sin halves."""
+    cos, sin = reference.rope_cos_sin(torch.arange(max_pos), d, THETA)
+    return torch.cat([cos[:, :d // 2], sin[:, :d // 2]], dim=-1).float()
+
+
+def _inputs(n, hq, hk, d, dtype, seed=0, max_pos=64):
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(n, (hq + 2 * hk) * d, generator=g) * 2).to(dtype)
+    qw = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
+    kw = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
+    pos = torch.randint(0, max_pos, (n,), generator=g)
+    return [x.to(DEVICE) for x in (qkv, qw, kw, pos, cos_sin_table(max_pos, d))]
+
+
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_version_is_the_reference(dtype, rope):
+    n, hq, hk, d = 6, 8, 2, 16
+    qkv, qw, kw, pos, cs = _inputs(n, hq, hk, d, dtype)
+    q, k, v = qk_norm_rope_torch(qkv, qw, kw, pos, cs if rope else None, 1e-5, hq, hk)
+    # the reference's layout: [B, heads, T, D] with cos/sin [T, D]
+    rq = reference.rms_norm(qkv[:, :hq * d].view(1, n, hq, d).transpose(1, 2), qw, 1e-5)
+    rk = reference.rms_norm(qkv[:, hq * d:(hq + hk) * d].view(1, n, hk, d).transpose(1, 2), kw, 1e-5)
+    if rope:
+        cos, sin = reference.rope_cos_sin(pos, d, THETA)
+        rq, rk = reference.apply_rope(rq, cos, sin), reference.apply_rope(rk, cos, sin)
+    # fp64 angles rounded to fp32 either way; the table only changes where they are computed
+    exact = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=2 ** -8, atol=1e-5)
+    torch.testing.assert_close(q, rq[0].transpose(0, 1), **exact)
+    torch.testing.assert_close(k, rk[0].transpose(0, 1), **exact)
+    torch.testing.assert_close(v, qkv[:, (hq + hk) * d:].view(n, hk, d), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,hq,hk,d", [(1, 8, 2, 16), (5, 8, 2, 32), (3, 6, 3, 16)])
+def test_kernel_matches_torch_and_writes_cache(n, hq, hk, d, dtype, rope):
+    qkv, qw, kw, pos, cs = _inputs(n, hq, hk, d, dtype, seed=n * d)
+    slots = torch.randperm(4 * n)[:n].to(DEVICE)
+    slots[0] = -1  # not written
+    caches = []
+    for fn in (qk_norm_rope, qk_norm_rope_torch):
+        kc = torch.full((n, 4, hk, d), 7.0, dtype=dtype, device=DEVICE)
+        vc = torch.full_like(kc, 7.0)
+        caches.append((fn(qkv, qw, kw, pos, cs if rope else None, 1e-5, hq, hk, kc, vc, slots), kc, vc))
+    ((q, k, v), kc, vc), ((tq, tk, tv), tkc, tvc) = caches
+    torch.testing.assert_close(q, tq, **TOL[dtype])
+    torch.testing.assert_close(k, tk, **TOL[dtype])
+    torch.testing.assert_close(v, tv, rtol=0, atol=0)
+    torch.testing.assert_close(kc, tkc, **TOL[dtype])
+    torch.testing.assert_close(vc, tvc, rtol=0, atol=0)
+    flat_k = kc.view(-1, hk, d)
+    torch.testing.assert_close(flat_k[slots[1:]], k[1:], rtol=0, atol=0)  # the cache holds exactly k
+    assert int((flat_k == 7.0).all(-1).all(-1).sum()) == 4 * n * 1 - (n - 1)  # nothing else touched
+
+
+def test_kernel_without_cache_and_errors():
+    qkv, qw, kw, pos, cs = _inputs(4, 8, 2, 16, torch.float32)
+    q, k, _ = qk_norm_rope(qkv, qw, kw, pos, cs, 1e-5, 8, 2)
+    tq, tk, _ = qk_norm_rope_torch(qkv, qw, kw, pos, cs, 1e-5, 8, 2)
+    torch.testing.assert_close(q, tq, **TOL[torch.float32])
+    torch.testing.assert_close(k, tk, **TOL[torch.float32])
+    with pytest.raises(ValueError, match="num_q_heads"):
+        qk_norm_rope(qkv, qw, kw, pos, cs, 1e-5, 7, 2)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        qk_norm_rope(qkv, qw, kw, pos, cs, 1e-5, 8, 2, k_cache=torch.zeros(4, 4, 2, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 8, 64, 8192])
+def test_kernel_matches_torch_real_shapes(n):
+    hq, hk, d = 32, 4, 128
+    qkv, qw, kw, _, _ = _inputs(n, hq, hk, d, torch.bfloat16)
+    pos = torch.randint(0, 262144, (n,), device=DEVICE)
+    cs = cos_sin_table(262144, d).to(DEVICE)
+    slots = torch.randperm(2 * n, device=DEVICE)[:n]
+    out = []
+    for fn in (qk_norm_rope, qk_norm_rope_torch):
+        kc = torch.zeros((2 * n, hk, d), dtype=torch.bfloat16, device=DEVICE)
+        vc = torch.zeros_like(kc)
+        out.append((*fn(qkv, qw, kw, pos, cs, 1e-5, hq, hk, kc, vc, slots), kc, vc))
+    for got, expected in zip(*out):
+        torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
