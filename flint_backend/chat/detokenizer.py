@@ -43,7 +43,7 @@ class IncrementalDetokenizer:
         self._special_ids = frozenset(i for i, t in tokenizer.added_tokens_decoder.items() if t.special)
         # _ids[:_read] is emitted; _prefix_text == decode(_ids[:_read]); the window starts at
         # a character boundary, so decode(everything) == decode(before) + decode(_ids).
-        self._ids = self._kept(list(prompt_ids or ())[-PROMPT_CONTEXT_TOKENS:])
+        self._ids = self._kept(list(prompt_ids if prompt_ids is not None else ())[-PROMPT_CONTEXT_TOKENS:])
         self._read = len(self._ids)
         self._prefix_text = self._decode(self._ids)
         self._finished = False

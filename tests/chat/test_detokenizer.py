@@ -107,6 +107,13 @@ def test_leading_spaces_are_kept():
     assert "".join(detok.push([i]) for i in ids) + detok.flush() == " one two  three"
 
 
+def test_numpy_ids_as_triton_hands_them_over():
+    import numpy as np
+
+    detok = IncrementalDetokenizer(TOKENIZER, prompt_ids=np.array(encode("Say:"), dtype=np.int32))
+    assert detok.push(np.array(encode(" 東京"), dtype=np.int32)) + detok.flush() == " 東京"
+
+
 def test_special_tokens_per_skip_special_tokens():
     ids = encode("hi<|user|><think>x</think><|endoftext|>")
     for skip, text in [(True, "hi<think>x</think>"), (False, "hi<|user|><think>x</think><|endoftext|>")]:
