@@ -1,1 +1,7 @@
-"""Chat text handling around the model: GLM-4.7 reasoning and tool-call parsers (pure text, no GPU)."""
+"""Chat text handling around the model (pure text, no GPU).
+
+Request side: `request` (OpenAI messages/tools/tool_choice -> GLM-4.7 prompt ids, raw prompts),
+`messages`, `tool_choice`, `chat_options` (server flags), `request_error` (ChatRequestError).
+Output side: `detokenizer` (ids -> text deltas), `stop_strings`, `output_parser` (glm47
+reasoning split, then `tool_parser` on the content).
+"""
