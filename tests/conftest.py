@@ -6,6 +6,9 @@ import torch
 # Kernels run on the CPU through Triton's interpreter when no GPU is present (CI).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The tests' tensors are tiny: intra-op threads cost more in synchronisation than they
+    # save (10x slower engine steps on a 2-core machine that is also running other work).
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

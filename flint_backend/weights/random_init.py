@@ -57,3 +57,19 @@ def random_weights(config: FlintConfig, seed: int = 0, dtype: torch.dtype = torc
     """(HF name, tensor) for every checkpoint tensor, stored as a checkpoint stores it."""
     for name, shape, spec in checkpoint_tensors(config):
         yield name, random_tensor(name, shape, spec.kind, seed, device).to(storage_dtype(spec.kind, dtype))
+
+
+def random_stacked_weights(config: FlintConfig, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                           device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The same values as random_weights, in the engine's layout: each MoE layer's routed experts
+    stacked as `model.layers.{i}.mlp.experts.{gate,up,down}_proj.weight` [E, N, K]."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, list[torch.Tensor]] = {}
+    for name, tensor in random_weights(config, seed, dtype, device):
+        parts = name.split(".")
+        if parts[3:5] == ["mlp", "experts"]:
+            experts.setdefault(".".join(parts[:5] + parts[6:]), []).append(tensor)
+        else:
+            out[name] = tensor
+    out.update({name: torch.stack(tensors) for name, tensors in experts.items()})
+    return out

@@ -1,0 +1,169 @@
+"""LLMEngine: add_request / abort / step. Synchronous and single-threaded; `EngineThread`
+(engine_thread.py) runs it in the background for servers."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from flint_backend.config import FlintConfig
+from flint_backend.engine.block_manager import BlockManager
+from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.engine.metrics import EngineMetrics
+from flint_backend.engine.runner import ModelRunner, resolve_device
+from flint_backend.engine.sampler import TokenLogprobs
+from flint_backend.engine.sampling_params import SamplingParams
+from flint_backend.engine.scheduler import Scheduler
+from flint_backend.engine.sequence import Sequence, SequenceStatus
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take; the message names the field."""
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+    finished: bool
+    finish_reason: str | None  # "stop", "length", "abort", "error"
+    num_prompt_tokens: int
+    num_output_tokens: int
+    error: str | None = None
+
+
+def load_model_weights(args: EngineArgs, device: torch.device) -> tuple[FlintConfig, dict[str, torch.Tensor]]:
+    from flint_backend.weights.random_init import random_stacked_weights
+
+    dtype = getattr(torch, args.dtype)
+    if args.model is None:
+        config = FlintConfig.preset(args.preset)
+        return config, random_stacked_weights(config, args.seed, dtype, device)
+    from flint_backend.weights.loader import load_checkpoint
+
+    loaded = load_checkpoint(args.model, device=device, dtype=dtype, hf_config_path=args.hf_config_path)
+    return loaded.config, loaded.tensors
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs, config: FlintConfig | None = None,
+                 weights: dict[str, torch.Tensor] | None = None):
+        self.args = args
+        self.device = resolve_device(args.device)
+        if weights is None:
+            config, weights = load_model_weights(args, self.device)
+        self.config = config
+        self.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+        self.runner = ModelRunner(config, weights, args, self.device, self.max_model_len)
+        spec = self.runner.kv_spec
+        self.blocks = BlockManager(spec.num_blocks, spec.block_size, spec.num_ring_rows)
+        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens)
+        self.default_stop_ids = frozenset(config.eos_token_id or ())
+        self.metrics = EngineMetrics()
+        self._seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> Sequence:
+        seq = self.make_sequence(prompt_ids, params, request_id)
+        self.admit(seq)
+        return seq
+
+    def make_sequence(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                      request_id: str | None = None) -> Sequence:
+        """Validate a request (any thread); raises RequestError naming the field."""
+        params = params or SamplingParams()
+        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+            raise RequestError("prompt: expected a non-empty list of token ids")
+        vocab = self.config.vocab_size
+        bad = next((t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})")
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestError(f"prompt: {len(prompt_ids)} tokens do not fit the context of {self.max_model_len} "
+                               f"tokens (the prompt plus at least one generated token)")
+        room = self.max_model_len - len(prompt_ids)
+        stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else self.default_stop_ids
+        return Sequence(
+            request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
+            token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids), params=params,
+            max_tokens=min(params.max_tokens or room, room), stop_ids=stop_ids)
+
+    def admit(self, seq: Sequence) -> None:
+        if seq.request_id in self._seqs:
+            raise RequestError(f"request_id: {seq.request_id!r} is already running")
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+        self.metrics.prompt_tokens += seq.num_prompt_tokens
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its KV blocks now (between steps)."""
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, "abort")
+        return self._output(seq, [], [])
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        self.metrics.preemptions += len(scheduled.preempted)
+        outputs: list[RequestOutput] = []
+        if scheduled:
+            sampled, result = self.runner.execute(scheduled)
+            for seq, n in scheduled.entries:
+                seq.num_computed += n
+            now = time.monotonic()
+            for seq, token, logprobs in zip(sampled, result.tokens, result.logprobs):
+                outputs.append(self._append_token(seq, token, logprobs, now))
+        self._update_gauges()
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, logprobs, now: float) -> RequestOutput:
+        seq.token_ids.append(token)
+        self.metrics.generation_tokens += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.metrics.observe("ttft", now - seq.arrival)
+        else:
+            self.metrics.observe("tpot", now - seq.last_token_time)
+        seq.last_token_time = now
+        p = seq.params
+        if token in seq.stop_ids and not p.ignore_eos and seq.num_output_tokens >= p.min_tokens:
+            self._finish(seq, "stop")
+        elif seq.num_output_tokens >= seq.max_tokens:
+            self._finish(seq, "length")
+        return self._output(seq, [token], [logprobs])
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.remove(seq)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        del self._seqs[seq.request_id]
+        self.metrics.finished[reason] += 1
+        self.metrics.observe("e2e", time.monotonic() - seq.arrival)
+
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """A step raised: end every request with finish reason "error" and free the cache."""
+        outputs = []
+        for seq in list(self._seqs.values()):
+            self._finish(seq, "error")
+            outputs.append(self._output(seq, [], [], error))
+        self._update_gauges()
+        return outputs
+
+    def _output(self, seq: Sequence, tokens: list[int], logprobs: list, error: str | None = None) -> RequestOutput:
+        return RequestOutput(seq.request_id, tokens, logprobs, seq.finished, seq.finish_reason,
+                             seq.num_prompt_tokens, seq.num_output_tokens, error)
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.num_running, m.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        m.kv_usage = self.blocks.usage

@@ -1,0 +1,65 @@
+"""Engine arguments: one place, loadable from the JSON file beside the Triton model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from flint_backend.ops import BACKENDS
+
+DTYPES = ("bfloat16", "float32")
+
+
+class EngineArgsError(ValueError):
+    pass
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None              # HF checkpoint dir or .gguf file; None -> random weights of `preset`
+    preset: str = "flint-tiny"            # used only when model is None
+    hf_config_path: str | None = None     # config.json (dir) for a GGUF model
+    tokenizer: str | None = None          # tokenizer dir; default: the model dir (or the project's)
+    seed: int = 0                         # random weights' seed when model is None; sampler seed
+    dtype: str = "bfloat16"
+    device: str = "auto"                  # "auto" -> cuda if available else cpu; "cpu", "cuda", "cuda:N"
+    kernel_backend: str = "torch"         # "torch" or "triton"
+    block_size: int = 64                  # tokens per paged KV block (full-attention layers)
+    max_num_seqs: int = 64                # running sequences (= sliding-window ring rows)
+    max_num_batched_tokens: int = 2048    # token budget per step (prefill chunk size)
+    max_model_len: int | None = None      # None -> the config's max_position_embeddings
+    num_kv_blocks: int | None = None      # fixed pool size; None -> sized from the memory budget
+    kv_cache_memory_fraction: float = 0.9  # GPU: fraction of free memory (after weights) for the KV cache
+    kv_cache_memory_bytes: int = 1 << 30  # CPU: KV budget in bytes
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise EngineArgsError(f"dtype: got {self.dtype!r}, expected one of {DTYPES}")
+        if self.kernel_backend not in BACKENDS:
+            raise EngineArgsError(f"kernel_backend: got {self.kernel_backend!r}, expected one of {BACKENDS}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer")
+        for name in ("max_model_len", "num_kv_blocks"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer or null")
+        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
+            raise EngineArgsError(f"kv_cache_memory_fraction: got {self.kv_cache_memory_fraction!r}, expected (0, 1]")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EngineArgs":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise EngineArgsError(f"engine args: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "EngineArgs":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,60 @@
+"""ModelRunner: the only part of the engine that touches the device (weights, KV cache, forward, sampling)."""
+
+from __future__ import annotations
+
+import torch
+
+from flint_backend.config import FlintConfig
+from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.engine.kv_cache import KVCache, KVCacheSpec
+from flint_backend.engine.sampler import SampleResult, Sampler
+from flint_backend.engine.scheduler import ScheduledBatch
+from flint_backend.engine.step_batch import build_step_batch
+from flint_backend.engine.sequence import Sequence
+from flint_backend.model import FlintModel
+from flint_backend.ops import get_ops
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: got {name!r}, but no CUDA GPU is available")
+    return device
+
+
+class ModelRunner:
+    def __init__(self, config: FlintConfig, weights: dict[str, torch.Tensor], args: EngineArgs,
+                 device: torch.device, max_model_len: int):
+        self.config, self.args, self.device = config, args, device
+        self.dtype = getattr(torch, args.dtype)
+        self.ops = get_ops(args.kernel_backend)
+        self.model = FlintModel(config, weights, self.ops, max_positions=max_model_len)
+        self.kv_spec = self._kv_spec(max_model_len)
+        self.kv = KVCache(config, self.kv_spec, self.dtype, device)
+        self.sampler = Sampler(device, seed=args.seed)
+
+    def _kv_spec(self, max_model_len: int) -> KVCacheSpec:
+        a, c = self.args, self.config
+        if a.num_kv_blocks is not None:
+            spec = KVCacheSpec(a.num_kv_blocks, a.block_size, a.max_num_seqs)
+        else:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * a.kv_cache_memory_fraction)
+            else:
+                budget = a.kv_cache_memory_bytes
+            spec = KVCacheSpec.from_budget(c, budget, a.block_size, a.max_num_seqs, self.dtype)
+        if spec.num_blocks * spec.block_size < max_model_len:
+            raise ValueError(
+                f"kv cache: {spec.num_blocks} blocks of {spec.block_size} tokens hold {spec.num_blocks * spec.block_size} "
+                f"tokens, fewer than max_model_len={max_model_len}; give the cache more memory or lower max_model_len")
+        return spec
+
+    def execute(self, scheduled: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
+        batch = build_step_batch(scheduled.entries, self.kv_spec.block_size, self.config.sliding_window, self.device)
+        logits = self.model.forward(batch, self.kv)  # [S, V]
+        if not batch.sample_seqs:
+            return [], SampleResult([], [])
+        return batch.sample_seqs, self.sampler(logits, batch.sample_seqs)

@@ -1,0 +1,98 @@
+"""Per-request sampling parameters, validated on construction (errors name the field).
+
+Stop *strings* are not handled here: they are matched on detokenized text in one place,
+`flint_backend.chat` (the postprocessor and the OpenAI server), which then aborts the request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+MAX_LOGPROBS = 20
+
+
+class SamplingParamsError(ValueError):
+    pass
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0          # 0 -> greedy
+    top_p: float = 1.0                # (0, 1]
+    top_k: int = 0                    # 0 or -1 -> no top-k
+    min_p: float = 0.0                # [0, 1]
+    repetition_penalty: float = 1.0   # > 0; 1 -> off (prompt and output tokens, HF/vLLM convention)
+    presence_penalty: float = 0.0     # [-2, 2], output tokens (OpenAI convention)
+    frequency_penalty: float = 0.0    # [-2, 2], output tokens
+    seed: int | None = None           # same seed -> same tokens, whatever else is in the batch
+    max_tokens: int | None = None     # None -> until the context is full
+    min_tokens: int = 0               # stop tokens are suppressed until this many tokens exist
+    stop_token_ids: list[int] | None = None  # None -> the model's stop tokens
+    ignore_eos: bool = False          # keep going past stop tokens (benchmarks)
+    logprobs: int | None = None       # None -> none; N -> the sampled token's and the top-N logprobs
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+
+    def __post_init__(self):
+        self.validate()
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SamplingParams":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SamplingParamsError(f"sampling parameters: unknown field(s) {unknown}; known: {sorted(known)}")
+        data = dict(data)
+        if data.get("logit_bias"):
+            data["logit_bias"] = {int(k): float(v) for k, v in data["logit_bias"].items()}
+        return cls(**{k: v for k, v in data.items() if v is not None})  # None -> the default
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        _number(self.temperature, "temperature", lo=0.0, hi=None, what=">= 0")
+        _number(self.top_p, "top_p", lo=0.0, hi=1.0, lo_open=True, what="in (0, 1]")
+        _integer(self.top_k, "top_k", lo=-1, what="-1, 0 (off) or a positive integer")
+        _number(self.min_p, "min_p", lo=0.0, hi=1.0, what="in [0, 1]")
+        _number(self.repetition_penalty, "repetition_penalty", lo=0.0, hi=None, lo_open=True, what="> 0")
+        _number(self.presence_penalty, "presence_penalty", lo=-2.0, hi=2.0, what="in [-2, 2]")
+        _number(self.frequency_penalty, "frequency_penalty", lo=-2.0, hi=2.0, what="in [-2, 2]")
+        if self.seed is not None:
+            _integer(self.seed, "seed", lo=None, what="an integer")
+        if self.max_tokens is not None:
+            _integer(self.max_tokens, "max_tokens", lo=1, what="a positive integer")
+        _integer(self.min_tokens, "min_tokens", lo=0, what="an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise SamplingParamsError(f"min_tokens: got {self.min_tokens}, expected at most max_tokens={self.max_tokens}")
+        if self.stop_token_ids is not None:
+            if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
+                    isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+                raise SamplingParamsError(f"stop_token_ids: got {self.stop_token_ids!r}, expected a list of token ids")
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingParamsError(f"ignore_eos: got {self.ignore_eos!r}, expected true or false")
+        if self.logprobs is not None:
+            _integer(self.logprobs, "logprobs", lo=0, hi=MAX_LOGPROBS, what=f"an integer in [0, {MAX_LOGPROBS}]")
+        for token, bias in self.logit_bias.items():
+            _integer(token, "logit_bias key", lo=0, what="a token id")
+            _number(bias, f"logit_bias[{token}]", lo=-100.0, hi=100.0, what="in [-100, 100]")
+
+
+def _number(value, name, lo, hi, what, lo_open=False):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if not ok:
+        raise SamplingParamsError(f"{name}: got {value!r}, expected a number {what}")
+
+
+def _integer(value, name, lo, what, hi=None):
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if ok and lo is not None:
+        ok = value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if not ok:
+        raise SamplingParamsError(f"{name}: got {value!r}, expected {what}")

@@ -1,0 +1,59 @@
+"""A request as the engine sees it: token ids, progress through the KV cache, and timing."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from flint_backend.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"    # not in the KV cache (new, or preempted for recompute)
+    RUNNING = "running"    # owns KV blocks and a ring row
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    token_ids: list[int]             # prompt followed by the generated tokens
+    num_prompt_tokens: int
+    params: SamplingParams
+    max_tokens: int                  # resolved against the context length
+    stop_ids: frozenset[int]
+    arrival: float = field(default_factory=time.monotonic)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed: int = 0            # tokens whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)  # full-attention layers' paged blocks
+    ring_row: int | None = None      # sliding layers' ring-buffer row
+    finish_reason: str | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the last sampled token is missing from the cache."""
+        return self.num_uncomputed == 1 and self.num_output_tokens > 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

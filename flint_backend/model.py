@@ -1,0 +1,136 @@
+"""The fast Flint forward used by the engine: flattened batches of tokens (prefill chunks and
+decode tokens mixed in one step) with explicit KV-cache metadata.
+
+Every op goes through an op table (`flint_backend.ops`): the same model runs with plain-PyTorch
+ops ("torch": CPU and GPU, the CI path) or with our Triton kernels ("triton").
+Weights come as a name -> tensor dict in HF names with the routed experts stacked
+(`model.layers.{i}.mlp.experts.gate_proj.weight` [E, I, H], ...), as the weights loader returns them.
+
+Shape legend: N tokens this step, S sampled tokens, H hidden, Hq/Hk heads, D head_dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flint_backend.config import FlintConfig
+from flint_backend.engine.kv_cache import KVCache
+from flint_backend.engine.step_batch import StepBatch
+from flint_backend.ops import Ops
+
+
+def rope_cos_sin_cache(max_positions: int, head_dim: int, theta: float, device) -> torch.Tensor:
+    """[max_positions, D] fp32: cos of the D/2 frequencies, then their sin (angles built in fp64)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float().to(device)
+
+
+class FlintAttention:
+    def __init__(self, config: FlintConfig, layer: int, w: dict, ops: Ops, cos_sin: torch.Tensor):
+        p = f"model.layers.{layer}.self_attn."
+        self.config, self.layer, self.ops = config, layer, ops
+        self.is_full = config.is_full_attention(layer)
+        self.qkv_proj = ops.concat_rows([w[p + "q_proj.weight"], w[p + "k_proj.weight"], w[p + "v_proj.weight"]])
+        self.o_proj = w[p + "o_proj.weight"]
+        self.q_norm, self.k_norm = w[p + "q_norm.weight"], w[p + "k_norm.weight"]
+        self.sinks = w[p + "sinks"].float()
+        self.cos_sin = None if self.is_full else cos_sin  # full layers are NoPE
+        self.window = 0 if self.is_full else config.sliding_window
+        self.sm_scale = 1.0 / math.sqrt(config.head_dim)
+
+    def forward(self, h: torch.Tensor, batch: StepBatch, kv: KVCache) -> torch.Tensor:
+        c, ops = self.config, self.ops
+        k_cache, v_cache = kv.layer(self.layer)
+        # Full layers write K/V before attention (distinct slots). A sliding layer's ring write
+        # waits until after attention unless every sequence has one token: a chunk would
+        # overwrite ring slots that its own earlier tokens still read.
+        write_now = self.is_full or batch.decode_only
+        slots = batch.full_slots if self.is_full else batch.ring_slots
+        qkv = ops.linear(h, self.qkv_proj)  # [N, (Hq + 2 Hk) D]
+        q, k, v = ops.qk_norm_rope(
+            qkv, self.q_norm, self.k_norm, batch.positions, self.cos_sin, c.rms_norm_eps,
+            c.num_attention_heads, c.num_key_value_heads,
+            k_cache=k_cache if write_now else None, v_cache=v_cache if write_now else None,
+            slot_mapping=slots if write_now else None)
+        out = ops.attention(
+            q, k, v, batch.query_start_loc, batch.context_lens, k_cache, v_cache, self.sinks, self.sm_scale,
+            self.window, block_tables=batch.block_tables if self.is_full else None,
+            ring_rows=None if self.is_full else batch.ring_rows,
+            decode_only=batch.decode_only, max_query_len=batch.max_query_len)  # [N, Hq, D]
+        if not write_now:
+            ops.cache_write(k, v, k_cache, v_cache, slots)
+        return ops.linear(out.reshape(out.shape[0], -1), self.o_proj)
+
+
+class FlintMLP:
+    def __init__(self, prefix: str, w: dict, ops: Ops):
+        self.ops = ops
+        self.gate_up = ops.concat_rows([w[prefix + "gate_proj.weight"], w[prefix + "up_proj.weight"]])
+        self.down = w[prefix + "down_proj.weight"]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear(self.ops.silu_mul(self.ops.linear(h, self.gate_up)), self.down)
+
+
+class FlintMoE:
+    def __init__(self, config: FlintConfig, layer: int, w: dict, ops: Ops):
+        p = f"model.layers.{layer}.mlp."
+        self.config, self.ops = config, ops
+        self.router = w[p + "gate.weight"]
+        self.bias = w[p + "gate.e_score_correction_bias"].float()
+        self.w13 = ops.concat_rows([w[p + "experts.gate_proj.weight"], w[p + "experts.up_proj.weight"]], dim=1)
+        self.w2 = w[p + "experts.down_proj.weight"]
+        self.shared_w13 = ops.concat_rows([w[p + "shared_experts.gate_proj.weight"],
+                                           w[p + "shared_experts.up_proj.weight"]])
+        self.shared_w2 = w[p + "shared_experts.down_proj.weight"]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        ids, weights = self.ops.router(h, self.router, self.bias, c.num_experts_per_tok,
+                                       c.routed_scaling_factor, c.norm_topk_prob)
+        return self.ops.moe(h, ids, weights, self.w13, self.w2, self.shared_w13, self.shared_w2)
+
+
+class FlintDecoderLayer:
+    def __init__(self, config: FlintConfig, layer: int, w: dict, ops: Ops, cos_sin: torch.Tensor):
+        p = f"model.layers.{layer}."
+        self.ops, self.eps = ops, config.rms_norm_eps
+        self.input_norm = w[p + "input_layernorm.weight"]
+        self.post_norm = w[p + "post_attention_layernorm.weight"]
+        self.self_attn = FlintAttention(config, layer, w, ops, cos_sin)
+        self.mlp = FlintMoE(config, layer, w, ops) if config.is_moe_layer(layer) else FlintMLP(p + "mlp.", w, ops)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: StepBatch, kv: KVCache):
+        """x: the previous sublayer's output [N, H]; residual: the running sum (None at layer 0)."""
+        if residual is None:
+            residual, h = x, self.ops.rms_norm(x, self.input_norm, self.eps)
+        else:
+            h = self.ops.rms_norm(x, self.input_norm, self.eps, residual=residual)  # residual += x
+        x = self.self_attn.forward(h, batch, kv)
+        h = self.ops.rms_norm(x, self.post_norm, self.eps, residual=residual)
+        return self.mlp.forward(h), residual
+
+
+class FlintModel:
+    def __init__(self, config: FlintConfig, weights: dict[str, torch.Tensor], ops: Ops, max_positions: int):
+        self.config, self.ops = config, ops
+        device = weights["model.embed_tokens.weight"].device
+        cos_sin = rope_cos_sin_cache(max_positions, config.head_dim, config.rope_theta, device)
+        self.embed = weights["model.embed_tokens.weight"]
+        self.layers = [FlintDecoderLayer(config, i, weights, ops, cos_sin) for i in range(config.num_hidden_layers)]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = weights["lm_head.weight"]
+
+    @torch.no_grad()
+    def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
+        """-> logits [S, V] fp32 of the tokens in batch.sample_rows."""
+        x, residual = self.embed[batch.input_ids], None  # [N, H]
+        for layer in self.layers:
+            x, residual = layer.forward(x, residual, batch, kv)
+        residual = residual.index_select(0, batch.sample_rows)  # only sampled rows need the head
+        h = self.ops.rms_norm(x.index_select(0, batch.sample_rows), self.norm, self.config.rms_norm_eps,
+                              residual=residual)
+        return self.ops.linear(h, self.lm_head).float()

@@ -1,0 +1,101 @@
+"""The op table the fast model calls through: "torch" (plain PyTorch, any device) or "triton"
+(our kernels; on the CPU they run under TRITON_INTERPRET=1). Choosing one is a config value.
+
+Each kernel file in `kernels/` holds the Triton launcher and a `*_torch` twin with the same
+signature; the torch table is made of those twins, so both tables compute the same function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from flint_kernels import attention as attention_k
+from flint_kernels import moe as moe_k
+from flint_kernels import qk_norm_rope as qk_k
+from flint_kernels import rms_norm as rms_k
+from flint_kernels import router as router_k
+from flint_kernels import swiglu as swiglu_k
+
+BACKENDS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class Ops:
+    name: str
+    linear: Callable          # (x [T, K], w [N, K]) -> [T, N]
+    concat_rows: Callable     # ([w_a, w_b, ...], dim=0) -> one weight, rows stacked (done at load)
+    rms_norm: Callable        # (x, w, eps, residual=None) -> y; residual += x first when given
+    qk_norm_rope: Callable    # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache, slot_mapping)
+    attention: Callable       # (q, k, v, qsl, context_lens, k_cache, v_cache, sinks, scale, window, ...)
+    cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip)
+    silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
+    router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
+    moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]
+
+
+def cache_write_torch(k, v, k_cache, v_cache, slots):
+    keep = slots >= 0
+    idx = slots[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, idx, k[keep])
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, idx, v[keep])
+
+
+def concat_rows(weights, dim=0):
+    return torch.cat(weights, dim=dim).contiguous()
+
+
+def _attention_torch(*args, decode_only: bool, max_query_len: int, **kwargs):
+    return attention_k.attention_torch(*args, **kwargs)
+
+
+def _attention_triton(q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks, sm_scale, window,
+                      block_tables=None, ring_rows=None, *, decode_only: bool, max_query_len: int):
+    from flint_kernels.decode_attention import decode_attention
+    from flint_kernels.prefill_attention import prefill_attention
+
+    if decode_only:
+        return decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                                block_tables=block_tables, ring_rows=ring_rows)
+    return prefill_attention(q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks, sm_scale, window,
+                             max_query_len, block_tables=block_tables, ring_rows=ring_rows)
+
+
+TORCH_OPS = Ops(
+    name="torch",
+    linear=F.linear,
+    concat_rows=concat_rows,
+    rms_norm=rms_k.rms_norm_torch,
+    qk_norm_rope=qk_k.qk_norm_rope_torch,
+    attention=_attention_torch,
+    cache_write=cache_write_torch,
+    silu_mul=swiglu_k.silu_mul_torch,
+    router=router_k.router_topk_torch,
+    moe=moe_k.fused_moe_torch,
+)
+
+
+def triton_ops() -> Ops:
+    return Ops(
+        name="triton",
+        linear=F.linear,
+        concat_rows=concat_rows,
+        rms_norm=rms_k.rms_norm,
+        qk_norm_rope=qk_k.qk_norm_rope,
+        attention=_attention_triton,
+        cache_write=cache_write_torch,
+        silu_mul=getattr(swiglu_k, "silu_mul", swiglu_k.silu_mul_torch),
+        router=getattr(router_k, "router_topk", router_k.router_topk_torch),
+        moe=getattr(moe_k, "fused_moe", moe_k.fused_moe_torch),
+    )
+
+
+def get_ops(backend: str) -> Ops:
+    if backend == "torch":
+        return TORCH_OPS
+    if backend == "triton":
+        return triton_ops()
+    raise ValueError(f"kernel_backend: got {backend!r}, expected one of {BACKENDS}")
