@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
+
+import torch
 
 from flint_backend.config import FlintConfig
 
@@ -106,6 +108,11 @@ TENSORS: tuple[TensorSpec, ...] = (
 FP32_KINDS = frozenset({Kind.SINK, Kind.BIAS})
 
 
+def storage_dtype(kind: Kind, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a checkpoint stores (and a loader returns) a tensor of this kind in."""
+    return torch.float32 if kind in FP32_KINDS else dtype
+
+
 def _in_scope(config: FlintConfig, scope: Scope, layer: int) -> bool:
     if scope is Scope.LAYER:
         return True
@@ -127,3 +134,78 @@ def checkpoint_tensors(config: FlintConfig) -> Iterator[tuple[str, tuple[int, ..
                 yield spec.hf.format(i=i), spec.shape(config), spec
     for spec in globals_[1:]:
         yield spec.hf, spec.shape(config), spec
+
+
+# ---------------------------------------------------------------- loaded-checkpoint naming
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the schema; the message names the tensor or field."""
+
+
+class LoadedTensor(NamedTuple):
+    name: str                # HF name; routed experts stacked per layer (no `{e}`)
+    gguf: str                # llama.cpp GGUF name
+    shape: tuple[int, ...]   # routed experts: [E, N, K]
+    spec: TensorSpec
+    layer: int | None        # None for GLOBAL tensors
+
+
+def stacked_name(spec: TensorSpec) -> str:
+    """`model.layers.{i}.mlp.experts.{e}.gate_proj.weight` -> `model.layers.{i}.mlp.experts.gate_proj.weight`."""
+    return spec.hf.replace(".{e}.", ".")
+
+
+def loaded_tensors(config: FlintConfig) -> Iterator[LoadedTensor]:
+    """Every tensor of a loaded checkpoint (the engine's naming), in checkpoint order."""
+    seen: set[str] = set()
+    for hf_name, shape, spec in checkpoint_tensors(config):
+        layer = _layer_of(hf_name) if spec.scope is not Scope.GLOBAL else None
+        if spec.scope is Scope.EXPERT:
+            name = stacked_name(spec).format(i=layer)
+            if name in seen:
+                continue
+            seen.add(name)
+            yield LoadedTensor(name, spec.gguf.format(i=layer), (config.n_routed_experts, *shape), spec, layer)
+        else:
+            yield LoadedTensor(hf_name, spec.gguf.format(i=layer), shape, spec, layer)
+
+
+def expert_names(config: FlintConfig, tensor: LoadedTensor) -> list[str]:
+    """Per-expert HF names of a stacked routed-expert tensor, expert 0 first."""
+    return [tensor.spec.hf.format(i=tensor.layer, e=e) for e in range(config.n_routed_experts)]
+
+
+def nvfp4_eligible(spec: TensorSpec, quantize_lm_head: bool = False) -> bool:
+    """Attention projections, dense MLP, shared and routed experts (and the LM head on request)."""
+    if spec.kind not in (Kind.LINEAR, Kind.OUTPUT):
+        return False
+    return spec.scope is not Scope.GLOBAL or quantize_lm_head
+
+
+def check_shape(name: str, expected: tuple[int, ...], found: tuple[int, ...], where: str) -> None:
+    if tuple(expected) != tuple(found):
+        raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(found)}, expected {tuple(expected)}")
+
+
+def check_names(expected: list[str], found: list[str], where: str) -> None:
+    missing = [n for n in expected if n not in set(found)]
+    unexpected = sorted(set(found) - set(expected))
+    if missing:
+        raise CheckpointError(f"{where}: missing {len(missing)} tensor(s), e.g. {missing[:5]}")
+    if unexpected:
+        raise CheckpointError(f"{where}: {len(unexpected)} unexpected tensor(s), e.g. {unexpected[:5]}")
+
+
+def _layer_of(hf_name: str) -> int:
+    return int(hf_name.split(".")[2])  # model.layers.{i}....
+
+
+# llama.cpp stores the NVFP4 per-tensor FP32 scale as a companion F32 tensor beside the weight:
+# `blk.N.attn_q.weight` -> `blk.N.attn_q.scale` of shape [1], and for stacked experts
+# `blk.N.ffn_gate_exps.scale` of shape [E] (one per expert). Absent means 1.0.
+# `.input_scale` (activation scale for W4A4 kernels) is accepted on read and ignored: we run W4A16.
+SCALE_SUFFIX = ".scale"
+INPUT_SCALE_SUFFIX = ".input_scale"
+
+
+def gguf_companion(gguf_name: str, suffix: str) -> str:
+    return gguf_name.removesuffix(".weight") + suffix
