@@ -119,21 +119,26 @@ def _in_scope(config: FlintConfig, scope: Scope, layer: int) -> bool:
     return config.is_moe_layer(layer) == (scope in (Scope.MOE, Scope.EXPERT))
 
 
-def checkpoint_tensors(config: FlintConfig) -> Iterator[tuple[str, tuple[int, ...], TensorSpec]]:
-    """(HF name, shape, spec) of every tensor, layer by layer (embedding first, norm + LM head last)."""
+def _walk(config: FlintConfig) -> Iterator[tuple[TensorSpec, int | None]]:
+    """(spec, layer) in checkpoint order: embedding, layer by layer, final norm + LM head."""
     globals_ = [s for s in TENSORS if s.scope is Scope.GLOBAL]
-    yield globals_[0].hf, globals_[0].shape(config), globals_[0]
+    yield globals_[0], None
     for i in range(config.num_hidden_layers):
         for spec in TENSORS:
-            if spec.scope is Scope.GLOBAL or not _in_scope(config, spec.scope, i):
-                continue
-            if spec.scope is Scope.EXPERT:
-                for e in range(config.n_routed_experts):
-                    yield spec.hf.format(i=i, e=e), spec.shape(config), spec
-            else:
-                yield spec.hf.format(i=i), spec.shape(config), spec
+            if spec.scope is not Scope.GLOBAL and _in_scope(config, spec.scope, i):
+                yield spec, i
     for spec in globals_[1:]:
-        yield spec.hf, spec.shape(config), spec
+        yield spec, None
+
+
+def checkpoint_tensors(config: FlintConfig) -> Iterator[tuple[str, tuple[int, ...], TensorSpec]]:
+    """(HF name, shape, spec) of every tensor, layer by layer (embedding first, norm + LM head last)."""
+    for spec, i in _walk(config):
+        if spec.scope is Scope.EXPERT:
+            for e in range(config.n_routed_experts):
+                yield spec.hf.format(i=i, e=e), spec.shape(config), spec
+        else:
+            yield spec.hf.format(i=i), spec.shape(config), spec
 
 
 # ---------------------------------------------------------------- loaded-checkpoint naming
@@ -156,17 +161,12 @@ def stacked_name(spec: TensorSpec) -> str:
 
 def loaded_tensors(config: FlintConfig) -> Iterator[LoadedTensor]:
     """Every tensor of a loaded checkpoint (the engine's naming), in checkpoint order."""
-    seen: set[str] = set()
-    for hf_name, shape, spec in checkpoint_tensors(config):
-        layer = _layer_of(hf_name) if spec.scope is not Scope.GLOBAL else None
+    for spec, i in _walk(config):
         if spec.scope is Scope.EXPERT:
-            name = stacked_name(spec).format(i=layer)
-            if name in seen:
-                continue
-            seen.add(name)
-            yield LoadedTensor(name, spec.gguf.format(i=layer), (config.n_routed_experts, *shape), spec, layer)
+            shape = (config.n_routed_experts, *spec.shape(config))
+            yield LoadedTensor(stacked_name(spec).format(i=i), spec.gguf.format(i=i), shape, spec, i)
         else:
-            yield LoadedTensor(hf_name, spec.gguf.format(i=layer), shape, spec, layer)
+            yield LoadedTensor(spec.hf.format(i=i), spec.gguf.format(i=i), spec.shape(config), spec, i)
 
 
 def expert_names(config: FlintConfig, tensor: LoadedTensor) -> list[str]:
@@ -187,16 +187,13 @@ def check_shape(name: str, expected: tuple[int, ...], found: tuple[int, ...], wh
 
 
 def check_names(expected: list[str], found: list[str], where: str) -> None:
-    missing = [n for n in expected if n not in set(found)]
-    unexpected = sorted(set(found) - set(expected))
+    found_set = set(found)
+    missing = [n for n in expected if n not in found_set]
+    unexpected = sorted(found_set - set(expected))
     if missing:
         raise CheckpointError(f"{where}: missing {len(missing)} tensor(s), e.g. {missing[:5]}")
     if unexpected:
         raise CheckpointError(f"{where}: {len(unexpected)} unexpected tensor(s), e.g. {unexpected[:5]}")
-
-
-def _layer_of(hf_name: str) -> int:
-    return int(hf_name.split(".")[2])  # model.layers.{i}....
 
 
 # llama.cpp stores the NVFP4 per-tensor FP32 scale as a companion F32 tensor beside the weight:
