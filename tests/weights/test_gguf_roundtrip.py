@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 
 from flint_backend.config import FlintConfig
 from flint_backend.weights.convert import convert_checkpoint
-from flint_backend.weights.gguf_metadata import read_metadata
+from flint_backend.weights.gguf_metadata import config_from_metadata, read_metadata, write_metadata
 from flint_backend.weights.gguf_writer import plan_tensors
 from flint_backend.weights.loader import load_checkpoint, unstack_experts
 from flint_backend.weights.nvfp4 import NVFP4Weight
@@ -129,3 +129,19 @@ def test_convert_refuses_to_overwrite_without_force(bf16_dir, tmp_path):
     assert out.read_bytes() == b"keep me"
     convert_checkpoint(bf16_dir, out, outtype="bf16", force=True, progress=False)
     assert load_checkpoint(out, progress=False).format == "gguf"
+
+
+def test_metadata_round_trip_of_every_config_field(tmp_path):
+    config = FlintConfig.preset("flint-tiny", rms_norm_eps=1e-6, rope_theta=500000.0, routed_scaling_factor=1.5,
+                                norm_topk_prob=False, bos_token_id=1, eos_token_id=[2, 5, 7], pad_token_id=0,
+                                layer_types=["full_attention"] * 2 + ["sliding_attention"] * 5)
+    path = tmp_path / "meta.gguf"
+    writer = GGUFWriter(path, "flint")
+    write_metadata(writer, config)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    values = read_metadata(GGUFReader(path))
+    assert config_from_metadata(values, str(path)) == config
+    assert values["tokenizer.ggml.eos_token_id"] == 2
