@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 
 from flint_backend.config import FlintConfig
-from flint_backend.weights.schema import FP32_KINDS, Kind, checkpoint_tensors
+from flint_backend.weights.schema import Kind, checkpoint_tensors, storage_dtype
 
 OUTPUT_SCALE = 0.5  # o_proj / down_proj: keep the residual stream from growing layer over layer
 NORM_JITTER = 0.1   # norm weights 1 + N(0, 0.1): a test notices a norm whose weight is ignored
@@ -46,10 +46,6 @@ def random_tensor(name: str, shape: tuple[int, ...], kind: Kind, seed: int = 0,
     if kind is Kind.OUTPUT:
         scale *= OUTPUT_SCALE
     return x * scale
-
-
-def storage_dtype(kind: Kind, dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if kind in FP32_KINDS else dtype
 
 
 def random_weights(config: FlintConfig, seed: int = 0, dtype: torch.dtype = torch.bfloat16,

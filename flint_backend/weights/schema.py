@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
+
+import torch
 
 from flint_backend.config import FlintConfig
 
@@ -106,24 +108,101 @@ TENSORS: tuple[TensorSpec, ...] = (
 FP32_KINDS = frozenset({Kind.SINK, Kind.BIAS})
 
 
+def storage_dtype(kind: Kind, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a checkpoint stores (and a loader returns) a tensor of this kind in."""
+    return torch.float32 if kind in FP32_KINDS else dtype
+
+
 def _in_scope(config: FlintConfig, scope: Scope, layer: int) -> bool:
     if scope is Scope.LAYER:
         return True
     return config.is_moe_layer(layer) == (scope in (Scope.MOE, Scope.EXPERT))
 
 
-def checkpoint_tensors(config: FlintConfig) -> Iterator[tuple[str, tuple[int, ...], TensorSpec]]:
-    """(HF name, shape, spec) of every tensor, layer by layer (embedding first, norm + LM head last)."""
+def _walk(config: FlintConfig) -> Iterator[tuple[TensorSpec, int | None]]:
+    """(spec, layer) in checkpoint order: embedding, layer by layer, final norm + LM head."""
     globals_ = [s for s in TENSORS if s.scope is Scope.GLOBAL]
-    yield globals_[0].hf, globals_[0].shape(config), globals_[0]
+    yield globals_[0], None
     for i in range(config.num_hidden_layers):
         for spec in TENSORS:
-            if spec.scope is Scope.GLOBAL or not _in_scope(config, spec.scope, i):
-                continue
-            if spec.scope is Scope.EXPERT:
-                for e in range(config.n_routed_experts):
-                    yield spec.hf.format(i=i, e=e), spec.shape(config), spec
-            else:
-                yield spec.hf.format(i=i), spec.shape(config), spec
+            if spec.scope is not Scope.GLOBAL and _in_scope(config, spec.scope, i):
+                yield spec, i
     for spec in globals_[1:]:
-        yield spec.hf, spec.shape(config), spec
+        yield spec, None
+
+
+def checkpoint_tensors(config: FlintConfig) -> Iterator[tuple[str, tuple[int, ...], TensorSpec]]:
+    """(HF name, shape, spec) of every tensor, layer by layer (embedding first, norm + LM head last)."""
+    for spec, i in _walk(config):
+        if spec.scope is Scope.EXPERT:
+            for e in range(config.n_routed_experts):
+                yield spec.hf.format(i=i, e=e), spec.shape(config), spec
+        else:
+            yield spec.hf.format(i=i), spec.shape(config), spec
+
+
+# ---------------------------------------------------------------- loaded-checkpoint naming
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the schema; the message names the tensor or field."""
+
+
+class LoadedTensor(NamedTuple):
+    name: str                # HF name; routed experts stacked per layer (no `{e}`)
+    gguf: str                # llama.cpp GGUF name
+    shape: tuple[int, ...]   # routed experts: [E, N, K]
+    spec: TensorSpec
+    layer: int | None        # None for GLOBAL tensors
+
+
+def stacked_name(spec: TensorSpec) -> str:
+    """`model.layers.{i}.mlp.experts.{e}.gate_proj.weight` -> `model.layers.{i}.mlp.experts.gate_proj.weight`."""
+    return spec.hf.replace(".{e}.", ".")
+
+
+def loaded_tensors(config: FlintConfig) -> Iterator[LoadedTensor]:
+    """Every tensor of a loaded checkpoint (the engine's naming), in checkpoint order."""
+    for spec, i in _walk(config):
+        if spec.scope is Scope.EXPERT:
+            shape = (config.n_routed_experts, *spec.shape(config))
+            yield LoadedTensor(stacked_name(spec).format(i=i), spec.gguf.format(i=i), shape, spec, i)
+        else:
+            yield LoadedTensor(spec.hf.format(i=i), spec.gguf.format(i=i), spec.shape(config), spec, i)
+
+
+def expert_names(config: FlintConfig, tensor: LoadedTensor) -> list[str]:
+    """Per-expert HF names of a stacked routed-expert tensor, expert 0 first."""
+    return [tensor.spec.hf.format(i=tensor.layer, e=e) for e in range(config.n_routed_experts)]
+
+
+def nvfp4_eligible(spec: TensorSpec, quantize_lm_head: bool = False) -> bool:
+    """Attention projections, dense MLP, shared and routed experts (and the LM head on request)."""
+    if spec.kind not in (Kind.LINEAR, Kind.OUTPUT):
+        return False
+    return spec.scope is not Scope.GLOBAL or quantize_lm_head
+
+
+def check_shape(name: str, expected: tuple[int, ...], found: tuple[int, ...], where: str) -> None:
+    if tuple(expected) != tuple(found):
+        raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(found)}, expected {tuple(expected)}")
+
+
+def check_names(expected: list[str], found: list[str], where: str) -> None:
+    found_set = set(found)
+    missing = [n for n in expected if n not in found_set]
+    unexpected = sorted(found_set - set(expected))
+    if missing:
+        raise CheckpointError(f"{where}: missing {len(missing)} tensor(s), e.g. {missing[:5]}")
+    if unexpected:
+        raise CheckpointError(f"{where}: {len(unexpected)} unexpected tensor(s), e.g. {unexpected[:5]}")
+
+
+# llama.cpp stores the NVFP4 per-tensor FP32 scale as a companion F32 tensor beside the weight:
+# `blk.N.attn_q.weight` -> `blk.N.attn_q.scale` of shape [1], and for stacked experts
+# `blk.N.ffn_gate_exps.scale` of shape [E] (one per expert). Absent means 1.0.
+# `.input_scale` (activation scale for W4A4 kernels) is accepted on read and ignored: we run W4A16.
+SCALE_SUFFIX = ".scale"
+INPUT_SCALE_SUFFIX = ".input_scale"
+
+
+def gguf_companion(gguf_name: str, suffix: str) -> str:
+    return gguf_name.removesuffix(".weight") + suffix
