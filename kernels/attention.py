@@ -90,7 +90,8 @@ def _cache_slots(b, positions, rows_per, block_tables, ring_rows):
 
 def check_attention_inputs(op, q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks,
                            window, block_tables, ring_rows):
-    """Shapes, dtypes and layouts only: never reads device values (launchers stay sync-free)."""
+    """Shapes, dtypes and layouts only: never reads device values (launchers stay sync-free).
+    query_start_loc None: one query per sequence (decode)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"{op}: q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}; expected [N, Hq, D], [N, Hk, D], [N, Hk, D]")
@@ -103,7 +104,7 @@ def check_attention_inputs(op, q, k, v, query_start_loc, context_lens, k_cache, 
         if x.stride(-1) != 1:
             raise ValueError(f"{op}: {name} has strides {x.stride()}, expected unit stride in D")
     b = context_lens.shape[0]
-    if context_lens.dim() != 1 or query_start_loc.shape != (b + 1,):
+    if context_lens.dim() != 1 or (query_start_loc is not None and query_start_loc.shape != (b + 1,)):
         raise ValueError(f"{op}: context_lens {tuple(context_lens.shape)} and query_start_loc "
                          f"{tuple(query_start_loc.shape)}, expected [B] and [B + 1]")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
