@@ -100,6 +100,9 @@ def check_attention_inputs(op, q, k, v, query_start_loc, context_lens, k_cache, 
     if k.shape != (n, hk, d) or v.shape != (n, hk, d) or hq % hk:
         raise ValueError(f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} expected [{n}, Hk, {d}] "
                          f"with Hk dividing Hq={hq}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != q.dtype:
+            raise ValueError(f"{op}: {name} is {x.dtype}, expected q's dtype {q.dtype}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.stride(-1) != 1:
             raise ValueError(f"{op}: {name} has strides {x.stride()}, expected unit stride in D")

@@ -23,7 +23,7 @@ from .attention import attention_torch, check_attention_inputs
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
 DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
 LOG2E = 1.4426950408889634
-BLOCK_N = 64           # cached positions per tile
+TILE_N = 64            # cached positions per tile
 MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
 WAVES = 2              # default splits aim at this many programs per SM
 
@@ -190,7 +190,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_bt=block_tables.stride(0) if paged else 0,
         qk_scale=qk_scale, window=window, num_splits=splits,
         HK=hk, G=hq // hk, D=d, ROWS_PER=k_cache.shape[1],
-        BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=BLOCK_N,
+        BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
         PAGED=paged, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=3,
@@ -202,7 +202,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
         qk_scale=qk_scale, window=window, num_splits=splits,
-        G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=BLOCK_N,
+        G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
         USE_SINKS=sinks is not None,
         num_warps=4,
     )
@@ -220,7 +220,7 @@ def default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch
     """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
     splits = triton.cdiv(WAVES * _num_sms(torch.device(device)), batch * num_kv_heads)
     if window:
-        splits = min(splits, triton.cdiv(window, BLOCK_N))
+        splits = min(splits, triton.cdiv(window, TILE_N))
     return max(1, min(MAX_SPLITS, splits))
 
 

@@ -24,7 +24,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 LOG2E = 1.4426950408889634
 # GPU tiles: 128 rows x 64 keys, D up to 128 (H100/H200 flash-attention shape); interpreter: small
-BLOCK_M, BLOCK_N = (32, 16) if INTERPRET else (128, 64)
+TILE_M, TILE_N = (32, 16) if INTERPRET else (128, 64)
 
 
 @triton.jit
@@ -199,7 +199,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return out
     g = hq // hk
     g_pad = triton.next_power_of_2(g)
-    block_m = max(16, min(BLOCK_M, triton.next_power_of_2(max_query_len) * g_pad))
+    block_m = max(16, min(TILE_M, triton.next_power_of_2(max_query_len) * g_pad))
     block_q = max(1, block_m // g_pad)
     paged = block_tables is not None
     _prefill_kernel[(triton.cdiv(n, block_q) + batch, hk)](
@@ -212,7 +212,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         stride_vt=v.stride(0), stride_vh=v.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0) if paged else 0,
         qk_scale=sm_scale * LOG2E, window=window, num_seqs=batch,
-        HK=hk, G=g, D=d, ROWS_PER=k_cache.shape[1], G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=BLOCK_N,
+        HK=hk, G=g, D=d, ROWS_PER=k_cache.shape[1], G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=TILE_N,
         PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=8 if block_m >= 128 else 4, num_stages=3,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flint_kernels.decode_attention import decode_attention, decode_attention_torch
-from kv_cases import make_step
+from kv_cases import assert_scaled_close, make_step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: output rounding plus bf16 probabilities in the P.V dot (on a GPU); fp32: summation order
@@ -78,6 +78,7 @@ def test_real_shapes_paged(batch, context):
                      rows_per=64, write_current=True, device=DEVICE)
     got, expected = run_both(step, 0)
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected)
 
 
 @pytest.mark.gpu
@@ -88,3 +89,4 @@ def test_real_shapes_ring(batch):
                      layout="ring", rows_per=513, write_current=True, device=DEVICE)
     got, expected = run_both(step, 513)
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flint_kernels.prefill_attention import prefill_attention, prefill_attention_torch
-from kv_cases import make_step
+from kv_cases import assert_scaled_close, make_step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: output rounding plus bf16 probabilities in the P.V dot (on a GPU); fp32: summation order
@@ -55,6 +55,18 @@ def test_window_wider_than_tiles(layout, rows_per):
     torch.testing.assert_close(got, expected, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("window", [0, 40])
+def test_gpu_tile_sizes(monkeypatch, window):
+    # the interpreter runs small tiles; the GPU's 128 x 64 tiles cross the same edges here
+    from flint_kernels import prefill_attention as module
+    monkeypatch.setattr(module, "TILE_M", 128)
+    monkeypatch.setattr(module, "TILE_N", 64)
+    layout, rows_per = ("ring", 40) if window else ("paged", 16)
+    step = make_step([(70, 75), (0, 1), (130, 5)], layout=layout, rows_per=rows_per, device=DEVICE)
+    got, expected = run_both(step, window)
+    torch.testing.assert_close(got, expected, **TOL[torch.float32])
+
+
 def test_huge_sink_and_no_sink():
     step = make_step([(5, 6), (0, 3), (2, 1)], rows_per=4, device=DEVICE)
     got, _ = run_both(step, 0, sinks=torch.full((8,), 1e4, device=DEVICE))
@@ -82,3 +94,4 @@ def test_real_shapes(seqs, window):
                      device=DEVICE)
     got, expected = run_both(step, window)
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected)
