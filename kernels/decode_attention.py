@@ -67,18 +67,23 @@ def _decode_split_kernel(
                 mask=rows[:, None] < G, other=0.0)  # [BLOCK_G, D]
     if DOT_FP32:
         q = q.to(tl.float32)
-    if PAGED:
-        table = block_tables_ptr + b * stride_bt
-    else:
+    table = block_tables_ptr + b * stride_bt
+    ring_base = 0
+    if not PAGED:
         ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
     m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
+    # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
+    pos_next = start + tl.arange(0, BLOCK_N)
+    block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
     for kstart in range(start, end, BLOCK_N):
         pos = kstart + tl.arange(0, BLOCK_N)
         valid = pos < end
         if PAGED:
-            block = tl.load(table + pos // ROWS_PER, mask=valid, other=0).to(tl.int64)
+            block = block_next.to(tl.int64)
+            pos_next = pos + BLOCK_N
+            block_next = tl.load(table + pos_next // ROWS_PER, mask=pos_next < end, other=0)
             slot = block * ROWS_PER + pos % ROWS_PER
         else:
             slot = ring_base + pos % ROWS_PER
@@ -193,7 +198,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
         PAGED=paged, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=3,
+        num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
     )
     _decode_reduce_kernel[(batch, hq)](
         q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
