@@ -13,7 +13,9 @@ Caches `[rows, R, Hk, D]`, viewed as `[rows * R, Hk, D]` slots:
   - paged (`block_tables [B, max_blocks] int32`): position j of sequence b lives at slot
     `block_tables[b, j // R] * R + j % R` (R = block size);
   - ring (`ring_rows [B] int32`, sliding layers): slot `ring_rows[b] * R + j % R` (R >= window),
-    so only the last R positions written survive.
+    so only the last R positions written survive. With R == window, writing this step's
+    tokens before attention is safe for one-token sequences only (the slot it overwrites
+    held position p - R, outside the window); a chunk must be written after attention.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          f"{tuple(q.shape)} with unit stride in D")
     if batch == 0:
         return out
-    splits = num_splits or default_num_splits(batch, hk, window, q.device)
+    splits = num_splits or _default_num_splits(batch, hk, window, q.device)
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"decode_attention: num_splits {splits}, expected 1..{MAX_SPLITS}")
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
@@ -221,7 +221,7 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
+def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
     """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
     splits = triton.cdiv(WAVES * _num_sms(torch.device(device)), batch * num_kv_heads)
     if window:

@@ -64,7 +64,7 @@ def compile_launch(fn, kwargs, arch: int):
     options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
     for i, param in enumerate(fn.params):
         value = kwargs[param.name]
-        if param.is_constexpr:
+        if param.is_constexpr or (type(value) is int and value == 1):  # the JIT specialises 1 too
             signature[param.name], constexprs[param.name] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + DTYPES[value.dtype]
@@ -141,6 +141,12 @@ def launches() -> list[tuple[str, object, object]]:
             q, k, v_view, qsl, lens, ring, ring, sinks, scale, 513, 4096, ring_rows=rows)),
         ("prefill decode-rows", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 1, block_tables=tables)),
+        # ints equal to 1 become constexprs: one sequence, one split, one-block tables
+        ("decode B=1 one split", decode_attention, lambda: decode_attention.decode_attention(
+            q[:1], k[:1], v_view[:1], paged, paged, lens[:1], None, scale, 0, block_tables=tables[:1, :1].contiguous(),
+            num_splits=1)),
+        ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
+            q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
     ]
 
 
