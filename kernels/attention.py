@@ -13,7 +13,9 @@ Caches `[rows, R, Hk, D]`, viewed as `[rows * R, Hk, D]` slots:
   - paged (`block_tables [B, max_blocks] int32`): position j of sequence b lives at slot
     `block_tables[b, j // R] * R + j % R` (R = block size);
   - ring (`ring_rows [B] int32`, sliding layers): slot `ring_rows[b] * R + j % R` (R >= window),
-    so only the last R positions written survive.
+    so only the last R positions written survive. With R == window, writing this step's
+    tokens before attention is safe for one-token sequences only (the slot it overwrites
+    held position p - R, outside the window); a chunk must be written after attention.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def _cache_slots(b, positions, rows_per, block_tables, ring_rows):
 
 def check_attention_inputs(op, q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks,
                            window, block_tables, ring_rows):
-    """Shapes, dtypes and layouts only: never reads device values (launchers stay sync-free)."""
+    """Shapes, dtypes and layouts only: never reads device values (launchers stay sync-free).
+    query_start_loc None: one query per sequence (decode)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"{op}: q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}; expected [N, Hq, D], [N, Hk, D], [N, Hk, D]")
@@ -99,11 +102,14 @@ def check_attention_inputs(op, q, k, v, query_start_loc, context_lens, k_cache, 
     if k.shape != (n, hk, d) or v.shape != (n, hk, d) or hq % hk:
         raise ValueError(f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} expected [{n}, Hk, {d}] "
                          f"with Hk dividing Hq={hq}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != q.dtype:
+            raise ValueError(f"{op}: {name} is {x.dtype}, expected q's dtype {q.dtype}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.stride(-1) != 1:
             raise ValueError(f"{op}: {name} has strides {x.stride()}, expected unit stride in D")
     b = context_lens.shape[0]
-    if context_lens.dim() != 1 or query_start_loc.shape != (b + 1,):
+    if context_lens.dim() != 1 or (query_start_loc is not None and query_start_loc.shape != (b + 1,)):
         raise ValueError(f"{op}: context_lens {tuple(context_lens.shape)} and query_start_loc "
                          f"{tuple(query_start_loc.shape)}, expected [B] and [B + 1]")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):

@@ -1,10 +1,232 @@
-"""Decode attention with sinks: one new token per sequence (N == B); see attention.py."""
+"""Decode attention with sinks: one new token per sequence (N == B); semantics in attention.py.
+
+Split-KV (flash-decoding): program (b, kv head, split) streams one contiguous range of the
+visible cached positions [lo, ctx) and keeps unnormalised partial results for the G query
+heads of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot). The
+reduce program (b, query head) rescales the partials to a common max and adds the new token
+(read from k/v) and the sink, each exactly once. The grid and scratch depend only on
+(B, num_splits), never on context lengths, so a captured CUDA graph replays for any lengths:
+splits past a sequence's length exit at once.
+"""
 
 from __future__ import annotations
 
-import torch
+import functools
+import os
 
-from .attention import attention_torch, check_attention_inputs  # noqa: F401  (re-exported)
+import torch
+import triton
+import triton.language as tl
+
+from .attention import attention_torch, check_attention_inputs
+
+# Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
+DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
+LOG2E = 1.4426950408889634
+TILE_N = 64            # cached positions per tile
+MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
+WAVES = 2              # default splits aim at this many programs per SM
+
+
+@triton.jit
+def _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N: tl.constexpr):
+    """Cached positions [start, end) of split s of sequence b, and how many splits are non-empty."""
+    ctx = tl.load(context_lens_ptr + b)
+    lo = tl.where(window > 0, tl.maximum(ctx - window + 1, 0), 0)
+    split_len = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
+    split_len = tl.maximum(split_len, BLOCK_N)
+    start = lo + s * split_len
+    return start, tl.minimum(start + split_len, ctx), tl.cdiv(ctx - lo, split_len)
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,             # [B, Hq, D]
+    k_cache_ptr,       # [num_slots, Hk, D] contiguous
+    v_cache_ptr,       # [num_slots, Hk, D] contiguous
+    context_lens_ptr,  # [B] int32
+    block_tables_ptr,  # [B, max_blocks] int32 (read when PAGED)
+    ring_rows_ptr,     # [B] int32 (read when not PAGED)
+    part_acc_ptr,      # [B, Hq, num_splits, D] fp32: unnormalised sum of p * v
+    part_ml_ptr,       # [B, Hq, num_splits, 2] fp32: running max (log2 units), sum of p
+    stride_qb, stride_qh, stride_bt,
+    qk_scale, window, num_splits,
+    HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    start, end, _ = _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N)
+    if start >= end:
+        return
+    rows = tl.arange(0, BLOCK_G)  # query heads h*G + rows
+    cols = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + (h * G + rows[:, None]) * stride_qh + cols[None, :],
+                mask=rows[:, None] < G, other=0.0)  # [BLOCK_G, D]
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    table = block_tables_ptr + b * stride_bt
+    ring_base = 0
+    if not PAGED:
+        ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
+    m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
+    pos_next = start + tl.arange(0, BLOCK_N)
+    block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
+    for kstart in range(start, end, BLOCK_N):
+        pos = kstart + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        if PAGED:
+            block = block_next.to(tl.int64)
+            pos_next = pos + BLOCK_N
+            block_next = tl.load(table + pos_next // ROWS_PER, mask=pos_next < end, other=0)
+            slot = block * ROWS_PER + pos % ROWS_PER
+        else:
+            slot = ring_base + pos % ROWS_PER
+        kv_off = slot[:, None] * (HK * D) + h * D + cols[None, :]  # [BLOCK_N, D]
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        if DOT_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m = m_new
+    part = (b * (HK * G) + h * G + rows) * num_splits + s  # [BLOCK_G] (b, head, split)
+    tl.store(part_acc_ptr + part[:, None] * D + cols[None, :], acc, mask=rows[:, None] < G)
+    tl.store(part_ml_ptr + part * 2, m, mask=rows < G)
+    tl.store(part_ml_ptr + part * 2 + 1, l, mask=rows < G)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    q_ptr,             # [B, Hq, D]
+    k_ptr,             # [B, Hk, D] this step's keys
+    v_ptr,             # [B, Hk, D] this step's values
+    context_lens_ptr,  # [B] int32
+    sinks_ptr,         # [Hq] fp32 (read when USE_SINKS)
+    part_acc_ptr,      # [B, Hq, num_splits, D] fp32
+    part_ml_ptr,       # [B, Hq, num_splits, 2] fp32
+    out_ptr,           # [B, Hq, D]
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
+    qk_scale, window, num_splits,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hq = tl.program_id(1)
+    hk = hq // G
+    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)
+    cols = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + hq * stride_qh + cols).to(tl.float32)
+    k = tl.load(k_ptr + b * stride_kb + hk * stride_kh + cols).to(tl.float32)
+    v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
+    s_new = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself
+    m = s_new
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    splits = tl.arange(0, BLOCK_S)
+    part = (b * tl.num_programs(1) + hq) * num_splits
+    for s0 in range(0, n_splits, BLOCK_S):
+        ms = tl.load(part_ml_ptr + (part + s0 + splits) * 2, mask=s0 + splits < n_splits, other=-1e30)
+        m = tl.maximum(m, tl.max(ms, axis=0))
+    w_new = tl.exp2(s_new - m)
+    l = w_new
+    if USE_SINKS:
+        l += tl.exp2(sink - m)
+    acc = w_new * v
+    for s0 in range(0, n_splits, BLOCK_S):
+        idx = part + s0 + splits
+        live = s0 + splits < n_splits
+        ms = tl.load(part_ml_ptr + idx * 2, mask=live, other=-1e30)
+        ls = tl.load(part_ml_ptr + idx * 2 + 1, mask=live, other=0.0)
+        accs = tl.load(part_acc_ptr + idx[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
+        w = tl.exp2(ms - m)  # [BLOCK_S]
+        l += tl.sum(w * ls, axis=0)
+        acc += tl.sum(w[:, None] * accs, axis=0)
+    tl.store(out_ptr + b * stride_ob + hq * stride_oh + cols, (acc / l).to(out_ptr.dtype.element_ty))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
+                     sinks: torch.Tensor | None, sm_scale: float, window: int,
+                     block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """q [B, Hq, D], k/v [B, Hk, D] (token b at position context_lens[b]) -> out [B, Hq, D].
+    num_splits: the split grid axis (default: enough programs for WAVES per SM, capped by the window)."""
+    batch, hq, d = q.shape
+    check_attention_inputs("decode_attention", q, k, v, None, context_lens, k_cache, v_cache, sinks,
+                           window, block_tables, ring_rows)
+    hk = k.shape[1]
+    if context_lens.shape != (batch,):
+        raise ValueError(f"decode_attention: context_lens has shape {tuple(context_lens.shape)}, "
+                         f"expected ({batch},): one new token per sequence")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"decode_attention: head_dim {d}, expected a power of two >= 16")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"decode_attention: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} "
+                         f"{tuple(q.shape)} with unit stride in D")
+    if batch == 0:
+        return out
+    splits = num_splits or _default_num_splits(batch, hk, window, q.device)
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"decode_attention: num_splits {splits}, expected 1..{MAX_SPLITS}")
+    part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((batch, hq, splits, 2), dtype=torch.float32, device=q.device)
+    qk_scale = sm_scale * LOG2E
+    paged = block_tables is not None
+    _decode_split_kernel[(batch, hk, splits)](
+        q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, context_lens_ptr=context_lens,
+        block_tables_ptr=block_tables if paged else context_lens,
+        ring_rows_ptr=context_lens if paged else ring_rows,
+        part_acc_ptr=part_acc, part_ml_ptr=part_ml,
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_bt=block_tables.stride(0) if paged else 0,
+        qk_scale=qk_scale, window=window, num_splits=splits,
+        HK=hk, G=hq // hk, D=d, ROWS_PER=k_cache.shape[1],
+        BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
+        PAGED=paged, DOT_FP32=DOT_FP32,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
+    )
+    _decode_reduce_kernel[(batch, hq)](
+        q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
+        sinks_ptr=sinks if sinks is not None else part_ml,
+        part_acc_ptr=part_acc, part_ml_ptr=part_ml, out_ptr=out,
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
+        stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
+        qk_scale=qk_scale, window=window, num_splits=splits,
+        G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
+        USE_SINKS=sinks is not None,
+        num_warps=4,
+    )
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: keep the grid small
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
+    """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
+    splits = triton.cdiv(WAVES * _num_sms(torch.device(device)), batch * num_kv_heads)
+    if window:
+        splits = min(splits, triton.cdiv(window, TILE_N))
+    return max(1, min(MAX_SPLITS, splits))
 
 
 def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

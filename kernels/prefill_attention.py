@@ -1,10 +1,223 @@
-"""Prefill attention with sinks: chunked, causal, sliding window, mixed batches; see attention.py."""
+"""Prefill attention with sinks: chunked, causal, sliding window, mixed batches; semantics in
+attention.py.
+
+Flash attention over tiles of (BLOCK_Q query tokens x the G query heads of one KV head) =
+BLOCK_M rows, so the heads of a GQA group share every K/V tile and a one-token sequence
+fills G rows, not BLOCK_M. Keys stream in BLOCK_N tiles over the positions the tile can see,
+cached ones from the paged/ring cache and this step's from k/v (a tile may mix both). Tiles
+every row sees whole skip the causal/window mask; tiles no row sees are never loaded.
+The grid is (cdiv(N, BLOCK_Q) + B, Hk): sequence b owns tile slots from
+query_start_loc[b] // BLOCK_Q + b on, found by binary search, so no host sync is needed.
+"""
 
 from __future__ import annotations
 
-import torch
+import os
 
-from .attention import attention_torch, check_attention_inputs  # noqa: F401  (re-exported)
+import torch
+import triton
+import triton.language as tl
+
+from .attention import attention_torch, check_attention_inputs
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
+LOG2E = 1.4426950408889634
+# GPU tiles: 128 rows x 64 keys, D up to 128 (H100/H200 flash-attention shape); interpreter: small
+TILE_M, TILE_N = (32, 16) if INTERPRET else (128, 64)
+
+
+@triton.jit
+def _find_sequence(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest b with query_start_loc[b] // BLOCK_Q + b <= tile."""
+    left: tl.int32 = 0
+    right = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= tile:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@triton.jit
+def _attend_tile(
+    q, m, l, acc,            # [BLOCK_M, D], [BLOCK_M], [BLOCK_M], [BLOCK_M, D]
+    kstart, qpos,            # first key position of the tile; [BLOCK_M] query positions
+    hi, ctx, window, qk_scale,
+    k_cache_ptr, v_cache_ptr,  # [num_slots, Hk, D]
+    k_ptr, v_ptr,            # this sequence's first new row, kv head h applied
+    stride_kt, stride_vt,
+    table_ptr, ring_base, h,
+    HK: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, MASKED: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pos = kstart + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, D)
+    in_range = pos < hi
+    cached = pos < ctx
+    if PAGED:
+        block = tl.load(table_ptr + pos // ROWS_PER, mask=cached & in_range, other=0).to(tl.int64)
+        slot = block * ROWS_PER + pos % ROWS_PER
+    else:
+        slot = ring_base + pos % ROWS_PER
+    new = tl.maximum(pos - ctx, 0).to(tl.int64)  # row of this step's k/v
+    cache_off = slot * (HK * D) + h * D
+    k_rows = tl.where(cached, k_cache_ptr + cache_off, k_ptr + new * stride_kt)  # [BLOCK_N] pointers
+    v_rows = tl.where(cached, v_cache_ptr + cache_off, v_ptr + new * stride_vt)
+    if MASKED:
+        k = tl.load(k_rows[:, None] + cols[None, :], mask=in_range[:, None], other=0.0)
+        v = tl.load(v_rows[:, None] + cols[None, :], mask=in_range[:, None], other=0.0)
+    else:
+        k = tl.load(k_rows[:, None] + cols[None, :])
+        v = tl.load(v_rows[:, None] + cols[None, :])
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        seen = in_range[None, :] & (pos[None, :] <= qpos[:, None])
+        seen &= (window == 0) | (pos[None, :] > qpos[:, None] - window)
+        scores = tl.where(seen, scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,                # [N, Hq, D]
+    k_ptr,                # [N, Hk, D] this step's keys
+    v_ptr,                # [N, Hk, D] this step's values
+    query_start_loc_ptr,  # [B + 1] int32
+    context_lens_ptr,     # [B] int32
+    k_cache_ptr,          # [num_slots, Hk, D] contiguous
+    v_cache_ptr,          # [num_slots, Hk, D] contiguous
+    block_tables_ptr,     # [B, max_blocks] int32 (read when PAGED)
+    ring_rows_ptr,        # [B] int32 (read when not PAGED)
+    sinks_ptr,            # [Hq] fp32 (read when USE_SINKS)
+    out_ptr,              # [N, Hq, D]
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
+    qk_scale, window, num_seqs,
+    HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
+    G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # last tiles see the most keys: start them first
+    h = tl.program_id(1)
+    b = _find_sequence(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + b)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    q0 = (tile - q_start // BLOCK_Q - b) * BLOCK_Q  # first query of this tile within the sequence
+    if q0 >= q_len:
+        return
+    ctx = tl.load(context_lens_ptr + b)
+
+    BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
+    rows = tl.arange(0, BLOCK_M)
+    qi = q0 + rows // G_PAD
+    head = h * G + rows % G_PAD
+    row_ok = (qi < q_len) & (rows % G_PAD < G)
+    qpos = ctx + qi
+    cols = tl.arange(0, D)
+    q_rows = (q_start + qi).to(tl.int64) * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    if USE_SINKS:  # the sink starts the running softmax: max = sink, sum = exp(0) = 1
+        m = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
+        l = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        m = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a fully masked row gives p = 0, not NaN
+        l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+
+    # key positions: [lo, hi) is seen by some row; [all_lo, all_hi) by every row
+    p_first = ctx + q0
+    p_last = ctx + tl.minimum(q0 + BLOCK_Q, q_len) - 1
+    hi = p_last + 1
+    lo = tl.where(window > 0, tl.maximum(p_first - window + 1, 0), 0)
+    all_lo = tl.where(window > 0, tl.maximum(p_last - window + 1, 0), 0)
+    all_hi = p_first + 1
+    # tiles start at lo: masked up to all_lo, unmasked while a whole tile fits below all_hi, masked after
+    mid_lo = tl.minimum(lo + tl.cdiv(tl.maximum(all_lo - lo, 0), BLOCK_N) * BLOCK_N, hi)
+    mid_hi = mid_lo + tl.maximum(all_hi - mid_lo, 0) // BLOCK_N * BLOCK_N
+
+    k_new = k_ptr + q_start.to(tl.int64) * stride_kt + h * stride_kh
+    v_new = v_ptr + q_start.to(tl.int64) * stride_vt + h * stride_vh
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    ring_base = 0
+    if not PAGED:
+        ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
+    for kstart in range(lo, mid_lo, BLOCK_N):
+        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale,
+                                 k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
+                                 table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
+                                 PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+    for kstart in range(mid_lo, mid_hi, BLOCK_N):
+        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale,
+                                 k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
+                                 table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
+                                 PAGED=PAGED, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+    for kstart in range(mid_hi, hi, BLOCK_N):
+        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale,
+                                 k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
+                                 table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
+                                 PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+    o_rows = (q_start + qi).to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(out_ptr + o_rows[:, None] + cols[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      query_start_loc: torch.Tensor, context_lens: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None,
+                      sm_scale: float, window: int, max_query_len: int,
+                      block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [N, Hq, D], k/v [N, Hk, D] of B sequences (query_start_loc [B+1]) -> out [N, Hq, D].
+    max_query_len: an upper bound of the new tokens per sequence (picks the tile height only)."""
+    check_attention_inputs("prefill_attention", q, k, v, query_start_loc, context_lens, k_cache, v_cache,
+                           sinks, window, block_tables, ring_rows)
+    n, hq, d = q.shape
+    hk = k.shape[1]
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"prefill_attention: head_dim {d}, expected a power of two >= 16")
+    if max_query_len < 1:
+        raise ValueError(f"prefill_attention: max_query_len {max_query_len}, expected >= 1")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"prefill_attention: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} "
+                         f"{tuple(q.shape)} with unit stride in D")
+    batch = context_lens.shape[0]
+    if n == 0 or batch == 0:
+        return out
+    g = hq // hk
+    g_pad = triton.next_power_of_2(g)
+    block_m = max(16, min(TILE_M, triton.next_power_of_2(max_query_len) * g_pad))
+    block_q = max(1, block_m // g_pad)
+    paged = block_tables is not None
+    _prefill_kernel[(triton.cdiv(n, block_q) + batch, hk)](
+        q_ptr=q, k_ptr=k, v_ptr=v, query_start_loc_ptr=query_start_loc, context_lens_ptr=context_lens,
+        k_cache_ptr=k_cache, v_cache_ptr=v_cache,
+        block_tables_ptr=block_tables if paged else context_lens,
+        ring_rows_ptr=context_lens if paged else ring_rows,
+        sinks_ptr=sinks if sinks is not None else q, out_ptr=out,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kt=k.stride(0), stride_kh=k.stride(1),
+        stride_vt=v.stride(0), stride_vh=v.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        stride_bt=block_tables.stride(0) if paged else 0,
+        qk_scale=sm_scale * LOG2E, window=window, num_seqs=batch,
+        HK=hk, G=g, D=d, ROWS_PER=k_cache.shape[1], G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=TILE_N,
+        PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=8 if block_m >= 128 else 4, num_stages=3,
+    )
+    return out
 
 
 def prefill_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,0 +1,309 @@
+"""Kernel benchmarks: each case is first checked against the kernel's torch version, then timed.
+
+    python scripts/bench_kernels.py --out benchmarks/kernels-h200.json          # on the GPU
+    python scripts/bench_kernels.py --smoke --out /tmp/bench.json               # tiny, CPU interpreter
+    python scripts/bench_kernels.py --only decode_attention,rms_norm
+
+Per case: median time (triton.testing.do_bench), bytes moved, GB/s and % of a measured
+device-to-device copy, TFLOP/s for attention; a failed check is reported, not timed.
+Prints a markdown table last and writes JSON. A kernel family adds one `bench_<family>`
+function returning Case objects and registers it in SECTIONS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+if not torch.cuda.is_available():  # must precede the first import of triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+
+# real Flint shapes (flint-40b); --smoke uses flint-tiny's
+FULL = dict(hidden=2048, hq=32, hk=4, d=128, window=513, block_size=64)
+SMOKE = dict(hidden=64, hq=8, hk=2, d=16, window=9, block_size=4)
+BF16_TOL = dict(rtol=2e-2, atol=2e-2)
+MAX_REL_ERR = 2e-2  # max error / max |expected|: long contexts average outputs down to ~1/sqrt(L)
+
+
+@dataclass
+class Case:
+    """One benchmarked call: `run` the kernel, `expected` its torch version's result."""
+    section: str
+    name: str
+    run: Callable[[], torch.Tensor | tuple]
+    reference: Callable[[], torch.Tensor | tuple]
+    bytes: float = 0.0
+    flops: float = 0.0
+    graph: bool = False              # also time a replayed CUDA graph (launch overhead excluded)
+    prepare: Callable[[], None] | None = None  # restores inputs a call mutates (not timed)
+
+
+@dataclass
+class Row:
+    section: str
+    name: str
+    check: str
+    rel_err: float  # max |kernel - torch| / max |torch|
+    us: float | None = None
+    graph_us: float | None = None
+    gbs: float | None = None
+    pct_copy: float | None = None
+    tflops: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- timing
+def time_us(fn, device) -> float:
+    if device.type == "cuda":
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    fn()
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
+
+
+def graph_us(fn, device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+
+
+def copy_gbs(device, smoke) -> float:
+    """Bandwidth of a large device-to-device copy (bytes read + written per second)."""
+    n = (1 << 20) if smoke else (1 << 30)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * n / time_us(lambda: dst.copy_(src), device) / 1e3
+
+
+# ----------------------------------------------------------------------------- sections
+def bench_rms_norm(shape, device, smoke):
+    from flint_kernels.rms_norm import rms_norm, rms_norm_torch
+    h = shape["hidden"]
+    cases = []
+    for t in ([1, 5] if smoke else [1, 64, 8192]):
+        x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+        w = torch.randn(h, device=device, dtype=torch.bfloat16)
+        res = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+        res_k, res_t = res.clone(), res.clone()
+        cases.append(Case(
+            "rms_norm", f"T={t} H={h} +residual",
+            run=lambda x=x, w=w, r=res_k: rms_norm(x, w, 1e-5, residual=r),
+            reference=lambda x=x, w=w, r=res_t: rms_norm_torch(x, w, 1e-5, residual=r),
+            bytes=2 * (4 * t * h + h),  # read x, residual; write residual, out
+            prepare=lambda res=res, a=res_k, b=res_t: (a.copy_(res), b.copy_(res))))
+    return cases
+
+
+def bench_qk_norm_rope(shape, device, smoke):
+    from flint_kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_torch
+    hq, hk, d = shape["hq"], shape["hk"], shape["d"]
+    cases = []
+    for n in ([1, 6] if smoke else [1, 8, 64, 8192]):
+        qkv = torch.randn(n, (hq + 2 * hk) * d, device=device, dtype=torch.bfloat16)
+        w = torch.ones(d, device=device, dtype=torch.bfloat16)
+        pos = torch.randint(0, 4096, (n,), device=device)
+        cos_sin = torch.randn(4096, d, device=device)
+        slots = torch.randperm(2 * n, device=device)[:n]
+        caches = [torch.zeros(2 * n, hk, d, device=device, dtype=torch.bfloat16) for _ in range(4)]
+        cases.append(Case(
+            "qk_norm_rope", f"N={n} rope+cache write",
+            run=lambda qkv=qkv, w=w, p=pos, cs=cos_sin, s=slots, c=caches:
+                qk_norm_rope(qkv, w, w, p, cs, 1e-5, hq, hk, c[0], c[1], s)[:2],
+            reference=lambda qkv=qkv, w=w, p=pos, cs=cos_sin, s=slots, c=caches:
+                qk_norm_rope_torch(qkv, w, w, p, cs, 1e-5, hq, hk, c[2], c[3], s)[:2],
+            # read qkv + cos/sin rows, write q, k and the k/v cache rows
+            bytes=n * (2 * (hq + 2 * hk) * d + 4 * d + 2 * (hq + hk) * d + 2 * 2 * hk * d)))
+    return cases
+
+
+def _paged_kv(contexts, shape, device, window=0):
+    """Random bf16 cache: paged (block tables over shuffled blocks) or, with window, one ring row each."""
+    hk, d, bs = shape["hk"], shape["d"], shape["block_size"]
+    b = len(contexts)
+    if window:
+        rows, rows_per = b, window
+        extra = dict(ring_rows=torch.randperm(b, device=device).to(torch.int32))
+    else:
+        per = [triton.cdiv(c + 1, bs) for c in contexts]
+        rows, rows_per = sum(per), bs
+        tables = torch.zeros(b, max(per), dtype=torch.int32, device=device)
+        perm = torch.randperm(rows, device=device).to(torch.int32)
+        start = 0
+        for i, m in enumerate(per):
+            tables[i, :m] = perm[start:start + m]
+            start += m
+        extra = dict(block_tables=tables)
+    k_cache = torch.randn(rows, rows_per, hk, d, device=device, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    return k_cache, v_cache, extra
+
+
+def _visible(ctx, window):
+    return min(ctx, window - 1) if window else ctx
+
+
+def bench_decode_attention(shape, device, smoke):
+    from flint_kernels.decode_attention import decode_attention, decode_attention_torch
+    hq, hk, d, w = shape["hq"], shape["hk"], shape["d"], shape["window"]
+    if smoke:
+        configs = [(1, 70, 0), (3, 200, 0), (2, 30, w)]
+    else:
+        configs = [(1, c, 0) for c in (1024, 32768, 100_000, 262_143)]
+        configs += [(8, 32768, 0), (64, 32768, 0), (1, 100_000, w), (8, 100_000, w), (64, 100_000, w)]
+    cases = []
+    for batch, ctx, window in configs:
+        contexts = [ctx] * batch
+        k_cache, v_cache, extra = _paged_kv(contexts, shape, device, window)
+        q = torch.randn(batch, hq, d, device=device, dtype=torch.bfloat16)
+        k, v = torch.randn(2, batch, hk, d, device=device, dtype=torch.bfloat16)
+        lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+        sinks = torch.randn(hq, device=device)
+        args = (q, k, v, k_cache, v_cache, lens, sinks, 1 / math.sqrt(d), window)
+        keys = sum(_visible(c, window) + 1 for c in contexts)
+        layout = f"ring W={window}" if window else f"paged bs={shape['block_size']}"
+        cases.append(Case(
+            "decode_attention", f"B={batch} ctx={ctx} {layout}",
+            run=lambda a=args, e=extra: decode_attention(*a, **e),
+            reference=lambda a=args, e=extra: decode_attention_torch(*a, **e),
+            bytes=keys * hk * d * 2 * 2 + 2 * 2 * batch * hq * d,
+            flops=4 * keys * hq * d, graph=True))
+    return cases
+
+
+def bench_prefill_attention(shape, device, smoke):
+    from flint_kernels.prefill_attention import prefill_attention, prefill_attention_torch
+    hq, hk, d, w = shape["hq"], shape["hk"], shape["d"], shape["window"]
+    if smoke:
+        configs = [([(0, 40)], 0), ([(0, 40)], w), ([(30, 17), (5, 1), (0, 9)], 0)]
+    else:
+        configs = [([(0, 8192)], 0), ([(0, 32768)], 0), ([(0, 8192)], w), ([(0, 32768)], w),
+                   ([(30_000, 2048)] + [(30_000, 1)] * 63, 0)]  # a chunk mixed with 63 decodes
+    cases = []
+    for seqs, window in configs:
+        contexts = [c for c, _ in seqs]
+        n = sum(m for _, m in seqs)
+        k_cache, v_cache, extra = _paged_kv([c + m for c, m in seqs], shape, device, window)
+        q = torch.randn(n, hq, d, device=device, dtype=torch.bfloat16)
+        k, v = torch.randn(2, n, hk, d, device=device, dtype=torch.bfloat16)
+        qsl = torch.tensor([0] + [m for _, m in seqs], device=device).cumsum(0).to(torch.int32)
+        lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+        sinks = torch.randn(hq, device=device)
+        max_q = max(m for _, m in seqs)
+        args = (q, k, v, qsl, lens, k_cache, v_cache, sinks, 1 / math.sqrt(d), window, max_q)
+        pairs = sum(_visible(c + i, window) + 1 for c, m in seqs for i in range(m))  # (query, key) pairs
+        cached = sum(min(c, window - 1 if window else c) for c, _ in seqs)
+        name = f"{len(seqs)} seqs {n} tok ctx={max(contexts)}" if len(seqs) > 1 else f"{n} tok"
+        cases.append(Case(
+            "prefill_attention", name + (f" window={window}" if window else " causal"),
+            run=lambda a=args, e=extra: prefill_attention(*a, **e),
+            reference=lambda a=args, e=extra: prefill_attention_torch(*a, **e),
+            bytes=2 * (2 * n * hq * d + 2 * n * hk * d + 2 * cached * hk * d),
+            flops=4 * pairs * hq * d))
+    return cases
+
+
+SECTIONS = {
+    "rms_norm": bench_rms_norm,
+    "qk_norm_rope": bench_qk_norm_rope,
+    "decode_attention": bench_decode_attention,
+    "prefill_attention": bench_prefill_attention,
+}
+
+
+# ----------------------------------------------------------------------------- driver
+def check(case: Case) -> tuple[str, float]:
+    """-> (status, max error / max |expected|): both the bf16 tolerance and 2% of the output scale."""
+    if case.prepare:
+        case.prepare()
+    got, expected = case.run(), case.reference()
+    got = got if isinstance(got, tuple) else (got,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, expected))
+    rel = err / max(float(b.float().abs().max()) for b in expected)
+    try:
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, **BF16_TOL)
+    except AssertionError as e:
+        return "FAIL: " + str(e).splitlines()[0], rel
+    return ("ok" if rel <= MAX_REL_ERR else f"FAIL: relative error {rel:.2e}"), rel
+
+
+def measure(case: Case, device, copy: float) -> Row:
+    status, err = check(case)
+    row = Row(case.section, case.name, status, err)
+    if status != "ok":
+        return row
+    row.us = time_us(case.run, device)
+    if case.graph:
+        row.graph_us = graph_us(case.run, device)
+    if case.bytes:
+        row.gbs = case.bytes / row.us / 1e3
+        row.pct_copy = 100 * row.gbs / copy
+    if case.flops:
+        row.tflops = case.flops / row.us / 1e6
+    return row
+
+
+def markdown(rows: list[Row], copy: float) -> str:
+    fmt = lambda x, spec: "" if x is None else format(x, spec)  # noqa: E731
+    lines = [f"copy bandwidth: {copy:.0f} GB/s", "",
+             "| kernel | case | check | rel err | µs (median) | µs (graph) | GB/s | % copy | TFLOP/s |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r.section} | {r.name} | {r.check} | {r.rel_err:.2e} | {fmt(r.us, '.1f')} | "
+                     f"{fmt(r.graph_us, '.1f')} | {fmt(r.gbs, '.0f')} | {fmt(r.pct_copy, '.0f')} | "
+                     f"{fmt(r.tflops, '.1f')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (runs on the CPU interpreter)")
+    parser.add_argument("--only", default="", help=f"comma-separated sections of {list(SECTIONS)}")
+    parser.add_argument("--out", default="", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    names = [s for s in args.only.split(",") if s] or list(SECTIONS)
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown:
+        parser.error(f"--only: unknown section(s) {unknown}, expected some of {list(SECTIONS)}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    shape = SMOKE if args.smoke else FULL
+    copy = copy_gbs(device, args.smoke)
+    rows = []
+    for name in names:
+        for case in SECTIONS[name](shape, device, args.smoke):
+            rows.append(measure(case, device, copy))
+            print(f"{case.section:18s} {case.name:40s} {rows[-1].check[:40]:40s} "
+                  f"{rows[-1].us or float('nan'):10.1f} us", flush=True)
+    print(markdown(rows, copy))
+    if args.out:
+        meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)",
+                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    command=" ".join(sys.argv), torch=torch.__version__, triton=triton.__version__,
+                    copy_gbs=copy, shapes=shape)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=[asdict(r) for r in rows]), indent=2))
+    return 0 if all(r.check == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

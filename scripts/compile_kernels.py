@@ -1,0 +1,183 @@
+"""Compile every kernel launch of the real-shape cases for an NVIDIA GPU, on a machine without one.
+
+    python scripts/compile_kernels.py                 # sm_90 (H200): table, exit 1 on failure
+    python scripts/compile_kernels.py --arch 100 --ptx-stats
+
+The public launchers run on small CPU tensors of the real dtypes and constexprs (head_dim 128,
+GQA 32/4, block size 64, ring 513); their kernel launches are recorded instead of run, then
+compiled by Triton's NVIDIA backend (the same path as a first launch on the GPU, with its
+16-byte alignment specialisation) and assembled with the bundled ptxas for registers and
+spills. This catches what the CPU interpreter cannot: compiled-mode typing, shared-memory
+overflow, register spills, and whether loads are vectorised and dots use tensor cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, whatever the caller set
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+MAX_SHARED = 232448  # bytes per block on sm_90
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+          torch.int64: "i64", torch.uint8: "u8"}
+
+
+class Recorder:
+    """Stands in for a @triton.jit kernel inside its module: `kernel[grid](**kwargs)` is recorded."""
+
+    def __init__(self, fn, log):
+        self.fn, self.log = fn, log
+
+    def __getitem__(self, grid):
+        return lambda **kwargs: self.log.append((self.fn, kwargs))
+
+
+def record(module, call) -> list:
+    """Run `call()` with every jit kernel of `module` replaced by a Recorder; -> [(fn, kwargs)]."""
+    log = []
+    kernels = {n: f for n, f in vars(module).items() if isinstance(f, triton.runtime.JITFunction)
+               and n.endswith("_kernel")}
+    for name, fn in kernels.items():
+        setattr(module, name, Recorder(fn, log))
+    try:
+        call()
+    finally:
+        for name, fn in kernels.items():
+            setattr(module, name, fn)
+    return log
+
+
+def compile_launch(fn, kwargs, arch: int):
+    signature, constexprs, attrs = {}, {}, {}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    for i, param in enumerate(fn.params):
+        value = kwargs[param.name]
+        if param.is_constexpr or (type(value) is int and value == 1):  # the JIT specialises 1 too
+            signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + DTYPES[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: argument {param.name}={value!r} of unexpected type")
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def ptxas_stats(ptx: str, arch: int) -> dict:
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        out = subprocess.run([str(ptxas), "-v", f"--gpu-name=sm_{arch}a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    return dict(regs=int(regs.group(1)) if regs else -1, spills=int(spills.group(1)) if spills else 0)
+
+
+def ptx_counts(ptx: str) -> dict:
+    return dict(
+        mma=len(re.findall(r"\bmma\.sync", ptx)), wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
+        ld_v4=len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
+        ld_scalar=len(re.findall(r"ld\.global(?:\.(?:nc|L1::\w+|L2::\w+|b16|b32|u16|u32))+\s", ptx)),
+        cp_async=len(re.findall(r"cp\.async\.(?:cg|ca)", ptx)))
+
+
+# ----------------------------------------------------------------------------- launches
+def launches() -> list[tuple[str, object, object]]:
+    """(case name, kernel module, call) at real shapes with small sizes."""
+    from flint_kernels import decode_attention, prefill_attention, qk_norm_rope, rms_norm
+    hq, hk, d, bf16 = 32, 4, 128, torch.bfloat16
+    x = torch.randn(4, 2048, dtype=bf16)
+    w = torch.randn(2048, dtype=bf16)
+    qkv = torch.randn(4, (hq + 2 * hk) * d, dtype=bf16)
+    dw = torch.randn(d, dtype=bf16)
+    cos_sin = torch.randn(64, d)
+    q, k, v = torch.randn(4, hq, d, dtype=bf16), torch.randn(4, hk, d, dtype=bf16), torch.randn(4, hk, d, dtype=bf16)
+    v_view = qkv[:, (hq + hk) * d:].view(4, hk, d)  # as qk_norm_rope returns it
+    paged = torch.zeros(8, 64, hk, d, dtype=bf16)
+    ring = torch.zeros(4, 513, hk, d, dtype=bf16)
+    tables = torch.zeros(4, 2, dtype=torch.int32)
+    rows = torch.arange(4, dtype=torch.int32)
+    lens = torch.full((4,), 70, dtype=torch.int32)
+    qsl = torch.arange(5, dtype=torch.int32)
+    sinks = torch.zeros(hq)
+    slots = torch.arange(4)
+    scale = d ** -0.5
+    return [
+        ("rms_norm H=2048 +residual", rms_norm, lambda: rms_norm.rms_norm(x, w, 1e-5, residual=x.clone())),
+        ("rms_norm H=2048", rms_norm, lambda: rms_norm.rms_norm(x, w, 1e-5)),
+        ("qk_norm_rope rope+cache", qk_norm_rope,
+         lambda: qk_norm_rope.qk_norm_rope(qkv, dw, dw, slots, cos_sin, 1e-5, hq, hk, paged, paged, slots)),
+        ("qk_norm_rope nope", qk_norm_rope, lambda: qk_norm_rope.qk_norm_rope(qkv, dw, dw, slots, None, 1e-5, hq, hk)),
+        ("decode paged", decode_attention, lambda: decode_attention.decode_attention(
+            q, k, v_view, paged, paged, lens, sinks, scale, 0, block_tables=tables)),
+        ("decode ring", decode_attention, lambda: decode_attention.decode_attention(
+            q, k, v_view, ring, ring, lens, sinks, scale, 513, ring_rows=rows)),
+        ("prefill paged", prefill_attention, lambda: prefill_attention.prefill_attention(
+            q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 4096, block_tables=tables)),
+        ("prefill ring", prefill_attention, lambda: prefill_attention.prefill_attention(
+            q, k, v_view, qsl, lens, ring, ring, sinks, scale, 513, 4096, ring_rows=rows)),
+        ("prefill decode-rows", prefill_attention, lambda: prefill_attention.prefill_attention(
+            q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 1, block_tables=tables)),
+        # ints equal to 1 become constexprs: one sequence, one split, one-block tables
+        ("decode B=1 one split", decode_attention, lambda: decode_attention.decode_attention(
+            q[:1], k[:1], v_view[:1], paged, paged, lens[:1], None, scale, 0, block_tables=tables[:1, :1].contiguous(),
+            num_splits=1)),
+        ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
+            q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
+    ]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    parser.add_argument("--only", default="", help="substring of the case names to compile")
+    args = parser.parse_args(argv)
+    failures = 0
+    print("| case | kernel | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | cp.async |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, module, call in launches():
+        if args.only not in name:
+            continue
+        for fn, kwargs in record(module, call):
+            try:
+                compiled = compile_launch(fn, kwargs, args.arch)
+                stats = ptxas_stats(compiled.asm["ptx"], args.arch)
+            except Exception as e:  # noqa: BLE001  (report every case, then fail)
+                failures += 1
+                print(f"| {name} | {fn.__name__} | FAILED: {type(e).__name__}: {str(e).splitlines()[0][:200]} |")
+                continue
+            shared = compiled.metadata.shared
+            c = ptx_counts(compiled.asm["ptx"])
+            bad = shared > MAX_SHARED or stats["regs"] < 0
+            failures += bad
+            print(f"| {name} | {fn.__name__} | {kwargs.get('num_warps', 4)} | {kwargs.get('num_stages', '')} | "
+                  f"{shared} | {stats['regs']} | {stats['spills']} | {c['mma']} | {c['wgmma']} | {c['ld_v4']} | "
+                  f"{c['ld_scalar']} | {c['cp_async']} |" + (" **over limits**" if bad else ""), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""decode_attention (split-KV kernel + reduce) vs decode_attention_torch (= attention_torch,
+itself checked against flint_backend.reference in test_attention.py)."""
+
+import math
+
+import pytest
+import torch
+
+from flint_kernels.decode_attention import decode_attention, decode_attention_torch
+from kv_cases import assert_scaled_close, make_step
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# bf16: output rounding plus bf16 probabilities in the P.V dot (on a GPU); fp32: summation order
+TOL = {torch.bfloat16: dict(rtol=2e-2, atol=1e-2), torch.float32: dict(rtol=1e-4, atol=1e-5)}
+WINDOW = 9
+
+
+def run_both(step, window, num_splits=None, sinks="step"):
+    sinks = step.sinks if sinks == "step" else sinks
+    args = (step.q, step.k, step.v, step.k_cache, step.v_cache, step.context_lens, sinks,
+            1 / math.sqrt(step.q.shape[-1]), window)
+    got = decode_attention(*args, **step.cache_kwargs(), num_splits=num_splits)
+    return got, decode_attention_torch(*args, **step.cache_kwargs())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size,contexts,num_splits", [
+    (4, [0, 1, 3, 4, 5], 3),            # block boundaries, empty cache, more splits than tiles
+    (8, [17, 8, 9], None),              # odd batch, default splits
+    (16, [150, 31, 64], 2),             # several tiles per split, tile = block boundary
+    (16, [150], 1),                     # one split streams everything
+])
+def test_paged_full_context(block_size, contexts, num_splits, dtype):
+    step = make_step([(c, 1) for c in contexts], dtype=dtype, rows_per=block_size, seed=block_size,
+                     device=DEVICE)
+    got, expected = run_both(step, 0, num_splits)
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout,rows_per", [("ring", WINDOW), ("ring", 12), ("paged", 4)])
+@pytest.mark.parametrize("write_current", [False, True])
+def test_sliding_window(layout, rows_per, write_current, dtype):
+    # window-2, window-1, window, window+1 cached positions, a long-wrapped ring, an empty one
+    contexts = [WINDOW - 2, WINDOW - 1, WINDOW, WINDOW + 1, 40, 0, 70]
+    step = make_step([(c, 1) for c in contexts], dtype=dtype, layout=layout, rows_per=rows_per,
+                     write_current=write_current, seed=rows_per, device=DEVICE)
+    for splits in (1, 2):
+        got, expected = run_both(step, WINDOW, splits)
+        torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+def test_huge_sink_and_no_sink():
+    step = make_step([(5, 1), (20, 1), (0, 1)], rows_per=4, device=DEVICE)
+    got, _ = run_both(step, 0, 2, sinks=torch.full((8,), 1e4, device=DEVICE))
+    assert got.abs().max() < 1e-6
+    got, expected = run_both(step, 0, 2, sinks=None)
+    torch.testing.assert_close(got, expected, **TOL[torch.float32])
+
+
+def test_out_argument_and_errors():
+    step = make_step([(5, 1), (3, 1)], rows_per=4, device=DEVICE)
+    out = torch.empty_like(step.q)
+    got = decode_attention(step.q, step.k, step.v, step.k_cache, step.v_cache, step.context_lens,
+                           step.sinks, 0.25, 0, block_tables=step.block_tables, out=out, num_splits=2)
+    assert got is out
+    with pytest.raises(ValueError, match="num_splits"):
+        decode_attention(step.q, step.k, step.v, step.k_cache, step.v_cache, step.context_lens,
+                         step.sinks, 0.25, 0, block_tables=step.block_tables, num_splits=1000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,context", [(1, 1024), (1, 32768), (1, 100_000), (1, 262_143),
+                                           (8, 32768), (64, 4096), (3, 77_777)])
+def test_real_shapes_paged(batch, context):
+    contexts = [context - 13 * i for i in range(batch)]
+    step = make_step([(c, 1) for c in contexts], hq=32, hk=4, d=128, dtype=torch.bfloat16,
+                     rows_per=64, write_current=True, device=DEVICE)
+    got, expected = run_both(step, 0)
+    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_real_shapes_ring(batch):
+    contexts = [[100, 511, 512, 513, 514, 5000][i % 6] + i for i in range(batch)]
+    step = make_step([(c, 1) for c in contexts], hq=32, hk=4, d=128, dtype=torch.bfloat16,
+                     layout="ring", rows_per=513, write_current=True, device=DEVICE)
+    got, expected = run_both(step, 513)
+    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected)
