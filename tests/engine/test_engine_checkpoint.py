@@ -1,0 +1,35 @@
+"""The engine loads checkpoints through the weights loader and runs the Triton kernels."""
+
+import torch
+
+from flint_backend.engine.engine import LLMEngine
+from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.engine.sampling_params import SamplingParams
+
+from engine_cases import make_engine, random_prompts, run_to_completion
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def test_engine_from_an_hf_checkpoint_equals_random_init(tiny_checkpoint):
+    # make_checkpoint stores bf16 weights; random init in bf16 gives the same values
+    loaded = LLMEngine(EngineArgs(model=str(tiny_checkpoint), dtype="bfloat16", device="cpu",
+                                  num_kv_blocks=64, block_size=16, max_model_len=512))
+    random = make_engine(dtype="bfloat16")
+    prompts = random_prompts(3, 2, 20, seed=5)
+    a = [loaded.add_request(p, GREEDY) for p in prompts]
+    b = [random.add_request(p, GREEDY) for p in prompts]
+    run_to_completion(loaded)
+    run_to_completion(random)
+    assert [s.output_ids for s in a] == [s.output_ids for s in b]
+    assert loaded.default_stop_ids == {8175, 8179, 8181}  # the tokenizer's stop tokens, from config.json
+
+
+def test_triton_kernels_give_the_reference_tokens(greedy_oracle, fair_prompts):
+    """The whole engine on the Triton kernels (interpreted on the CPU), fp32, mixed prefill + decode."""
+    engine = make_engine(kernel_backend="triton", max_num_batched_tokens=24)
+    prompts = fair_prompts[:4]
+    seqs = [engine.add_request(p, GREEDY) for p in prompts]
+    run_to_completion(engine)
+    for prompt, seq in zip(prompts, seqs):
+        assert seq.output_ids == greedy_oracle(prompt, 10)[:6]
