@@ -32,13 +32,15 @@ class EngineArgs:
     num_kv_blocks: int | None = None      # fixed pool size; None -> sized from the memory budget
     kv_cache_memory_fraction: float = 0.9  # GPU: fraction of free memory (after weights) for the KV cache
     kv_cache_memory_bytes: int = 1 << 30  # CPU: KV budget in bytes
+    enforce_eager: bool = False           # True: no CUDA graphs / static decode buffers
+    max_graph_batch: int = 64             # largest decode batch replayed from a CUDA graph
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise EngineArgsError(f"dtype: got {self.dtype!r}, expected one of {DTYPES}")
         if self.kernel_backend not in BACKENDS:
             raise EngineArgsError(f"kernel_backend: got {self.kernel_backend!r}, expected one of {BACKENDS}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_graph_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flint_backend.config import FlintConfig
+from flint_backend.engine.decode_graphs import DecodeGraphs
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.kv_cache import KVCache, KVCacheSpec
 from flint_backend.engine.sampler import SampleResult, Sampler
@@ -34,6 +35,13 @@ class ModelRunner:
         self.kv_spec = self._kv_spec(max_model_len)
         self.kv = KVCache(config, self.kv_spec, self.dtype, device)
         self.sampler = Sampler(device, seed=args.seed)
+        self.graphs = None
+        if not args.enforce_eager:
+            # captured only where it can be: CUDA, and kernels that never sync with the host
+            capture = device.type == "cuda" and args.kernel_backend == "triton"
+            self.graphs = DecodeGraphs(self.model, self.kv, min(args.max_graph_batch, args.max_num_seqs),
+                                       -(-max_model_len // args.block_size), config.sliding_window,
+                                       args.block_size, capture)
 
     def _kv_spec(self, max_model_len: int) -> KVCacheSpec:
         a, c = self.args, self.config
@@ -53,8 +61,14 @@ class ModelRunner:
         return spec
 
     def execute(self, scheduled: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
-        batch = build_step_batch(scheduled.entries, self.kv_spec.block_size, self.config.sliding_window, self.device)
-        logits = self.model.forward(batch, self.kv)  # [S, V]
-        if not batch.sample_seqs:
+        seqs = [seq for seq, _ in scheduled.entries]
+        all_decode = all(n == 1 and seq.num_computed + 1 == seq.num_tokens for seq, n in scheduled.entries)
+        if self.graphs is not None and all_decode and len(seqs) <= self.graphs.max_batch:
+            logits = self.graphs.run(seqs)  # [B, V], every sequence samples
+        else:
+            batch = build_step_batch(scheduled.entries, self.kv_spec.block_size, self.config.sliding_window,
+                                     self.device)
+            logits, seqs = self.model.forward(batch, self.kv), batch.sample_seqs  # [S, V]
+        if not seqs:
             return [], SampleResult([], [])
-        return batch.sample_seqs, self.sampler(logits, batch.sample_seqs)
+        return seqs, self.sampler(logits, seqs)

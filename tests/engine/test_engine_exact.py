@@ -63,3 +63,15 @@ def test_max_tokens_beyond_the_context_stops_with_length():
     seq = engine.add_request(list(range(1, 31)), SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True))
     run_to_completion(engine)
     assert seq.finish_reason == "length" and seq.num_tokens == 40 and len(seq.output_ids) == 10
+
+
+def test_static_decode_buffers_equal_eager_decode(fair_prompts):
+    """The CUDA-graph decode path (static buffers padded to batch buckets; on the CPU it runs
+    uncaptured) gives the eager path's tokens, for batch sizes between buckets."""
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=8, ignore_eos=True)
+    outputs = {}
+    for eager in (True, False):
+        engine = make_engine(enforce_eager=eager, max_graph_batch=8)
+        seqs = run_staggered(engine, fair_prompts[:11], params, every=3)  # decode batches of 3, 6, 9, 11
+        outputs[eager] = [s.output_ids for s in seqs]
+    assert outputs[True] == outputs[False]

@@ -1,0 +1,103 @@
+"""CUDA-graph decode: the forward of an all-decode step (one new token per sequence), captured
+once per batch-size bucket over static input buffers, then replayed.
+
+A step of B sequences replays the smallest bucket >= B; rows B..bucket-1 are padding (context 0,
+no cache writes, their logits ignored). Larger batches and steps with prefill run eagerly.
+All buckets share one memory pool. On the CPU the same static-buffer path runs without capture,
+so the bucketing and padding are tested there too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flint_backend.engine.kv_cache import KVCache
+from flint_backend.engine.sequence import Sequence
+from flint_backend.engine.step_batch import StepBatch
+from flint_backend.model import FlintModel
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, model: FlintModel, kv: KVCache, max_batch: int, max_blocks_per_seq: int,
+                 window: int, block_size: int, capture: bool):
+        self.model, self.kv = model, kv
+        self.window, self.block_size = window, block_size
+        self.buckets = [b for b in BUCKETS if b < max_batch] + [min(max_batch, BUCKETS[-1])]
+        self.max_batch, self.max_blocks = self.buckets[-1], max_blocks_per_seq
+        device = model.embed.device
+        m, nb = self.max_batch, max_blocks_per_seq
+        # two packed buffers, so one host->device copy each per step
+        self.i64 = torch.zeros(4 * m, dtype=torch.int64, device=device)       # ids, positions, slots x2
+        self.i32 = torch.zeros(m + 1 + m + m * nb + m, dtype=torch.int32, device=device)  # qsl, ctx, tables, rows
+        pin = device.type == "cuda"
+        self.host_i64 = torch.zeros(self.i64.shape, dtype=torch.int64, pin_memory=pin)
+        self.host_i32 = torch.zeros(self.i32.shape, dtype=torch.int32, pin_memory=pin)
+        self.np64, self.np32 = self.host_i64.numpy(), self.host_i32.numpy()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        if capture:
+            self._capture_all()
+
+    def _batch(self, b: int) -> StepBatch:
+        """The static views of bucket b (fixed addresses: what a graph reads)."""
+        m, nb = self.max_batch, self.max_blocks
+        i64, i32 = self.i64, self.i32
+        tables = i32[2 * m + 1: 2 * m + 1 + m * nb].view(m, nb)
+        return StepBatch(
+            input_ids=i64[:b], positions=i64[m:m + b], full_slots=i64[2 * m:2 * m + b],
+            ring_slots=i64[3 * m:3 * m + b],
+            query_start_loc=i32[:b + 1], context_lens=i32[m + 1:m + 1 + b], block_tables=tables[:b],
+            ring_rows=i32[2 * m + 1 + m * nb:2 * m + 1 + m * nb + b],
+            sample_rows=torch.arange(b, device=i64.device), decode_only=True, max_query_len=1, sample_seqs=[])
+
+    def bucket_for(self, batch_size: int) -> int | None:
+        return next((b for b in self.buckets if b >= batch_size), None)
+
+    def _fill(self, seqs: list[Sequence], bucket: int) -> None:
+        m, nb, bs, w = self.max_batch, self.max_blocks, self.block_size, self.window
+        h64, h32 = self.np64, self.np32  # numpy views of the (pinned) host buffers: cheap scalar writes
+        h64[:2 * m] = 0
+        h64[2 * m:] = -1  # padding rows write nothing
+        h32[:] = 0
+        tables = h32[2 * m + 1: 2 * m + 1 + m * nb].reshape(m, nb)
+        for r, seq in enumerate(seqs):
+            p = seq.num_computed  # position of the one uncomputed token
+            h64[r], h64[m + r] = seq.token_ids[p], p
+            h64[2 * m + r] = seq.block_table[p // bs] * bs + p % bs
+            h64[3 * m + r] = seq.ring_row * w + p % w
+            h32[m + 1 + r] = p
+            tables[r, :len(seq.block_table)] = seq.block_table
+            h32[2 * m + 1 + m * nb + r] = seq.ring_row
+        h32[:bucket + 1] = range(bucket + 1)
+        self.i64.copy_(self.host_i64, non_blocking=True)
+        self.i32.copy_(self.host_i32, non_blocking=True)
+
+    def run(self, seqs: list[Sequence]) -> torch.Tensor:
+        """-> logits [len(seqs), V] for an all-decode step."""
+        bucket = self.bucket_for(len(seqs))
+        self._fill(seqs, bucket)
+        if bucket in self.graphs:
+            self.graphs[bucket].replay()
+            return self.outputs[bucket][:len(seqs)]
+        return self.model.forward(self._batch(bucket), self.kv)[:len(seqs)]
+
+    def _capture_all(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        self.i64.zero_()
+        self.i64[2 * self.max_batch:] = -1  # warm-up and capture write nothing to the cache
+        self.i32.zero_()
+        for bucket in reversed(self.buckets):  # largest first: later graphs reuse its pool memory
+            batch = self._batch(bucket)
+            self.i32[:bucket + 1] = torch.arange(bucket + 1, dtype=torch.int32, device=self.i32.device)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.model.forward(batch, self.kv)  # compile and warm up outside the capture
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bucket] = self.model.forward(batch, self.kv)
+            self.graphs[bucket] = graph
+        torch.cuda.synchronize()
