@@ -42,7 +42,7 @@ def load_model_weights(args: EngineArgs, device: torch.device) -> tuple[FlintCon
     dtype = getattr(torch, args.dtype)
     if args.model is None:
         config = FlintConfig.preset(args.preset)
-        return config, random_stacked_weights(config, args.seed, dtype, device)
+        return config, random_stacked_weights(config, args.seed, dtype, device, nvfp4=args.quantization == "nvfp4")
     from flint_backend.weights.loader import load_checkpoint
 
     loaded = load_checkpoint(args.model, device=device, dtype=dtype, hf_config_path=args.hf_config_path)

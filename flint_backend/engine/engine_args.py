@@ -19,6 +19,7 @@ class EngineArgsError(ValueError):
 class EngineArgs:
     model: str | None = None              # HF checkpoint dir or .gguf file; None -> random weights of `preset`
     preset: str = "flint-tiny"            # used only when model is None
+    quantization: str | None = None       # random weights only: "nvfp4" quantises them as an NVFP4 GGUF would
     hf_config_path: str | None = None     # config.json (dir) for a GGUF model
     tokenizer: str | None = None          # tokenizer dir; default: the model dir (or the project's)
     seed: int = 0                         # random weights' seed when model is None; sampler seed
@@ -38,6 +39,8 @@ class EngineArgs:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise EngineArgsError(f"dtype: got {self.dtype!r}, expected one of {DTYPES}")
+        if self.quantization not in (None, "nvfp4"):
+            raise EngineArgsError(f"quantization: got {self.quantization!r}, expected null or 'nvfp4'")
         if self.kernel_backend not in BACKENDS:
             raise EngineArgsError(f"kernel_backend: got {self.kernel_backend!r}, expected one of {BACKENDS}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_graph_batch"):

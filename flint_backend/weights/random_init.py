@@ -16,7 +16,11 @@ from typing import Iterator
 import torch
 
 from flint_backend.config import FlintConfig
-from flint_backend.weights.schema import Kind, checkpoint_tensors, storage_dtype
+from flint_backend.weights.nvfp4 import GGML_BLOCK, NVFP4Weight
+from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_backend.weights.schema import Kind, Scope, checkpoint_tensors, nvfp4_eligible, storage_dtype
+
+Weight = torch.Tensor | NVFP4Weight
 
 OUTPUT_SCALE = 0.5  # o_proj / down_proj: keep the residual stream from growing layer over layer
 NORM_JITTER = 0.1   # norm weights 1 + N(0, 0.1): a test notices a norm whose weight is ignored
@@ -56,16 +60,31 @@ def random_weights(config: FlintConfig, seed: int = 0, dtype: torch.dtype = torc
 
 
 def random_stacked_weights(config: FlintConfig, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-                           device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+                           device: str | torch.device = "cpu", nvfp4: bool = False) -> dict[str, Weight]:
     """The same values as random_weights, in the engine's layout: each MoE layer's routed experts
-    stacked as `model.layers.{i}.mlp.experts.{gate,up,down}_proj.weight` [E, N, K]."""
-    out: dict[str, torch.Tensor] = {}
-    experts: dict[str, list[torch.Tensor]] = {}
-    for name, tensor in random_weights(config, seed, dtype, device):
-        parts = name.split(".")
-        if parts[3:5] == ["mlp", "experts"]:
-            experts.setdefault(".".join(parts[:5] + parts[6:]), []).append(tensor)
+    stacked as `model.layers.{i}.mlp.experts.{gate,up,down}_proj.weight` [E, N, K].
+
+    nvfp4=True quantises what an NVFP4 GGUF quantises (nvfp4_eligible, K a multiple of 64) as
+    soon as each tensor is built, so the full model never exists in BF16 (GPU benchmarks)."""
+    out: dict[str, Weight] = {}
+    stacks: dict[str, tuple] = {}  # stacked name -> (spec, per-expert tensors)
+
+    def keep(name: str, tensor: torch.Tensor, spec) -> None:
+        quantize = nvfp4 and nvfp4_eligible(spec) and tensor.shape[-1] % GGML_BLOCK == 0
+        out[name] = quantize_nvfp4(tensor) if quantize else tensor
+
+    def flush() -> None:  # a layer's expert stacks are complete once a non-expert tensor follows
+        for name, (spec, tensors) in stacks.items():
+            keep(name, torch.stack(tensors), spec)
+        stacks.clear()
+
+    for name, shape, spec in checkpoint_tensors(config):
+        tensor = random_tensor(name, shape, spec.kind, seed, device).to(storage_dtype(spec.kind, dtype))
+        if spec.scope is Scope.EXPERT:
+            parts = name.split(".")
+            stacks.setdefault(".".join(parts[:5] + parts[6:]), (spec, []))[1].append(tensor)
         else:
-            out[name] = tensor
-    out.update({name: torch.stack(tensors) for name, tensors in experts.items()})
+            flush()
+            keep(name, tensor, spec)
+    flush()
     return out
