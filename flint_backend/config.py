@@ -224,8 +224,8 @@ PRESETS: dict[str, dict] = {
     # Same structure at toy size for CPU tests: window 9 so short prompts cross it.
     "flint-tiny": {
         "vocab_size": 8192, "hidden_size": 64, "num_hidden_layers": 7,
-        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
-        "intermediate_size": 128, "moe_intermediate_size": 32,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+        "intermediate_size": 128, "moe_intermediate_size": 64,
         "n_routed_experts": 16, "num_experts_per_tok": 4, "n_shared_experts": 1,
         "sliding_window": 9, "max_position_embeddings": 4096,
     },

@@ -130,6 +130,36 @@ class FlintModel:
         x, residual = self.embed[batch.input_ids], None  # [N, H]
         for layer in self.layers:
             x, residual = layer.forward(x, residual, batch, kv)
+        return self._head(x, residual, batch)
+
+    @torch.no_grad()
+    def forward_low_latency(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
+        """The same function for an all-decode step of a few tokens, in fewer, fatter kernels per
+        layer: [residual + norm + QKV + Q/K norm + RoPE + KV write], attention, o_proj,
+        [residual + norm + router logits], [top-k + gate/up], [down + combine + shared expert]."""
+        c, ops = self.config, self.ops
+        x, residual = self.embed[batch.input_ids], None  # [N, H]
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            k_cache, v_cache = kv.layer(attn.layer)
+            slots = batch.full_slots if attn.is_full else batch.ring_slots
+            q, k, v, residual = ops.norm_qkv_rope(
+                x, residual, layer.input_norm, c.rms_norm_eps, attn.qkv_proj, attn.q_norm, attn.k_norm,
+                batch.positions, attn.cos_sin, c.num_attention_heads, c.num_key_value_heads, k_cache, v_cache, slots)
+            out = ops.attention(
+                q, k, v, batch.query_start_loc, batch.context_lens, k_cache, v_cache, attn.sinks, attn.sm_scale,
+                attn.window, block_tables=batch.block_tables if attn.is_full else None,
+                ring_rows=None if attn.is_full else batch.ring_rows, decode_only=True, max_query_len=1)
+            x = ops.linear(out.reshape(out.shape[0], -1), attn.o_proj)
+            if isinstance(mlp, FlintMoE):
+                h, residual, logits = ops.norm_router(x, residual, layer.post_norm, c.rms_norm_eps, mlp.router)
+                x = ops.moe_decode(h, logits, mlp.bias, c.num_experts_per_tok, c.routed_scaling_factor,
+                                   c.norm_topk_prob, mlp.w13, mlp.w2, mlp.shared_w13, mlp.shared_w2)
+            else:
+                x = mlp.forward(ops.rms_norm(x, layer.post_norm, c.rms_norm_eps, residual=residual))
+        return self._head(x, residual, batch)
+
+    def _head(self, x: torch.Tensor, residual: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         residual = residual.index_select(0, batch.sample_rows)  # only sampled rows need the head
         h = self.ops.rms_norm(x.index_select(0, batch.sample_rows), self.norm, self.config.rms_norm_eps,
                               residual=residual)

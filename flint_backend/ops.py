@@ -15,6 +15,9 @@ import torch.nn.functional as F
 
 from flint_kernels import attention as attention_k
 from flint_kernels import moe as moe_k
+from flint_kernels import moe_decode as moe_decode_k
+from flint_kernels import norm_qkv_rope as norm_qkv_k
+from flint_kernels import norm_router as norm_router_k
 from flint_kernels import qk_norm_rope as qk_k
 from flint_kernels import rms_norm as rms_k
 from flint_kernels import router as router_k
@@ -35,6 +38,10 @@ class Ops:
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
     router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
     moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]
+    # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
+    norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
+    norm_router: Callable     # (x, residual, norm_w, eps, router_w) -> h, residual + x, logits fp32
+    moe_decode: Callable      # (h, logits, bias, top_k, scaling, renormalize, w13, w2, sw13, sw2) -> [T, H]
 
 
 def cache_write_torch(k, v, k_cache, v_cache, slots):
@@ -75,6 +82,9 @@ TORCH_OPS = Ops(
     silu_mul=swiglu_k.silu_mul_torch,
     router=router_k.router_topk_torch,
     moe=moe_k.fused_moe_torch,
+    norm_qkv_rope=norm_qkv_k.norm_qkv_rope_torch,
+    norm_router=norm_router_k.norm_router_torch,
+    moe_decode=moe_decode_k.moe_decode_torch,
 )
 
 
@@ -90,6 +100,9 @@ def triton_ops() -> Ops:
         silu_mul=getattr(swiglu_k, "silu_mul", swiglu_k.silu_mul_torch),
         router=getattr(router_k, "router_topk", router_k.router_topk_torch),
         moe=getattr(moe_k, "fused_moe", moe_k.fused_moe_torch),
+        norm_qkv_rope=norm_qkv_k.norm_qkv_rope,
+        norm_router=norm_router_k.norm_router,
+        moe_decode=moe_decode_k.moe_decode,
     )
 
 

@@ -3,6 +3,7 @@ once per batch-size bucket over static input buffers, then replayed.
 
 A step of B sequences replays the smallest bucket >= B; rows B..bucket-1 are padding (context 0,
 no cache writes, their logits ignored). Larger batches and steps with prefill run eagerly.
+Buckets up to `low_latency_max_batch` run the model's low-latency decode path.
 All buckets share one memory pool. On the CPU the same static-buffer path runs without capture,
 so the bucketing and padding are tested there too.
 """
@@ -21,8 +22,9 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 class DecodeGraphs:
     def __init__(self, model: FlintModel, kv: KVCache, max_batch: int, max_blocks_per_seq: int,
-                 window: int, block_size: int, capture: bool):
+                 window: int, block_size: int, capture: bool, low_latency_max_batch: int = 0):
         self.model, self.kv = model, kv
+        self.low_latency_max_batch = low_latency_max_batch
         self.window, self.block_size = window, block_size
         self.buckets = [b for b in BUCKETS if b < max_batch] + [min(max_batch, BUCKETS[-1])]
         self.max_batch, self.max_blocks = self.buckets[-1], max_blocks_per_seq
@@ -51,6 +53,12 @@ class DecodeGraphs:
             query_start_loc=i32[:b + 1], context_lens=i32[m + 1:m + 1 + b], block_tables=tables[:b],
             ring_rows=i32[2 * m + 1 + m * nb:2 * m + 1 + m * nb + b],
             sample_rows=torch.arange(b, device=i64.device), decode_only=True, max_query_len=1, sample_seqs=[])
+
+    def _forward(self, bucket: int):
+        """The low-latency path up to low_latency_max_batch sequences, the regular one beyond."""
+        if bucket <= self.low_latency_max_batch:
+            return self.model.forward_low_latency
+        return self.model.forward
 
     def bucket_for(self, batch_size: int) -> int | None:
         return next((b for b in self.buckets if b >= batch_size), None)
@@ -81,7 +89,7 @@ class DecodeGraphs:
         if bucket in self.graphs:
             self.graphs[bucket].replay()
             return self.outputs[bucket][:len(seqs)]
-        return self.model.forward(self._batch(bucket), self.kv)[:len(seqs)]
+        return self._forward(bucket)(self._batch(bucket), self.kv)[:len(seqs)]
 
     def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
@@ -93,11 +101,12 @@ class DecodeGraphs:
             self.i32[:bucket + 1] = torch.arange(bucket + 1, dtype=torch.int32, device=self.i32.device)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
+            forward = self._forward(bucket)
             with torch.cuda.stream(stream):
-                self.model.forward(batch, self.kv)  # compile and warm up outside the capture
+                forward(batch, self.kv)  # compile and warm up outside the capture
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = self.model.forward(batch, self.kv)
+                self.outputs[bucket] = forward(batch, self.kv)
             self.graphs[bucket] = graph
         torch.cuda.synchronize()

@@ -35,6 +35,7 @@ class EngineArgs:
     kv_cache_memory_bytes: int = 1 << 30  # CPU: KV budget in bytes
     enforce_eager: bool = False           # True: no CUDA graphs / static decode buffers
     max_graph_batch: int = 64             # largest decode batch replayed from a CUDA graph
+    low_latency_max_batch: int = 8        # decode batches up to this size take the low-latency path (0: never)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -47,6 +48,8 @@ class EngineArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer")
+        if not isinstance(self.low_latency_max_batch, int) or not 0 <= self.low_latency_max_batch <= 16:
+            raise EngineArgsError(f"low_latency_max_batch: got {self.low_latency_max_batch!r}, expected 0..16")
         for name in ("max_model_len", "num_kv_blocks"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -41,7 +41,7 @@ class ModelRunner:
             capture = device.type == "cuda" and args.kernel_backend == "triton"
             self.graphs = DecodeGraphs(self.model, self.kv, min(args.max_graph_batch, args.max_num_seqs),
                                        -(-max_model_len // args.block_size), config.sliding_window,
-                                       args.block_size, capture)
+                                       args.block_size, capture, args.low_latency_max_batch)
 
     def _kv_spec(self, max_model_len: int) -> KVCacheSpec:
         a, c = self.args, self.config

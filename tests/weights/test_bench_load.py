@@ -14,5 +14,5 @@ def test_bench_load_on_tiny(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "bench_load-flint-tiny.json").read_text())
     assert result["preset"] == "flint-tiny" and result["load_s"] > 0 and result["write_s"] > 0
-    assert result["nvfp4_tensors"] == 54  # flint-tiny's K=32 down projections stay BF16
+    assert result["nvfp4_tensors"] == 64  # every attention, dense-MLP and expert linear of flint-tiny
     assert not list(tmp_path.glob("*.gguf"))  # deleted without --keep
