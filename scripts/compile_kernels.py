@@ -147,7 +147,35 @@ def launches() -> list[tuple[str, object, object]]:
             num_splits=1)),
         ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
+        *low_latency_launches(),
     ]
+
+
+def low_latency_launches() -> list:
+    """The low-latency decode kernels at full size: batch 1 and 8."""
+    from flint_kernels import moe_decode, norm_qkv_rope, norm_router
+    hq, hk, d, h, e, i, bf16 = 32, 4, 128, 2048, 256, 512, torch.bfloat16
+    qkv_w = torch.randn((hq + 2 * hk) * d, h, dtype=bf16)
+    dw, hw = torch.randn(d, dtype=bf16), torch.randn(h, dtype=bf16)
+    cos_sin = torch.randn(64, d)
+    cache = torch.zeros(8, 64, hk, d, dtype=bf16)
+    router = torch.randn(e, h, dtype=bf16)
+    w13, w2 = torch.randn(e, 2 * i, h, dtype=bf16), torch.randn(e, h, i, dtype=bf16)
+    sw13, sw2 = torch.randn(2 * i, h, dtype=bf16), torch.randn(h, i, dtype=bf16)
+    bias = torch.zeros(e)
+    cases = []
+    for t in (1, 8):
+        x = torch.randn(t, h, dtype=bf16)
+        pos, slots = torch.arange(t), torch.arange(t)
+        logits = torch.randn(t, e)
+        cases += [
+            (f"norm_qkv_rope T={t} rope+cache", norm_qkv_rope, lambda x=x, pos=pos, slots=slots: norm_qkv_rope.norm_qkv_rope(
+                x, x.clone(), hw, 1e-5, qkv_w, dw, dw, pos, cos_sin, hq, hk, cache, cache, slots)),
+            (f"norm_router T={t}", norm_router, lambda x=x: norm_router.norm_router(x, x.clone(), hw, 1e-5, router)),
+            (f"moe_decode T={t}", moe_decode, lambda x=x, logits=logits: moe_decode.moe_decode(
+                x, logits, bias, 6, 2.5, True, w13, w2, sw13, sw2)),
+        ]
+    return cases
 
 
 def main(argv=None) -> int:
