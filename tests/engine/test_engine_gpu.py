@@ -1,0 +1,91 @@
+"""The engine on an H200 at flint-small (full per-layer shapes, 7 layers): Triton kernels vs the
+torch ops and the reference, CUDA-graph replay vs eager, low-latency vs regular path."""
+
+import pytest
+import torch
+
+from flint_backend.config import FlintConfig
+from flint_backend.engine.engine import LLMEngine
+from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.engine.sampling_params import SamplingParams
+from flint_backend.engine.step_batch import build_step_batch
+from flint_backend.reference import build_reference
+from flint_backend.weights.loader import unstack_experts
+from flint_backend.weights.random_init import random_stacked_weights
+from flint_backend.weights.reference_weights import reference_state_dict
+
+pytestmark = pytest.mark.gpu
+PROMPTS = [[(7 * i + 3 * j) % 8000 + 1 for j in range(n)] for i, n in enumerate((5, 130, 600, 1100))]
+
+
+def engine(weights, config, **overrides):
+    args = dict(preset="flint-small", dtype="bfloat16", device="cuda", kernel_backend="triton",
+                block_size=64, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=4096,
+                num_kv_blocks=512)
+    args.update(overrides)
+    return LLMEngine(EngineArgs(**args), config=config, weights=weights)
+
+
+def last_logits(eng, prompts):
+    seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=1)) for p in prompts]
+    logits = {}
+    while eng.has_work():
+        scheduled = eng.scheduler.schedule()
+        batch = build_step_batch(scheduled.entries, eng.blocks.block_size, eng.config.sliding_window, eng.device)
+        out = eng.runner.model.forward(batch, eng.runner.kv)
+        for row, seq in enumerate(batch.sample_seqs):
+            logits[seq.request_id] = out[row].float().cpu()
+        for seq, n in scheduled.entries:
+            seq.num_computed += n
+        for seq in batch.sample_seqs:
+            eng._finish(seq, "length")
+    return [logits[s.request_id] for s in seqs]
+
+
+@pytest.fixture(scope="module", params=["bf16", "nvfp4"])
+def small(request):
+    config = FlintConfig.preset("flint-small")
+    weights = random_stacked_weights(config, 0, torch.bfloat16, "cuda", nvfp4=request.param == "nvfp4")
+    return request.param, config, weights
+
+
+def test_kernels_match_torch_ops_and_the_reference(small):
+    fmt, config, weights = small
+    triton_logits = last_logits(engine(weights, config), PROMPTS)  # chunked prefill: 512 tokens a step
+    torch_logits = last_logits(engine(weights, config, kernel_backend="torch", enforce_eager=True), PROMPTS)
+    ref = build_reference(config, reference_state_dict(weights, torch.bfloat16), dtype=torch.bfloat16,
+                          device="cuda")
+    for prompt, a, b in zip(PROMPTS, triton_logits, torch_logits):
+        r = ref(torch.tensor(prompt, device="cuda")).logits[-1].float().cpu()
+        scale = r.abs().max().item()
+        # bf16 end to end: kernels and torch ops round in the same places but sum in other orders
+        assert (a - b).abs().max().item() < 0.05 * scale, f"{fmt}: kernels vs torch ops"
+        assert (a - r).abs().max().item() < 0.1 * scale, f"{fmt}: kernels vs reference"
+        assert int(a.argmax()) == int(r.argmax()) or (r.max() - r[a.argmax()]) < 0.02 * scale
+
+
+def test_graph_replay_equals_eager(small):
+    fmt, config, weights = small
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = []
+    for eager in (True, False):
+        eng = engine(weights, config, enforce_eager=eager, low_latency_max_batch=0)
+        seqs = [eng.add_request(p, params) for p in PROMPTS]
+        while eng.has_work():
+            eng.step()
+        outs.append([s.output_ids for s in seqs])
+    assert outs[0] == outs[1], f"{fmt}: graph replay of the regular path must be bit-identical to eager"
+
+
+def test_low_latency_path_is_bf16_close_to_the_regular_path(small):
+    fmt, config, weights = small
+    eng = engine(weights, config, enforce_eager=True)
+    seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)) for p in PROMPTS]
+    while any(s.num_output_tokens == 0 for s in seqs):
+        eng.step()
+    batch = build_step_batch([(s, 1) for s in seqs], eng.blocks.block_size, config.sliding_window, eng.device)
+    model, kv = eng.runner.model, eng.runner.kv
+    regular = model.forward(batch, kv).float()
+    fused = model.forward_low_latency(batch, kv).float()  # rewrites the same K/V slots
+    scale = regular.abs().max().item()
+    assert (regular - fused).abs().max().item() < 0.05 * scale, f"{fmt}: low-latency vs regular logits"
