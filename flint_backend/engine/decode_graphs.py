@@ -30,13 +30,19 @@ class DecodeGraphs:
         self.max_batch, self.max_blocks = self.buckets[-1], max_blocks_per_seq
         device = model.embed.device
         m, nb = self.max_batch, max_blocks_per_seq
-        # two packed buffers, so one host->device copy each per step
-        self.i64 = torch.zeros(4 * m, dtype=torch.int64, device=device)       # ids, positions, slots x2
-        self.i32 = torch.zeros(m + 1 + m + m * nb + m, dtype=torch.int32, device=device)  # qsl, ctx, tables, rows
+        # two packed buffers, one host->device copy each per step:
+        #   i64: ids [m] | positions [m] | full slots [m] | ring slots [m]
+        #   i32: query_start_loc [m+1] | context_lens [m] | ring rows [m] | block tables [m, nb]
+        # the tables come last, so a step copies only the rows of its bucket
+        self.i64 = torch.zeros(4 * m, dtype=torch.int64, device=device)
+        self.i32 = torch.zeros(3 * m + 1 + m * nb, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
         self.host_i64 = torch.zeros(self.i64.shape, dtype=torch.int64, pin_memory=pin)
         self.host_i32 = torch.zeros(self.i32.shape, dtype=torch.int32, pin_memory=pin)
         self.np64, self.np32 = self.host_i64.numpy(), self.host_i32.numpy()
+        self._tables = self.np32[3 * m + 1:].reshape(m, nb)
+        # per row: ((seq uid, preemptions), blocks already in the row); a preempted sequence gets new blocks
+        self._row_owner: list[tuple[tuple[int, int], int]] = [((-1, 0), 0)] * m
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
@@ -46,12 +52,11 @@ class DecodeGraphs:
         """The static views of bucket b (fixed addresses: what a graph reads)."""
         m, nb = self.max_batch, self.max_blocks
         i64, i32 = self.i64, self.i32
-        tables = i32[2 * m + 1: 2 * m + 1 + m * nb].view(m, nb)
         return StepBatch(
             input_ids=i64[:b], positions=i64[m:m + b], full_slots=i64[2 * m:2 * m + b],
             ring_slots=i64[3 * m:3 * m + b],
-            query_start_loc=i32[:b + 1], context_lens=i32[m + 1:m + 1 + b], block_tables=tables[:b],
-            ring_rows=i32[2 * m + 1 + m * nb:2 * m + 1 + m * nb + b],
+            query_start_loc=i32[:b + 1], context_lens=i32[m + 1:m + 1 + b],
+            ring_rows=i32[2 * m + 1:2 * m + 1 + b], block_tables=i32[3 * m + 1:].view(m, nb)[:b],
             sample_rows=torch.arange(b, device=i64.device), decode_only=True, max_query_len=1, sample_seqs=[])
 
     def _forward(self, bucket: int):
@@ -68,19 +73,24 @@ class DecodeGraphs:
         h64, h32 = self.np64, self.np32  # numpy views of the (pinned) host buffers: cheap scalar writes
         h64[:2 * m] = 0
         h64[2 * m:] = -1  # padding rows write nothing
-        h32[:] = 0
-        tables = h32[2 * m + 1: 2 * m + 1 + m * nb].reshape(m, nb)
+        h32[:3 * m + 1] = 0  # padding rows: context 0, ring row 0 (the tables' stale entries are never read)
         for r, seq in enumerate(seqs):
             p = seq.num_computed  # position of the one uncomputed token
             h64[r], h64[m + r] = seq.token_ids[p], p
             h64[2 * m + r] = seq.block_table[p // bs] * bs + p % bs
             h64[3 * m + r] = seq.ring_row * w + p % w
             h32[m + 1 + r] = p
-            tables[r, :len(seq.block_table)] = seq.block_table
-            h32[2 * m + 1 + m * nb + r] = seq.ring_row
+            h32[2 * m + 1 + r] = seq.ring_row
+            owner, done = self._row_owner[r]
+            key = (seq.uid, seq.num_preemptions)
+            start = done if owner == key else 0  # a row keeps its sequence between steps: copy new blocks
+            if start < len(seq.block_table):
+                self._tables[r, start:len(seq.block_table)] = seq.block_table[start:]
+            self._row_owner[r] = (key, len(seq.block_table))
         h32[:bucket + 1] = range(bucket + 1)
+        used = 3 * m + 1 + bucket * nb
         self.i64.copy_(self.host_i64, non_blocking=True)
-        self.i32.copy_(self.host_i32, non_blocking=True)
+        self.i32[:used].copy_(self.host_i32[:used], non_blocking=True)
 
     def run(self, seqs: list[Sequence]) -> torch.Tensor:
         """-> logits [len(seqs), V] for an all-decode step."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
 
 from flint_backend.engine.sampling_params import SamplingParams
+
+
+_uids = itertools.count()
 
 
 class SequenceStatus(Enum):
@@ -32,6 +36,7 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    uid: int = field(default_factory=lambda: next(_uids))  # unique for the process (request ids may repeat)
 
     @property
     def num_tokens(self) -> int:
