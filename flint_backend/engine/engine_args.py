@@ -32,6 +32,7 @@ class EngineArgs:
     num_kv_blocks: int | None = None      # fixed pool size; None -> sized from the memory budget
     kv_cache_memory_fraction: float = 0.9  # GPU: fraction of free memory (after weights) for the KV cache
     kv_cache_memory_bytes: int = 1 << 30  # CPU: KV budget in bytes
+    cpu_threads: int | None = None        # CPU: torch intra-op threads; None -> torch's default
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -42,7 +43,7 @@ class EngineArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer")
-        for name in ("max_model_len", "num_kv_blocks"):
+        for name in ("max_model_len", "num_kv_blocks", "cpu_threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer or null")
