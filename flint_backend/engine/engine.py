@@ -109,6 +109,7 @@ class LLMEngine:
         if seq is None:
             return None
         self._finish(seq, "abort")
+        self._update_gauges()  # the engine may now be idle: no step() would refresh them
         return self._output(seq, [], [])
 
     def has_work(self) -> bool:

@@ -120,7 +120,7 @@ class RequestText:
         whole.text = result.content
         whole.reasoning = result.reasoning
         whole.tool_calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                            for c in result.calls]
+                            for c in result.tool_calls]
         return whole
 
 
