@@ -186,6 +186,17 @@ class Postprocessor:
             entry.abort_sent = entry.abort_sent or abort
             return Outcome(_merge(outputs), abort)
 
+    def process_all(self, chunks: list[EngineChunk]) -> list[Outcome]:
+        """Chunks that queued up together (the postprocessor fell behind): a request's outputs go
+        out as one, with its last chunk in the batch; its earlier chunks answer nothing."""
+        outcomes = [self.process(c) for c in chunks]
+        last = {c.key: i for i, c in enumerate(chunks)}
+        held: dict[str, list[TextDelta]] = {}
+        for i, (chunk, outcome) in enumerate(zip(chunks, outcomes)):
+            held.setdefault(chunk.key, []).extend(outcome.outputs)
+            outcome.outputs = _merge(held.pop(chunk.key)) if i == last[chunk.key] else []
+        return outcomes
+
     def cancel(self, key: str, finished: bool) -> bool:
         """The client cancelled; True when the engine request may still run (abort it once)."""
         with self._lock:

@@ -42,8 +42,17 @@ def test_ensemble_steps_connect_tensors_that_exist():
         assert set(re.findall(r'input_map \{ key: "(\w+)"', step)) <= set(inputs), model
         assert set(re.findall(r'output_map \{ key: "(\w+)"', step)) <= set(outputs), model
     assert "decoupled: true" in config("flint_model") and "decoupled: true" in config("flint_postprocess")
-    assert all("max_batch_size: 1" in config(m) for m in ("flint", "flint_tokenizer", "flint_model",
-                                                          "flint_postprocess"))
+    assert all("max_batch_size: 1\n" in config(m) for m in ("flint", "flint_tokenizer", "flint_model",
+                                                            "flint_postprocess"))
+    assert "dynamic_batching" not in config("flint_postprocess")  # it would hide cancelled requests
+
+
+@pytest.mark.parametrize("model", ["flint", "flint_tokenizer", "flint_model", "flint_postprocess"])
+def test_configs_parse_as_triton_model_configs(model):
+    text_format = pytest.importorskip("google.protobuf.text_format")
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    parsed = text_format.Parse(config(model), model_config_pb2.ModelConfig())
+    assert parsed.name == model
 
 
 @pytest.fixture

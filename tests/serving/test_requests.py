@@ -131,3 +131,17 @@ def test_errors_are_reported_as_client_errors_when_refused(tokenizer):
     (out,) = post.process(EngineChunk("k", 0, [], True, "rejected", 3, 0, "prompt: too long",
                                       OutputConfig().to_json())).outputs
     assert out.error == "prompt: too long" and out.client_error and out.final
+
+
+def test_chunks_queued_together_answer_once_per_request(tokenizer):
+    texts = {"a": "first request text here", "b": "second one, other words"}
+    chunks = {k: chunks_for(tokenizer, t, OutputConfig(stream=True), key=k) for k, t in texts.items()}
+    post = Postprocessor(tokenizer)
+    a, b = chunks["a"], chunks["b"]
+    batch = [a[0], b[0], a[1], a[2], b[1]]
+    outcomes = post.process_all(batch)
+    assert [len(o.outputs) for o in outcomes] == [0, 0, 0, 1, 1]
+    got = {"a": outcomes[3].outputs[0].text, "b": outcomes[4].outputs[0].text}
+    for outcome, chunk in zip(post.process_all(a[3:] + b[2:]), a[3:] + b[2:]):
+        got[chunk.key] += "".join(d.text for d in outcome.outputs)
+    assert got == texts and post.num_open == 0

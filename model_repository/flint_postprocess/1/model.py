@@ -1,7 +1,8 @@
 """flint_postprocess: engine chunks -> text, reasoning, tool calls (flint_backend.serving.postprocess).
 
 Decoupled: each chunk answers with one response or none (a non-streamed request is
-answered once, at its final chunk). A stop string, or a client that cancelled (the
+answered once, at its final chunk; chunks of one request handed over together answer once,
+with the last of them). A stop string, or a client that cancelled (the
 ensemble marks the chunks it forwards after that as cancelled), aborts the engine
 request through a control request to the engine model.
 """
@@ -37,30 +38,37 @@ class TritonPythonModel:
         self.post = Postprocessor(load_tokenizer(repository.tokenizer_dir(engine_args)))
 
     def execute(self, requests):
+        batch = []
         for request in requests:
             sender = request.get_response_sender()
             try:
-                self._run(request, sender)
+                chunk = chunk_from_arrays({n: pb_utils.get_input_tensor_by_name(request, n).as_numpy()
+                                           for n in self.input_names})
             except Exception as error:
-                self.logger.log_error(f"flint_postprocess: {type(error).__name__}: {error}")
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"postprocess: {error}")), flags=FINAL)
+                self._fail(sender, error)
+                continue
+            if request.is_cancelled():
+                if self.post.cancel(chunk.key, chunk.finished):
+                    self._abort(chunk.key)
+                sender.send(flags=FINAL)
+            else:
+                batch.append((sender, chunk))
+        try:
+            outcomes = self.post.process_all([chunk for _, chunk in batch])
+        except Exception as error:
+            for sender, _ in batch:
+                self._fail(sender, error)
+            return None
+        for (sender, chunk), outcome in zip(batch, outcomes):
+            if outcome.abort_engine:
+                self._abort(chunk.key)
+            self._respond(sender, outcome.outputs[0] if outcome.outputs else None)
         return None
 
-    def _run(self, request, sender):
-        inputs = {n: pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.input_names}
-        chunk = chunk_from_arrays(inputs)
-        if request.is_cancelled():
-            if self.post.cancel(chunk.key, chunk.finished):
-                self._abort(chunk.key)
-            sender.send(flags=FINAL)
+    def _respond(self, sender, delta):
+        if delta is None:
+            sender.send(flags=FINAL)  # nothing to say for this chunk
             return
-        outcome = self.post.process(chunk)
-        if outcome.abort_engine:
-            self._abort(chunk.key)
-        if not outcome.outputs:
-            sender.send(flags=FINAL)
-            return
-        delta = outcome.outputs[0]
         if delta.note:
             self.logger.log_warn(f"flint_postprocess: {delta.note}")
         if delta.error:
@@ -69,6 +77,10 @@ class TritonPythonModel:
             return
         tensors = [pb_utils.Tensor(name, array) for name, array in text_arrays(delta).items()]
         sender.send(pb_utils.InferenceResponse(tensors), flags=FINAL)
+
+    def _fail(self, sender, error):
+        self.logger.log_error(f"flint_postprocess: {type(error).__name__}: {error}")
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"postprocess: {error}")), flags=FINAL)
 
     def _abort(self, key):
         request = pb_utils.InferenceRequest(model_name=self.engine_model, requested_output_names=[],
