@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Load-test the `flint` ensemble of a running server: perf_analyzer over gRPC with --streaming,
-# one run per concurrency, then genai-perf (when installed) for token-level latencies.
+# one run per concurrency, then genai-perf (when installed; --backend tensorrtllm and vllm) for
+# token-level latencies (TTFT, inter-token latency; it counts tokens by re-tokenising with --tokenizer).
 #
 #   scripts/loadtest.sh [--url localhost:8001] [--concurrency "1 2 4 8"] [--max-tokens 128]
 #                       [--prompt-words 64] [--requests 32] [--out build/loadtest]
@@ -33,6 +34,7 @@ PERF_ANALYZER=$(command -v perf_analyzer || echo "$BIN/perf_analyzer")
 [ -x "$PERF_ANALYZER" ] || { echo "loadtest.sh: perf_analyzer not found (pip install 'tritonclient[all]==2.51.0')" >&2; exit 1; }
 CUDART=$("$PYTHON" -c 'import nvidia.cuda_runtime as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="${CUDART:+$CUDART:}${LD_LIBRARY_PATH:-}"
+export PATH="$(dirname "$PERF_ANALYZER"):$PATH"  # genai-perf runs the perf_analyzer on PATH
 mkdir -p "$OUT"
 
 # one streamed request, as genai-perf --backend tensorrtllm sends it (perf_analyzer adds the batch dimension)
@@ -52,13 +54,20 @@ for c in $CONCURRENCY; do
 done
 
 if [ "$GENAI_PERF" = 1 ] && command -v genai-perf >/dev/null; then
-  for c in $CONCURRENCY; do
-    echo "== genai-perf: concurrency $c"
-    genai-perf profile -m flint --backend tensorrtllm --service-kind triton --streaming -u "$URL" \
-      --tokenizer "$TOKENIZER" --concurrency "$c" --num-prompts "$REQUESTS" --request-count "$REQUESTS" \
-      --synthetic-input-tokens-mean "$PROMPT_WORDS" --output-tokens-mean "$MAX_TOKENS" \
-      --extra-inputs ignore_eos:true --artifact-dir "$OUT/genai_perf_c$c"
+  # genai-perf >= 0.0.14 names Triton's KServe API `--endpoint-type kserve`, older ones `--service-kind triton`.
+  # No --warmup-request-count: perf_analyzer 2.51 never finishes its warm-up against decoupled models.
+  KIND=(--endpoint-type kserve)
+  genai-perf profile --help 2>/dev/null | grep -q -- "--service-kind" && KIND=(--service-kind triton)
+  for backend in tensorrtllm vllm; do
+    for c in $CONCURRENCY; do
+      echo "== genai-perf --backend $backend: concurrency $c"
+      genai-perf profile -m flint "${KIND[@]}" --backend "$backend" --streaming -u "$URL" \
+        --tokenizer "$TOKENIZER" --concurrency "$c" --num-prompts "$REQUESTS" --request-count "$REQUESTS" \
+        --synthetic-input-tokens-mean "$PROMPT_WORDS" --output-tokens-mean "$MAX_TOKENS" \
+        --output-tokens-mean-deterministic --extra-inputs ignore_eos:true \
+        --artifact-dir "$OUT/genai_perf_${backend}_c$c"
+    done
   done
 elif [ "$GENAI_PERF" = 1 ]; then
-  echo "genai-perf not installed: skipped (pip install genai-perf)"
+  echo "genai-perf not installed: skipped (pip install genai-perf; it runs the perf_analyzer on PATH)"
 fi
