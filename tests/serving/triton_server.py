@@ -53,6 +53,7 @@ class TritonServer:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.__exit__()  # its stubs may outlive it
                 raise RuntimeError(f"tritonserver exited ({self.process.returncode}):\n{self.log_tail()}")
             if self.ready():
                 return self
@@ -66,8 +67,13 @@ class TritonServer:
             try:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)  # our own session: the server and its stubs
-                self.process.wait()
+                pass
+        if self.process is not None:
+            try:  # our own session: whatever is left of the server and its stubs
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
         self._log.close()
 
     def ready(self) -> bool:
