@@ -1,11 +1,19 @@
-# `make test` installs what is missing into .venv and runs the suite.
+# `make test` installs what is missing into .venv and runs the suite; `make serve` serves the
+# tiny checkpoint (or CKPT) with tritonserver.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
 CKPT   ?= checkpoints/flint-tiny
+# more scripts/configure_repository.py flags, e.g. SERVE_ARGS="--device cuda --kernel-backend triton
+#   --enable-auto-tool-choice --tool-call-parser glm47 --reasoning-parser glm47"
+SERVE_ARGS ?=
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
 
-.PHONY: install test checkpoint clean
+.PHONY: install test checkpoint serve clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,5 +31,16 @@ test: $(STAMP)
 checkpoint: $(STAMP)
 	test -f $(CKPT)/config.json || $(PY) scripts/make_checkpoint.py --preset flint-tiny --out $(CKPT)
 
+# The system's tritonserver when there is one, else the nvidia-pytriton wheel's (extra `server`).
+$(SERVE_STAMP): $(STAMP)
+	command -v tritonserver >/dev/null || $(PY) -m pip install -q -e '.[server]'
+	$(PY) -m pip install -q -e '.[client]'
+	touch $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP) checkpoint
+	$(PY) scripts/configure_repository.py --model $(CKPT) $(SERVE_ARGS)
+	$(PY) -m flint_backend.serving.launch --model-repository model_repository \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache build

@@ -54,6 +54,8 @@ class LLMEngine:
                  weights: dict[str, torch.Tensor] | None = None):
         self.args = args
         self.device = resolve_device(args.device)
+        if self.device.type == "cpu" and args.cpu_threads:
+            torch.set_num_threads(args.cpu_threads)
         if weights is None:
             config, weights = load_model_weights(args, self.device)
         self.config = config
@@ -107,6 +109,7 @@ class LLMEngine:
         if seq is None:
             return None
         self._finish(seq, "abort")
+        self._update_gauges()  # the engine may now be idle: no step() would refresh them
         return self._output(seq, [], [])
 
     def has_work(self) -> bool:

@@ -36,6 +36,7 @@ class EngineArgs:
     enforce_eager: bool = False           # True: no CUDA graphs / static decode buffers
     max_graph_batch: int = 64             # largest decode batch replayed from a CUDA graph
     low_latency_max_batch: int = 8        # decode batches up to this size take the low-latency path (0: never)
+    cpu_threads: int | None = None        # CPU: torch intra-op threads; None -> torch's default
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -50,7 +51,7 @@ class EngineArgs:
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer")
         if not isinstance(self.low_latency_max_batch, int) or not 0 <= self.low_latency_max_batch <= 16:
             raise EngineArgsError(f"low_latency_max_batch: got {self.low_latency_max_batch!r}, expected 0..16")
-        for name in ("max_model_len", "num_kv_blocks"):
+        for name in ("max_model_len", "num_kv_blocks", "cpu_threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer or null")

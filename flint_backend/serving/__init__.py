@@ -1,0 +1,9 @@
+"""What the Triton model repository runs, kept free of Triton so it is tested without a server.
+
+`generate_request` (the `flint` ensemble's inputs -> a request), `preprocess` (the
+flint_tokenizer step), `engine_host` (the flint_model step: engine thread + response queue),
+`postprocess` (the flint_postprocess step: detokenise, stop strings, parsers), `metrics`
+(engine counters -> Triton custom metrics), `repository` (engine_args.json, tokenizer path),
+`launch` (starts tritonserver: the system's, or the one in the nvidia-pytriton wheel).
+The `model.py` files in model_repository/ only move tensors between Triton and these.
+"""

@@ -1,0 +1,107 @@
+"""The flint_model step without Triton: the engine runs on its own thread (EngineThread);
+requests go in from `execute`, and every output leaves through one queue, ended by a
+sentinel, that the model's response thread drains.
+
+One response per engine step and request; when the response thread falls behind (a slow
+client or postprocessor), the outputs of a request waiting in the queue go out together
+as one chunk, so a slow reader gets a few tokens per response instead of a growing backlog.
+Every request gets a fresh key (the postprocessor's per-request state is keyed by it) and
+numbered chunks; its output config rides on chunk 0 only.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+from flint_backend.engine.engine import LLMEngine, RequestOutput
+from flint_backend.engine.engine_thread import EngineThread
+from flint_backend.engine.sampling_params import SamplingParams
+from flint_backend.serving.postprocess import EngineChunk
+from flint_backend.serving.tensors import Inputs, scalar
+
+
+@dataclass(eq=False)
+class HostedRequest:
+    handle: object              # the Triton response sender (opaque here)
+    key: str
+    config: str
+    num_prompt_tokens: int = 0
+    next_index: int = 0
+    cancelled: bool = False
+
+
+class EngineHost:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._thread = EngineThread(engine)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # (HostedRequest, RequestOutput) | None
+
+    def submit(self, handle, inputs: Inputs) -> HostedRequest:
+        """A request from the tokenizer step; a refused one still answers, with an error chunk."""
+        request = HostedRequest(handle, uuid.uuid4().hex, scalar(inputs, "output_config") or "")
+        ids = inputs.get("prompt_ids")
+        prompt = [int(t) for t in ids.reshape(-1)] if ids is not None else []
+        request.num_prompt_tokens = len(prompt)
+        try:
+            params = SamplingParams.from_dict(json.loads(scalar(inputs, "sampling_params") or "{}"))
+            self._thread.add_request(prompt, params, request.key, callback=lambda out: self._queue.put((request, out)))
+        except ValueError as error:  # RequestError, SamplingParamsError, bad JSON
+            self._queue.put((request, RequestOutput(request.key, [], [], True, "rejected", len(prompt), 0, str(error))))
+        return request
+
+    def abort(self, key: str) -> None:
+        self._thread.abort(key)
+
+    def poll_cancelled(self, request: HostedRequest) -> bool:
+        """The response sender says the client cancelled: abort the engine request (once)."""
+        if not request.cancelled and request.handle.is_cancelled():
+            request.cancelled = True
+            self.abort(request.key)
+        return request.cancelled
+
+    def responses(self) -> Iterator[tuple[HostedRequest, EngineChunk]]:
+        """Blocks; ends at the sentinel that `shutdown` queues after the last output."""
+        while True:
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            for request, output in _coalesce([i for i in items if i is not None]):
+                yield request, self._chunk(request, output)
+            if any(i is None for i in items):
+                return
+
+    def _chunk(self, request: HostedRequest, out: RequestOutput) -> EngineChunk:
+        chunk = EngineChunk(request.key, request.next_index, list(out.new_token_ids), out.finished,
+                            out.finish_reason or "", out.num_prompt_tokens, out.num_output_tokens, out.error or "",
+                            request.config if request.next_index == 0 else "")
+        request.next_index += 1
+        return chunk
+
+    def shutdown(self) -> None:
+        """Stops the engine (its running requests end with an error chunk), then ends the queue."""
+        self._thread.shutdown()
+        self._queue.put(None)
+
+
+def _coalesce(items: list[tuple[HostedRequest, RequestOutput]]) -> list[tuple[HostedRequest, RequestOutput]]:
+    merged: dict[int, tuple[HostedRequest, RequestOutput]] = {}
+    for request, out in items:
+        if id(request) not in merged:
+            merged[id(request)] = (request, RequestOutput(**vars(out)))
+            merged[id(request)][1].new_token_ids = list(out.new_token_ids)
+            continue
+        last = merged[id(request)][1]
+        last.new_token_ids += out.new_token_ids
+        last.logprobs = last.logprobs + out.logprobs
+        last.finished, last.finish_reason = out.finished, out.finish_reason
+        last.num_output_tokens, last.error = out.num_output_tokens, out.error
+    return list(merged.values())
+
+

@@ -1,0 +1,149 @@
+"""The `flint` ensemble's inputs -> one generation request (validated; errors name the field).
+
+Sampling settings come from three places, later ones winning: defaults, the
+`sampling_parameters` JSON (vllm_backend style: values may be JSON numbers/booleans or
+their text, e.g. "0.7"), then the individual tensors (`temperature`, `max_tokens`, ...,
+TRT-LLM style; `min_length` is another name for `min_tokens`). Stop strings come from
+`stop_words` (TRT-LLM) and `sampling_parameters.stop` (vLLM), together.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from flint_backend.chat.request import load_json_field
+from flint_backend.chat.request_error import ChatRequestError, describe
+from flint_backend.engine.sampling_params import SamplingParams
+from flint_backend.serving.tensors import Inputs, scalar, strings
+
+# tensor -> SamplingParams field
+TENSOR_FIELDS = {
+    "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+    "min_p": "min_p", "seed": "seed", "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "min_tokens": "min_tokens", "min_length": "min_tokens", "ignore_eos": "ignore_eos",
+}
+FLOAT_KEYS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+INT_KEYS = ("top_k", "seed", "max_tokens", "min_tokens")
+BOOL_KEYS = ("ignore_eos", "skip_special_tokens")
+# sampling_parameters keys besides the typed ones above
+OTHER_KEYS = ("stop", "stop_token_ids", "logit_bias", "n")
+CHAT_FIELDS = ("messages", "tools", "tool_choice", "chat_template_kwargs")
+
+
+@dataclass
+class GenerateRequest:
+    text_input: str | None              # a raw prompt, or None for a chat request
+    chat: dict = field(default_factory=dict)  # messages, tools, tool_choice, chat_template_kwargs (decoded JSON)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    exclude_input_in_output: bool = True
+    skip_special_tokens: bool = True
+
+
+def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> GenerateRequest:
+    text_input = scalar(inputs, "text_input")
+    chat = {name: load_json_field(name, scalar(inputs, name)) for name in CHAT_FIELDS}
+    if text_input is not None and not isinstance(text_input, str):
+        raise ChatRequestError("text_input", "a string", describe(text_input))
+    if text_input is not None and chat["messages"] is not None:
+        raise ChatRequestError("text_input", "either text_input or messages, not both", "both")
+    if text_input is None and chat["messages"] is None:
+        raise ChatRequestError("text_input", "a prompt in text_input, or chat messages in messages", "neither")
+    if text_input is not None:
+        extra = [name for name in CHAT_FIELDS if chat[name] is not None]
+        if extra:
+            raise ChatRequestError(extra[0], "no value without messages (it applies to chat requests)",
+                                   describe(chat[extra[0]]))
+    settings = {"max_tokens": default_max_tokens}
+    settings.update(_sampling_json(scalar(inputs, "sampling_parameters")))
+    stop = _stop_list(settings.pop("stop", None)) + strings(inputs, "stop_words")
+    settings.update({f: _tensor_value(inputs, t, f) for t, f in TENSOR_FIELDS.items() if scalar(inputs, t) is not None})
+    skip_special = settings.pop("skip_special_tokens", True)
+    if settings.pop("n", 1) != 1:
+        raise ChatRequestError("sampling_parameters.n", "1 (one output per request)", describe(settings.get("n")))
+    return GenerateRequest(
+        text_input=text_input, chat={k: v for k, v in chat.items() if v is not None},
+        sampling=SamplingParams.from_dict(settings), stop=[s for s in stop if s],
+        stream=_flag(inputs, "stream", False),
+        exclude_input_in_output=_flag(inputs, "exclude_input_in_output", True),
+        skip_special_tokens=skip_special)
+
+
+def _flag(inputs: Inputs, name: str, default: bool) -> bool:
+    value = scalar(inputs, name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ChatRequestError(name, "a BOOL tensor", describe(value))
+    return value
+
+
+def _tensor_value(inputs: Inputs, name: str, key: str):
+    value = scalar(inputs, name)
+    if key in BOOL_KEYS:
+        return bool(value)
+    if key in INT_KEYS:
+        return int(value)
+    return float(value)
+
+
+def _sampling_json(text: str | None) -> dict:
+    data = load_json_field("sampling_parameters", text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ChatRequestError("sampling_parameters", "the JSON text of an object", describe(data))
+    known = FLOAT_KEYS + INT_KEYS + BOOL_KEYS + OTHER_KEYS
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ChatRequestError(f"sampling_parameters.{unknown[0]}", f"one of the keys {sorted(known)}",
+                               describe(data[unknown[0]]))
+    return {key: _coerce(key, value) for key, value in data.items() if value is not None}
+
+
+def _coerce(key: str, value):
+    """vllm_backend clients send numbers as text ({"temperature": "0.1"}): accept both."""
+    path = f"sampling_parameters.{key}"
+    try:
+        if key in BOOL_KEYS:
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if key in INT_KEYS + ("n",):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if key in FLOAT_KEYS:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+    except (TypeError, ValueError):
+        kind = "true or false" if key in BOOL_KEYS else "an integer" if key in INT_KEYS else "a number"
+        raise ChatRequestError(path, kind, describe(value)) from None
+    if key == "stop_token_ids" and not (isinstance(value, list) and all(isinstance(t, int) for t in value)):
+        raise ChatRequestError(path, "a list of token ids", describe(value))
+    if key == "logit_bias" and not (isinstance(value, dict) and all(str(k).isdigit() for k in value)):
+        raise ChatRequestError(path, 'an object {"token id": bias}', describe(value))
+    return value
+
+
+def _stop_list(stop) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise ChatRequestError("sampling_parameters.stop", "a string or a list of strings", describe(stop))
+    return stop
+
+
+def sampling_json(params: SamplingParams) -> str:
+    """SamplingParams -> the JSON the tokenizer step hands the model step."""
+    data = {k: v for k, v in vars(params).items() if v is not None}
+    data["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
+    return json.dumps(data)

@@ -1,0 +1,223 @@
+"""The flint_postprocess step: engine chunks (token ids, in order per request) -> text.
+
+Each response of flint_model reaches this step as its own request; `Postprocessor` keeps
+one `RequestText` per engine request, keyed by the request key the model forwards, and
+applies a request's chunks in index order whatever order they arrive in (a chunk that
+comes early waits for the ones before it). Per request: incremental detokenisation, stop
+strings (the first match ends the output; the caller then aborts the engine request), the
+echoed prompt, and for chat requests the reasoning and tool-call parsers.
+
+Streaming: one `TextDelta` per chunk that adds something, the last one final. Not
+streaming: nothing until the final chunk, then everything in one `TextDelta`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from flint_backend.chat.detokenizer import IncrementalDetokenizer
+from flint_backend.chat.output_parser import ChatDelta, ChatOutputParser
+from flint_backend.chat.stop_strings import StopStringMatcher
+from flint_backend.chat.tool_parser import ToolCallDelta
+from flint_backend.chat.tool_choice import unmet_tool_choice
+from flint_backend.serving.preprocess import OutputConfig
+
+MAX_REMEMBERED_CANCELS = 4096  # cancelled keys kept until their final chunk, at most
+
+
+@dataclass
+class EngineChunk:
+    """One flint_model response."""
+    key: str
+    index: int                  # 0, 1, 2, ... per request
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str = ""     # the engine's: "stop", "length", "abort", "error"; "rejected": refused at admission
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0  # generated so far
+    error: str = ""
+    config: str = ""            # OutputConfig JSON, on index 0
+
+
+@dataclass
+class TextDelta:
+    """One flint response."""
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+    finish_reason: str = ""     # set on the final one: "stop", "length", "tool_calls", "abort", "error"
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    final: bool = False
+    error: str = ""
+    client_error: bool = False  # the request was refused (bad input), not a server fault
+    note: str = ""              # e.g. an unmet tool_choice, for the log
+
+    def is_empty(self) -> bool:
+        return not (self.text or self.reasoning or self.tool_calls or self.final)
+
+
+class RequestText:
+    def __init__(self, tokenizer, config: OutputConfig):
+        self.config = config
+        self._detok = IncrementalDetokenizer(tokenizer, config.prompt_tail, config.skip_special_tokens)
+        self._stop = StopStringMatcher(config.stop)
+        self._parser = ChatOutputParser(**config.chat) if config.chat else None
+        self._echo = config.echo
+        self._text: list[str] = []  # plain-text output so far (not streaming)
+        self.num_output_tokens = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.stopped
+
+    def apply(self, chunk: EngineChunk) -> TextDelta | None:
+        text = self._detok.push(chunk.token_ids) + (self._detok.flush() if chunk.finished else "")
+        if not self._stop.stopped:
+            self.num_output_tokens = chunk.num_output_tokens  # tokens made after a stop are not counted
+        safe, _ = self._stop.push(text)
+        if chunk.finished:
+            safe += self._stop.flush()
+        delta = TextDelta(num_input_tokens=chunk.num_input_tokens, num_output_tokens=self.num_output_tokens)
+        delta.text, self._echo = self._echo, ""
+        if self._parser is None:
+            delta.text += safe
+        else:
+            self._add(delta, self._parser.feed(safe))
+            if chunk.finished:
+                self._add(delta, self._parser.finish())
+        if chunk.finished:
+            self._finish(delta, chunk)
+        if self.config.stream:
+            return None if delta.is_empty() else delta
+        self._text.append(delta.text)
+        return self._whole(delta) if chunk.finished else None
+
+    def _add(self, delta: TextDelta, part: ChatDelta) -> None:
+        delta.text += part.content
+        delta.reasoning += part.reasoning
+        delta.tool_calls += [_call_delta(c) for c in part.tool_calls]
+
+    def _finish(self, delta: TextDelta, chunk: EngineChunk) -> None:
+        delta.final = True
+        reason = "stop" if self._stop.stopped else chunk.finish_reason
+        if chunk.error:
+            delta.error, delta.client_error, reason = chunk.error, chunk.finish_reason == "rejected", "error"
+        if self._parser is not None:
+            reason = self._parser.finish_reason(reason)
+            delta.note = unmet_tool_choice(self.config.chat.get("tool_choice"), self._parser.has_tool_calls) or ""
+        delta.finish_reason = reason
+
+    def _whole(self, last: TextDelta) -> TextDelta:
+        whole = TextDelta(finish_reason=last.finish_reason, num_input_tokens=last.num_input_tokens,
+                          num_output_tokens=last.num_output_tokens, final=True, error=last.error,
+                          client_error=last.client_error, note=last.note)
+        if self._parser is None:
+            whole.text = "".join(self._text)
+            return whole
+        result = self._parser.result()
+        whole.text = result.content
+        whole.reasoning = result.reasoning
+        whole.tool_calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                            for c in result.tool_calls]
+        return whole
+
+
+def _call_delta(d: ToolCallDelta) -> dict:
+    """OpenAI's streamed tool-call delta: header fields on the first, then argument pieces."""
+    out: dict = {"index": d.index}
+    if d.id:
+        out["id"] = d.id
+    if d.type:
+        out["type"] = d.type
+    function = {"name": d.name} if d.name else {}
+    function["arguments"] = d.arguments
+    out["function"] = function
+    return out
+
+
+@dataclass
+class _Entry:
+    text: RequestText | None = None
+    next_index: int = 0
+    early: dict[int, EngineChunk] = field(default_factory=dict)  # chunks that came before their turn
+    abort_sent: bool = False
+
+
+@dataclass
+class Outcome:
+    outputs: list[TextDelta]      # to send now, in order (empty: nothing)
+    abort_engine: bool = False    # a stop string ended the output: abort the engine request
+
+
+class Postprocessor:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._entries: dict[str, _Entry] = {}
+        self._cancelled: dict[str, None] = {}  # insertion-ordered set
+        self._lock = threading.Lock()
+
+    @property
+    def num_open(self) -> int:
+        return len(self._entries)
+
+    def process(self, chunk: EngineChunk) -> Outcome:
+        with self._lock:
+            if chunk.key in self._cancelled:
+                if chunk.finished:
+                    del self._cancelled[chunk.key]
+                return Outcome([])
+            entry = self._entries.setdefault(chunk.key, _Entry())
+            entry.early[chunk.index] = chunk
+            outputs, finished = [], False
+            while entry.next_index in entry.early:
+                ready = entry.early.pop(entry.next_index)
+                entry.next_index += 1
+                if entry.text is None:
+                    entry.text = RequestText(self.tokenizer, OutputConfig.from_json(ready.config or "{}"))
+                delta = entry.text.apply(ready)
+                if delta is not None:
+                    outputs.append(delta)
+                finished = finished or ready.finished
+            if finished:
+                del self._entries[chunk.key]
+            abort = bool(entry.text and entry.text.stopped and not finished and not entry.abort_sent)
+            entry.abort_sent = entry.abort_sent or abort
+            return Outcome(_merge(outputs), abort)
+
+    def process_all(self, chunks: list[EngineChunk]) -> list[Outcome]:
+        """Chunks that queued up together (the postprocessor fell behind): a request's outputs go
+        out as one, with its last chunk in the batch; its earlier chunks answer nothing."""
+        outcomes = [self.process(c) for c in chunks]
+        last = {c.key: i for i, c in enumerate(chunks)}
+        held: dict[str, list[TextDelta]] = {}
+        for i, (chunk, outcome) in enumerate(zip(chunks, outcomes)):
+            held.setdefault(chunk.key, []).extend(outcome.outputs)
+            outcome.outputs = _merge(held.pop(chunk.key)) if i == last[chunk.key] else []
+        return outcomes
+
+    def cancel(self, key: str, finished: bool) -> bool:
+        """The client cancelled; True when the engine request may still run (abort it once)."""
+        with self._lock:
+            if key in self._cancelled:
+                if finished:
+                    del self._cancelled[key]
+                return False
+            self._entries.pop(key, None)
+            if not finished:
+                self._cancelled[key] = None
+                while len(self._cancelled) > MAX_REMEMBERED_CANCELS:
+                    del self._cancelled[next(iter(self._cancelled))]
+            return not finished
+
+
+def _merge(outputs: list[TextDelta]) -> list[TextDelta]:
+    """Deltas released together (a late chunk let earlier-arrived ones through) go out as one."""
+    if len(outputs) <= 1:
+        return outputs
+    merged = outputs[-1]
+    merged.text = "".join(o.text for o in outputs)
+    merged.reasoning = "".join(o.reasoning for o in outputs)
+    merged.tool_calls = [c for o in outputs for c in o.tool_calls]
+    return [merged]

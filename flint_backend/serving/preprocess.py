@@ -1,0 +1,75 @@
+"""The flint_tokenizer step: a request's tensors -> prompt ids, the engine's sampling
+parameters, and what the postprocessor needs to turn tokens back into the answer.
+
+A raw `text_input` prompt is encoded as is (no template) and its output is plain text.
+A chat request (`messages`, `tools`, ...) is rendered with the GLM-4.7 template and its
+output goes through the reasoning and tool-call parsers the server runs with. The prompt
+is echoed in front of the output only for raw prompts with exclude_input_in_output=false.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from flint_backend.chat.chat_options import ChatOptions
+from flint_backend.chat.request import encode_text_input, render_chat_request
+from flint_backend.serving.generate_request import GenerateRequest, parse_generate_request, sampling_json
+from flint_backend.serving.tensors import Inputs
+
+PROMPT_TAIL_TOKENS = 5  # prompt ids the detokenizer starts from (chat.detokenizer.PROMPT_CONTEXT_TOKENS)
+
+
+@dataclass
+class OutputConfig:
+    """Per request, for flint_postprocess; travels as JSON through the model step."""
+    stream: bool = False
+    echo: str = ""                     # text put in front of the output
+    prompt_tail: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    chat: dict | None = None           # ChatOutputParser arguments; None: plain text output
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "OutputConfig":
+        return cls(**json.loads(text))
+
+
+@dataclass
+class Preprocessed:
+    prompt_ids: list[int]
+    sampling_json: str
+    output_config: OutputConfig
+
+
+class Preprocessor:
+    def __init__(self, tokenizer, options: ChatOptions = ChatOptions(), default_max_tokens: int = 16):
+        self.tokenizer = tokenizer
+        self.options = options
+        self.default_max_tokens = default_max_tokens
+
+    def __call__(self, inputs: Inputs) -> Preprocessed:
+        """Raises ValueError (ChatRequestError, SamplingParamsError) naming the field."""
+        request = parse_generate_request(inputs, self.default_max_tokens)
+        config = OutputConfig(stream=request.stream, stop=request.stop,
+                              skip_special_tokens=request.skip_special_tokens)
+        if request.text_input is not None:
+            ids = encode_text_input(self.tokenizer, request.text_input)
+            if not request.exclude_input_in_output:
+                config.echo = request.text_input
+        else:
+            ids = self._render_chat(request, config)
+        config.prompt_tail = ids[-PROMPT_TAIL_TOKENS:]
+        return Preprocessed(ids, sampling_json(request.sampling), config)
+
+    def _render_chat(self, request: GenerateRequest, config: OutputConfig) -> list[int]:
+        c = request.chat
+        rendered = render_chat_request(self.tokenizer, c.get("messages"), c.get("tools"), c.get("tool_choice"),
+                                       c.get("chat_template_kwargs"), self.options)
+        config.chat = {"thinking": rendered.thinking, "tools": rendered.tools_for_parser,
+                       "tool_choice": rendered.tool_choice, "reasoning_parser": self.options.reasoning_parser,
+                       "tool_call_parser": self.options.tool_call_parser}
+        return rendered.prompt_ids

@@ -1,0 +1,87 @@
+"""Where the model repository keeps its configuration, and the paths it names.
+
+Engine arguments live in ONE file, `flint_model/1/engine_args.json` (EngineArgs keys);
+the tokenizer and postprocessor read the tokenizer path from it too. Relative paths in it
+are relative to the file. A model given as a Hugging Face repo id (`RecursiveSI/flint`)
+is looked up in the local HF cache (~/.cache/huggingface, offline); a GGUF repo resolves
+to its one .gguf file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flint_backend.chat.chat_options import ChatOptions
+from flint_backend.engine.engine_args import EngineArgs, EngineArgsError
+from flint_backend.tokenizer import TOKENIZER_DIR
+
+ENGINE_MODEL = "flint_model"
+ENGINE_ARGS_FILE = "engine_args.json"
+PATH_KEYS = ("model", "hf_config_path", "tokenizer")
+
+
+def engine_args_path(repository: str | Path, engine_model: str = ENGINE_MODEL) -> Path:
+    return Path(repository) / engine_model / "1" / ENGINE_ARGS_FILE
+
+
+def load_engine_args(path: str | Path) -> EngineArgs:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise EngineArgsError(f"{path}: {error}") from None
+    for key in PATH_KEYS:
+        if data.get(key):
+            data[key] = str((path.parent / Path(data[key]).expanduser()).resolve())
+    return EngineArgs.from_dict(data)
+
+
+def tokenizer_dir(args: EngineArgs) -> Path:
+    """`tokenizer`, else the checkpoint directory, else the GGUF's hf_config_path, else ours."""
+    for candidate in (args.tokenizer, args.model, args.hf_config_path):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return TOKENIZER_DIR
+
+
+def resolve_model_path(name: str, what: str = "--model") -> str:
+    """A local path as is; otherwise a Hugging Face repo id in the local cache."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if name.count("/") != 1:
+        raise FileNotFoundError(f"{what}: {name!r} is neither a path nor a Hugging Face repo id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot = Path(snapshot_download(name, local_files_only=True))
+    except Exception as error:  # not in the cache: nothing is downloaded here
+        raise FileNotFoundError(f"{what}: {name!r} is not a path and not in the local Hugging Face cache "
+                                f"({type(error).__name__}); download it first or mount the cache") from None
+    ggufs = sorted(snapshot.glob("*.gguf"))
+    if ggufs and not list(snapshot.glob("*.safetensors")):
+        if len(ggufs) > 1:
+            raise FileNotFoundError(f"{what}: {name!r} holds several .gguf files ({[g.name for g in ggufs]}); "
+                                    "give the file's path")
+        return str(ggufs[0])
+    return str(snapshot)
+
+
+def model_parameters(model_config: dict) -> dict[str, str]:
+    """config.pbtxt `parameters` as {key: string_value}."""
+    return {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
+
+
+def chat_options(params: dict[str, str]) -> ChatOptions:
+    """flint_tokenizer's parameters -> the server's chat flags (the announcement's names)."""
+    def flag(name: str) -> bool:
+        value = params.get(name, "false").strip().lower()
+        if value not in ("true", "false"):
+            raise ValueError(f"parameter {name}: expected true or false, got {value!r}")
+        return value == "true"
+
+    return ChatOptions(enable_auto_tool_choice=flag("enable_auto_tool_choice"),
+                       tool_call_parser=params.get("tool_call_parser") or None,
+                       reasoning_parser=params.get("reasoning_parser") or None,
+                       exclude_tools_when_tool_choice_none=flag("exclude_tools_when_tool_choice_none"))

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Configure the model repository from a vLLM-style command line (the announcement's flags).
+
+    python scripts/configure_repository.py [MODEL] [--model PATH|ORG/NAME] [--hf-config-path P] [--tokenizer P]
+        [--enable-auto-tool-choice] [--tool-call-parser glm47] [--reasoning-parser glm47]
+        [--exclude-tools-when-tool-choice-none] [--default-max-tokens N]
+        [--kernel-backend triton] [--device cuda] [--max-num-seqs N] [--max-num-batched-tokens N] ...
+        [--repository model_repository]
+
+Every EngineArgs field is a flag (`--max-model-len`, `--kv-cache-memory-fraction`, ...; vLLM's
+`--gpu-memory-utilization` is another name for the last); they are written, all of them,
+to flint_model/1/engine_args.json. The chat flags go to flint_tokenizer/config.pbtxt's
+parameters. The result depends on the flags only (anything not given takes its default),
+as a server command line does. Unknown flags are errors. MODEL may be a path or a Hugging
+Face repo id already in the local cache (a GGUF repo resolves to its .gguf file); a relative
+path is stored relative to engine_args.json, so the repository can move with the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from flint_backend.chat.chat_options import ChatOptions
+from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.serving.repository import PATH_KEYS, engine_args_path, resolve_model_path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_CONFIG = Path("flint_tokenizer") / "config.pbtxt"
+ALIASES = {"gpu_memory_utilization": "kv_cache_memory_fraction"}
+CHAT_FLAGS = ("enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
+              "exclude_tools_when_tool_choice_none", "default_max_tokens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    parser.add_argument("model_positional", nargs="?", metavar="MODEL", help="same as --model")
+    parser.add_argument("--repository", type=Path, default=PROJECT_ROOT / "model_repository")
+    for f in fields(EngineArgs):
+        flags = ["--" + f.name.replace("_", "-")]
+        flags += ["--" + alias.replace("_", "-") for alias, target in ALIASES.items() if target == f.name]
+        parser.add_argument(*flags, dest=f.name, type=_converter(str(f.type)), default=None,
+                            help=f"engine arg {f.name} (default {f.default!r})")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true")
+    parser.add_argument("--tool-call-parser", default="")
+    parser.add_argument("--reasoning-parser", default="")
+    parser.add_argument("--exclude-tools-when-tool-choice-none", action="store_true")
+    parser.add_argument("--default-max-tokens", type=int, default=16,
+                        help="max_tokens of requests that give none (vLLM's default: 16)")
+    return parser
+
+
+def _converter(annotation: str):
+    kind = int if annotation.startswith("int") else float if annotation.startswith("float") else str
+    optional = "None" in annotation
+
+    def convert(text: str):
+        if optional and text.lower() in ("none", "null"):
+            return None
+        return kind(text)
+    return convert
+
+
+def engine_args(args: argparse.Namespace, json_dir: Path) -> EngineArgs:
+    given = {f.name: getattr(args, f.name) for f in fields(EngineArgs) if getattr(args, f.name) is not None}
+    if args.model_positional:
+        if "model" in given:
+            sys.exit("configure_repository: give the model once (MODEL or --model)")
+        given["model"] = args.model_positional
+    for key in PATH_KEYS:
+        if key in given:
+            given[key] = _stored_path(resolve_model_path(given[key], "--" + key.replace("_", "-")), given[key], json_dir)
+    return EngineArgs.from_dict(given)  # validates
+
+
+def _stored_path(resolved: str, given: str, json_dir: Path) -> str:
+    if Path(given).expanduser().is_absolute() or not Path(given).exists():
+        return resolved  # absolute, or found in the HF cache
+    return os.path.relpath(resolved, json_dir)
+
+
+def set_parameters(pbtxt: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        pattern = re.compile(r'(parameters\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*")[^"]*(")')
+        pbtxt, count = pattern.subn(lambda m: m.group(1) + value + m.group(2), pbtxt)
+        if count != 1:
+            raise ValueError(f"{TOKENIZER_CONFIG}: expected one parameter {key!r}, found {count}")
+    return pbtxt
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    json_path = engine_args_path(args.repository)
+    try:
+        options = ChatOptions(args.enable_auto_tool_choice, args.tool_call_parser or None, args.reasoning_parser or None,
+                              args.exclude_tools_when_tool_choice_none)
+        engine = engine_args(args, json_path.parent)
+        if args.default_max_tokens < 1:
+            raise ValueError(f"--default-max-tokens: expected a positive integer, got {args.default_max_tokens}")
+        config_path = args.repository / TOKENIZER_CONFIG
+        pbtxt = set_parameters(config_path.read_text(), {
+            "enable_auto_tool_choice": str(options.enable_auto_tool_choice).lower(),
+            "tool_call_parser": options.tool_call_parser or "", "reasoning_parser": options.reasoning_parser or "",
+            "exclude_tools_when_tool_choice_none": str(options.exclude_tools_when_tool_choice_none).lower(),
+            "default_max_tokens": str(args.default_max_tokens)})
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"configure_repository: {error}")
+    json_path.write_text(json.dumps(engine.to_dict(), indent=2) + "\n")
+    config_path.write_text(pbtxt)
+    print(f"configured {args.repository}: model={engine.model} device={engine.device} "
+          f"kernel_backend={engine.kernel_backend}; chat: {options}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The image's entrypoint: `MODEL [flags]` -> configure the model repository, start tritonserver.
+# The same two steps as `make serve` (scripts/configure_repository.py, then the launcher).
+set -euo pipefail
+cd /opt/flint
+if [ "${1:-}" = "--help" ] || [ $# -eq 0 ]; then
+  python3 scripts/configure_repository.py --help
+  exit 0
+fi
+python3 scripts/configure_repository.py "$@"
+exec python3 -m flint_backend.serving.launch --model-repository model_repository \
+  --http-port "${HTTP_PORT:-8000}" --grpc-port "${GRPC_PORT:-8001}" --metrics-port "${METRICS_PORT:-8002}"

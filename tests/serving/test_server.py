@@ -1,0 +1,298 @@
+"""A real tritonserver (the nvidia-pytriton one, or the system's) on the tiny checkpoint, through
+tritonclient gRPC streaming, HTTP generate / generate_stream and perf_analyzer."""
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flint_backend.chat.request import encode_text_input
+from flint_backend.tokenizer import load_tokenizer
+from triton_server import TritonServer, configured_repository, grpc_inputs
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+
+MAX_MODEL_LEN = 512
+N_TOKENS = 12
+TIE_MARGIN = 1e-4
+OUTPUT_TYPES = {"text_output": "BYTES", "reasoning_output": "BYTES", "tool_calls": "BYTES", "finish_reason": "BYTES",
+                "num_input_tokens": "UINT32", "num_output_tokens": "UINT32"}
+CANDIDATE_PROMPTS = ["Hello world", "The quick brown fox", "def main():", "Triton serves models",
+                     "Once upon a time", "1 2 3 4 5", "Flint is a mixture of experts", "naïve café ünïcode"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("triton")
+    repo = configured_repository(tmp, "--model", str(tiny_checkpoint), "--device", "cpu", "--dtype", "float32",
+                                 "--cpu-threads", "1", "--block-size", "16", "--num-kv-blocks", "2048",
+                                 "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "64",
+                                 "--enable-auto-tool-choice", "--tool-call-parser", "glm47",
+                                 "--reasoning-parser", "glm47")
+    with TritonServer(repo, tmp / "tritonserver.log") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint):
+    return load_tokenizer(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def reference_texts(tiny_checkpoint, tokenizer):
+    """prompt -> (greedy ids, their text) of the fp64 reference, for prompts whose first N_TOKENS
+    greedy steps have no near-tie (an fp32 engine may rightly break those the other way)."""
+    import flint_backend.reference  # noqa: F401  registers the model with transformers
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float64).eval()
+    texts = {}
+    for prompt in CANDIDATE_PROMPTS:
+        ids, out = encode_text_input(tokenizer, prompt), []
+        with torch.no_grad():
+            for _ in range(N_TOKENS):
+                top = model(torch.tensor([ids + out])).logits[0, -1].topk(2)
+                if top.values[0] - top.values[1] < TIE_MARGIN:
+                    break
+                out.append(int(top.indices[0]))
+        if len(out) == N_TOKENS:
+            texts[prompt] = (out, tokenizer.decode(out, skip_special_tokens=True))
+    assert len(texts) >= 4, f"only {len(texts)} near-tie-free prompts"
+    return texts
+
+
+class Streams:
+    """One gRPC stream carrying many requests; responses are collected per request id."""
+
+    def __init__(self, url: str):
+        self.client = grpcclient.InferenceServerClient(url)
+        self.results = defaultdict(list)
+        self.errors = []
+        self.done: dict[str, threading.Event] = {}
+        self.client.start_stream(callback=self._callback)
+
+    def _callback(self, result, error):
+        if error is not None:
+            self.errors.append(error)
+            return
+        response = result.get_response()
+        if response.outputs:
+            self.results[response.id].append(result)
+        if response.parameters["triton_final_response"].bool_param:
+            self.done[response.id].set()
+
+    def send(self, request_id: str, **inputs) -> None:
+        self.done[request_id] = threading.Event()
+        self.client.async_stream_infer("flint", grpc_inputs(**inputs), request_id=request_id,
+                                       enable_empty_final_response=True)
+
+    def wait(self, request_id: str, timeout: float = 120) -> list:
+        assert self.done[request_id].wait(timeout), f"{request_id}: no final response; errors {self.errors}"
+        return self.results[request_id]
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def check_outputs(outputs: list, num_input_tokens: int, final_reason: str, num_output_tokens: int | None):
+    """Every output tensor of every response: present, [1, 1], typed, with sensible contents."""
+    texts, last_count = [], 0
+    for i, result in enumerate(outputs):
+        final = i == len(outputs) - 1
+        for name, kind in OUTPUT_TYPES.items():
+            array = result.as_numpy(name)
+            assert array is not None and array.shape == (1, 1), (name, None if array is None else array.shape)
+            assert result.get_output(name).datatype == kind
+        texts.append(result.as_numpy("text_output")[0, 0].decode())
+        assert result.as_numpy("reasoning_output")[0, 0] == b""
+        assert json.loads(result.as_numpy("tool_calls")[0, 0]) == []
+        assert result.as_numpy("finish_reason")[0, 0].decode() == (final_reason if final else "")
+        assert int(result.as_numpy("num_input_tokens")[0, 0]) == num_input_tokens
+        count = int(result.as_numpy("num_output_tokens")[0, 0])
+        assert count >= last_count and count >= 1
+        last_count = count
+    if num_output_tokens is not None:
+        assert last_count == num_output_tokens
+    return "".join(texts)
+
+
+def request_body(prompt: str, **extra) -> dict:
+    return {"text_input": prompt, "max_tokens": N_TOKENS, "temperature": 0.0, "ignore_eos": True, **extra}
+
+
+def test_streamed_and_generated_text_equal_the_reference(server, tokenizer, reference_texts):
+    prompt, (ids, expected) = next(iter(reference_texts.items()))
+    n_prompt = len(encode_text_input(tokenizer, prompt))
+    streams = Streams(server.grpc_url)
+    try:
+        streams.send("grpc", **request_body(prompt, stream=True))
+        grpc_outputs = streams.wait("grpc")
+    finally:
+        streams.close()
+    assert len(grpc_outputs) >= 2  # streamed: one response per step (or a few tokens each)
+    grpc_text = check_outputs(grpc_outputs, n_prompt, "length", N_TOKENS)
+
+    status, body = server.generate(request_body(prompt))
+    assert status == 200, body
+    assert body["finish_reason"] == "length" and body["num_output_tokens"] == N_TOKENS
+    assert body["num_input_tokens"] == n_prompt and body["reasoning_output"] == "" and body["tool_calls"] == "[]"
+
+    events = server.generate_stream(request_body(prompt, stream=True))
+    assert len(events) >= 2 and events[-1]["finish_reason"] == "length"
+    assert all(e["finish_reason"] == "" for e in events[:-1])
+    sse_text = "".join(e["text_output"] for e in events)
+
+    assert grpc_text == body["text_output"] == sse_text == expected
+    assert tokenizer.decode(ids, skip_special_tokens=True) == expected
+
+
+def test_exclude_input_in_output_false_echoes_the_prompt_in_both_modes(server, reference_texts):
+    prompt, (_, expected) = next(iter(reference_texts.items()))
+    status, body = server.generate(request_body(prompt, exclude_input_in_output=False))
+    assert status == 200 and body["text_output"] == prompt + expected
+    events = server.generate_stream(request_body(prompt, exclude_input_in_output=False, stream=True))
+    assert "".join(e["text_output"] for e in events) == prompt + expected
+
+
+def test_32_concurrent_streams_complete_with_the_reference_text(server, tokenizer, reference_texts):
+    prompts = list(reference_texts)
+    streams = Streams(server.grpc_url)
+    try:
+        for i in range(32):
+            streams.send(f"r{i}", **request_body(prompts[i % len(prompts)], stream=True))
+        for i in range(32):
+            prompt = prompts[i % len(prompts)]
+            outputs = streams.wait(f"r{i}")
+            text = check_outputs(outputs, len(encode_text_input(tokenizer, prompt)), "length", N_TOKENS)
+            assert text == reference_texts[prompt][1], f"request {i}"
+    finally:
+        streams.close()
+    assert not streams.errors
+
+
+def test_stop_words_end_the_output_and_the_engine_request(server, reference_texts):
+    prompt, (_, expected) = next(iter(reference_texts.items()))
+    stop = expected[len(expected) // 2:len(expected) // 2 + 3]
+    cut = expected[:expected.index(stop)]
+    before = server.metric("flint:request_success_total", finished_reason="abort")
+    body = request_body(prompt, max_tokens=400, stop_words=[stop, "never-seen"])
+    status, out = server.generate(body)
+    assert status == 200, out
+    assert out["text_output"] == cut and out["finish_reason"] == "stop"
+    events = server.generate_stream({**body, "stream": True})
+    assert "".join(e["text_output"] for e in events) == cut and events[-1]["finish_reason"] == "stop"
+    assert out["num_output_tokens"] < 400
+    deadline = time.monotonic() + 10  # both requests were aborted in the engine
+    while server.metric("flint:request_success_total", finished_reason="abort") < before + 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_sampling_parameters_json_as_vllm_backend_clients_send_it(server, reference_texts):
+    prompt, (_, expected) = next(iter(reference_texts.items()))
+    params = json.dumps({"temperature": "0", "max_tokens": str(N_TOKENS), "ignore_eos": "true"})
+    status, body = server.generate({"text_input": prompt, "sampling_parameters": params})
+    assert status == 200 and body["text_output"] == expected
+    status, body = server.generate({"text_input": prompt, "sampling_parameters": params, "max_tokens": 3})
+    assert status == 200 and body["num_output_tokens"] == 3  # the tensor wins over the JSON
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"max_tokens": 4}, "text_input"),
+    ({"messages": "[{\"role\": \"user\"", "max_tokens": 4}, "messages"),
+    ({"messages": "[{\"role\": \"user\", \"content\": \"hi\"}]", "tools": "[{", "max_tokens": 4}, "tools"),
+    ({"text_input": "hi", "sampling_parameters": "{\"temperature\": ", "max_tokens": 4}, "sampling_parameters"),
+    ({"text_input": "hi", "sampling_parameters": "{\"temprature\": 1}"}, "sampling_parameters.temprature"),
+    ({"text_input": "hi", "max_tokens": -5}, "max_tokens"),
+    ({"text_input": "hello " * 600, "max_tokens": 4}, f"context of {MAX_MODEL_LEN} tokens"),
+])
+def test_bad_requests_get_an_error_naming_the_problem_and_the_server_goes_on(server, body, field):
+    status, out = server.generate(body)
+    assert status == 400 and field in out["error"], out
+    status, out = server.generate({"text_input": "Hello world", "max_tokens": 2})
+    assert status == 200 and out["num_output_tokens"] == 2
+
+
+def test_grpc_stream_errors_reach_the_client(server):
+    streams = Streams(server.grpc_url)
+    try:
+        streams.send("bad", text_input="hi", max_tokens=-1)
+        deadline = time.monotonic() + 30
+        while not streams.errors and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert streams.errors and "max_tokens" in str(streams.errors[0])
+        streams.send("good", text_input="hi", max_tokens=2, stream=True)
+        assert streams.wait("good")
+    finally:
+        streams.close()
+
+
+def test_chat_request_runs_the_template_and_parsers(server):
+    messages = json.dumps([{"role": "user", "content": "What is the weather in Paris?"}])
+    tools = json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}])
+    status, body = server.generate({"messages": messages, "tools": tools, "max_tokens": 8, "temperature": 0.0})
+    assert status == 200, body
+    assert body["num_input_tokens"] > 20 and 1 <= body["num_output_tokens"] <= 8
+    assert isinstance(json.loads(body["tool_calls"]), list)
+    status, body = server.generate({"messages": messages, "tools": tools, "tool_choice": "\"sometimes\""})
+    assert status == 400 and "tool_choice" in body["error"]
+
+
+def test_cancelled_streams_free_the_kv_cache(server):
+    before_aborts = server.metric("flint:request_success_total", finished_reason="abort")
+    before_tokens = server.metric("flint:generation_tokens_total")
+    clients = [Streams(server.grpc_url) for _ in range(50)]
+    try:
+        for i, streams in enumerate(clients):
+            streams.send(f"c{i}", text_input=f"Cancel me {i}", max_tokens=400, ignore_eos=True, stream=True,
+                         temperature=1.0, seed=i)
+        deadline = time.monotonic() + 60
+        while not all(s.results.get(f"c{i}") for i, s in enumerate(clients)):
+            assert time.monotonic() < deadline, "streams did not start"
+            time.sleep(0.05)
+        while server.metric("flint:kv_cache_usage_perc") == 0:  # published every 0.5 s
+            assert time.monotonic() < deadline, "KV usage never rose"
+            time.sleep(0.1)
+    finally:
+        for streams in clients:
+            streams.close(cancel=True)
+    deadline = time.monotonic() + 30
+    while (server.metric("flint:kv_cache_usage_perc") > 0 or server.metric("flint:num_requests_running") > 0
+           or server.metric("flint:request_success_total", finished_reason="abort") < before_aborts + 50):
+        assert time.monotonic() < deadline, [l for l in server.metrics().splitlines()
+                                             if l.startswith(("flint:kv", "flint:num_req", "flint:request_success"))]
+        time.sleep(0.25)
+    assert server.metric("flint:generation_tokens_total") - before_tokens < 50 * 400 / 2  # stopped mid-way
+    status, out = server.generate({"text_input": "Hello world", "max_tokens": 2})
+    assert status == 200 and out["num_output_tokens"] == 2
+
+
+def test_metrics_are_published(server):
+    text = server.metrics()
+    for name in ("flint:prompt_tokens_total", "flint:generation_tokens_total", "flint:num_requests_running",
+                 "flint:num_requests_waiting", "flint:kv_cache_usage_perc",
+                 "flint:time_to_first_token_seconds_bucket", "flint:time_per_output_token_seconds_bucket",
+                 "flint:e2e_request_latency_seconds_bucket"):
+        assert name in text, name
+    assert server.metric("flint:time_to_first_token_seconds_count") > 0
+
+
+def test_perf_analyzer_streaming_run_has_no_errors(server, tmp_path):
+    script = Path(__file__).resolve().parents[2] / "scripts" / "loadtest.sh"
+    env = dict(os.environ, PYTHON=os.sys.executable)
+    run = subprocess.run(["bash", str(script), "--url", server.grpc_url, "--concurrency", "2", "--max-tokens", "8",
+                          "--requests", "8", "--out", str(tmp_path), "--no-genai-perf"],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Concurrency: 2" in run.stdout
+    rows = (tmp_path / "perf_analyzer_c2.csv").read_text().splitlines()
+    assert len(rows) >= 2
