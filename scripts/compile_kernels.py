@@ -31,7 +31,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 MAX_SHARED = 232448  # bytes per block on sm_90
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64", torch.uint8: "u8"}
+          torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv"}
 
 
 class Recorder:
