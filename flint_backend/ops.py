@@ -23,6 +23,7 @@ from flint_kernels import nvfp4_linear as nvfp4_k
 from flint_kernels import qk_norm_rope as qk_k
 from flint_kernels import rms_norm as rms_k
 from flint_kernels import router as router_k
+from flint_kernels import sampling as sampling_k
 from flint_kernels import swiglu as swiglu_k
 
 BACKENDS = ("torch", "triton")
@@ -40,6 +41,7 @@ class Ops:
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
     router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
     moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]; dense or NVFP4 experts
+    sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
 
 
 def cache_write_torch(k, v, k_cache, v_cache, slots):
@@ -104,6 +106,7 @@ TORCH_OPS = Ops(
     silu_mul=swiglu_k.silu_mul_torch,
     router=router_k.router_topk_torch,
     moe=moe_k.fused_moe_torch,
+    sample=sampling_k.sample_torch,
 )
 
 
@@ -119,6 +122,7 @@ def triton_ops() -> Ops:
         silu_mul=swiglu_k.silu_mul,
         router=router_k.router_topk,
         moe=moe_k.fused_moe,
+        sample=sampling_k.sample,
     )
 
 

@@ -33,7 +33,9 @@ class ModelRunner:
         self.model = FlintModel(config, weights, self.ops, max_positions=max_model_len)
         self.kv_spec = self._kv_spec(max_model_len)
         self.kv = KVCache(config, self.kv_spec, self.dtype, device)
-        self.sampler = Sampler(device, seed=args.seed)
+        # the torch backend keeps the plain-torch sampler; the triton backend samples with the kernel
+        fused = self.ops.sample if args.kernel_backend == "triton" else None
+        self.sampler = Sampler(device, seed=args.seed, fused_sample=fused)
 
     def _kv_spec(self, max_model_len: int) -> KVCacheSpec:
         a, c = self.args, self.config
