@@ -23,14 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4 import global_scale, is_nvfp4, weight_args, weight_tile
+from .nvfp4 import is_nvfp4, weight_args, weight_tile
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-MAX_BLOCK_K = 64 if INTERPRET else 512  # k per step, at most
-TILE = 4096                  # weights per [rows, k] step tile: 32 fp32 registers a thread at 4 warps
-MIN_ROWS, MAX_ROWS = 4, 32   # rows per program, shrunk to fill the GPU
+# GPU: [rows, k] step tiles of TILE weights (32 fp32 registers a thread at 4 warps), rows shrunk
+# until the grid fills the SMs; the interpreter runs few, large programs (its cost is per op)
+MAX_BLOCK_K, TILE, MIN_ROWS, MAX_ROWS = (256, 1 << 16, 4, 256) if INTERPRET else (512, 4096, 4, 32)
 WAVES = 2
 NUM_STAGES = 3               # weight tiles in flight per program (cp.async through shared memory)
 
@@ -51,8 +51,11 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
                         MASK_K, FP4)
         acc_g += g * x[None, :]
         acc_u += u * x[None, :]
-    gate = tl.sum(acc_g, axis=1) * global_scale(scale_ptr, rows, row_mask, stride_gn, FP4)
-    up = tl.sum(acc_u, axis=1) * global_scale(scale_ptr, rows + n_rows, row_mask, stride_gn, FP4)
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    if FP4:  # the global scale, once per output
+        gate *= tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
+        up *= tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
     return gate, up
 
 
@@ -91,29 +94,32 @@ def _moe_gate_up_kernel(
 
 
 @triton.jit
-def _down_rows(a_ptr, stride_a, w_ptr, scales_ptr, scale_ptr, ids, mix, rows, row_mask, n_experts, n_k,
+def _down_rows(a_ptr, stride_a, w_ptr, scales_ptr, scale_ptr, ids_ptr, mix_ptr, rows, row_mask, n_experts, n_k,
                stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, dtype: tl.constexpr,
                BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, NUM_STAGES: tl.constexpr):
     """-> [BLOCK_H] fp32: sum over j < n_experts of mix[j] * (rows `rows` of expert ids[j]'s down
-    projection applied to a row j of A, rounded to `dtype`). One flat pipelined loop over
-    (expert, k chunk): the next expert's weights stream in while this one finishes."""
-    slots = tl.arange(0, ids.shape[0])
+    projection applied to row j of A, rounded to `dtype`); ids_ptr None = one expert, weight 1.
+    One flat pipelined loop over (expert, k chunk): the next expert's weights stream in while
+    this one finishes."""
     n_chunks = tl.cdiv(n_k, BLOCK_K)
     acc = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
     out = tl.zeros([rows.shape[0]], tl.float32)
     for it in tl.range(0, n_experts * n_chunks, num_stages=NUM_STAGES):
         j = it // n_chunks
         k0 = (it % n_chunks) * BLOCK_K
-        e = tl.sum(tl.where(slots == j, ids, 0))  # from registers: the weight address needs no load
+        e = 0 if ids_ptr is None else tl.load(ids_ptr + j).to(tl.int64)
         cols = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + j * stride_a + cols, mask=cols < n_k, other=0.0).to(tl.float32)
         w = weight_tile(w_ptr + e * stride_we, scales_ptr + e * stride_se, rows, row_mask, k0, n_k,
                         stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
         acc += w * a[None, :]
-        last = k0 + BLOCK_K >= n_k
-        y = tl.sum(acc, axis=1) * global_scale(scale_ptr + e * stride_ge, rows, row_mask, stride_gn, FP4)
-        out += tl.where(last, tl.sum(tl.where(slots == j, mix, 0.0)) * y.to(dtype).to(tl.float32), 0.0)
-        acc = tl.where(last, 0.0, acc)
+        if k0 + BLOCK_K >= n_k:  # the expert's last chunk: its output, rounded, weighted
+            y = tl.sum(acc, axis=1)
+            if FP4:  # the global scale, once per output
+                y *= tl.load(scale_ptr + e * stride_ge + rows * stride_gn, mask=row_mask, other=0.0)
+            mix = 1.0 if mix_ptr is None else tl.load(mix_ptr + j)
+            out += mix * y.to(dtype).to(tl.float32)
+            acc = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
     return out
 
 
@@ -128,7 +134,7 @@ def _moe_down_kernel(
     w2_se, w2_sn, w2_sse, w2_ssn, w2_sge, w2_sgn,
     s2_se, s2_sn, s2_sse, s2_ssn, s2_sge, s2_sgn,
     H, I, IS, stride_inter,
-    K: tl.constexpr, K_POW2: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_I: tl.constexpr, MASK_IS: tl.constexpr, W2_FP4: tl.constexpr, S2_FP4: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
@@ -136,17 +142,15 @@ def _moe_down_kernel(
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
     dtype = out_ptr.dtype.element_ty
-    slots = tl.arange(0, K_POW2)
-    ids = tl.load(ids_ptr + t * K + slots, mask=slots < K, other=0).to(tl.int64)
-    mix = tl.load(topk_weights_ptr + t * K + slots, mask=slots < K, other=0.0)
     a_row = inter_ptr + t * SLOTS * stride_inter
-    routed = _down_rows(a_row, stride_inter, w2_ptr, w2_scales_ptr, w2_scale_ptr, ids, mix, rows, row_mask, K, I,
-                        w2_se, w2_sn, w2_sse, w2_ssn, w2_sge, w2_sgn, dtype, BLOCK_K, MASK_I, W2_FP4, NUM_STAGES)
+    routed = _down_rows(a_row, stride_inter, w2_ptr, w2_scales_ptr, w2_scale_ptr, ids_ptr + t * K,
+                        topk_weights_ptr + t * K, rows, row_mask, K, I, w2_se, w2_sn, w2_sse, w2_ssn, w2_sge,
+                        w2_sgn, dtype, BLOCK_K, MASK_I, W2_FP4, NUM_STAGES)
     out = routed.to(dtype)
-    if SLOTS > K:  # the shared expert: weight 1, no expert index
-        shared = _down_rows(a_row + K * stride_inter, stride_inter, s2_ptr, s2_scales_ptr, s2_scale_ptr,
-                            slots * 0, tl.full([K_POW2], 1.0, tl.float32), rows, row_mask, 1, IS,
-                            0, s2_sn, 0, s2_ssn, 0, s2_sgn, dtype, BLOCK_K, MASK_IS, S2_FP4, NUM_STAGES)
+    if SLOTS > K:  # the shared expert: no expert index, weight 1
+        shared = _down_rows(a_row + K * stride_inter, stride_inter, s2_ptr, s2_scales_ptr, s2_scale_ptr, None, None,
+                            rows, row_mask, 1, IS, 0, s2_sn, 0, s2_ssn, 0, s2_sgn, dtype, BLOCK_K, MASK_IS, S2_FP4,
+                            NUM_STAGES)
         out = (out.to(tl.float32) + shared).to(dtype)
     tl.store(out_ptr + t * H + rows, out, mask=row_mask)
 
@@ -180,7 +184,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
         **weight_args("w2", w2), **weight_args("s2", shared2),
         H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
-        K=k, K_POW2=triton.next_power_of_2(k), SLOTS=slots, BLOCK_H=block_h, BLOCK_K=block_k,
+        K=k, SLOTS=slots, BLOCK_H=block_h, BLOCK_K=block_k,
         MASK_I=i % block_k != 0, MASK_IS=i_s % block_k != 0, W2_FP4=is_nvfp4(w2), S2_FP4=is_nvfp4(shared2),
         NUM_STAGES=NUM_STAGES, num_warps=4)
     return out

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4 import global_scale, is_nvfp4, weight_args, weight_tile
+from .nvfp4 import is_nvfp4, weight_args, weight_tile
 from .swiglu import silu_mul_rounded
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -60,11 +60,13 @@ def _expert_gemm(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, scale_ptr, 
     col_mask = cols_n < n_out
     acc = _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n, col_mask, n_k, stride_wn, stride_sn,
                     BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION)
-    acc = acc * global_scale(scale_ptr, cols_n, col_mask, stride_gn, FP4)[None, :]
+    if FP4:  # the global scale, once per output
+        acc *= tl.load(scale_ptr + cols_n * stride_gn, mask=col_mask, other=0.0)[None, :]
     if GATE_UP:
         acc_up = _dot_rows(acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n + n_out, col_mask, n_k,
                            stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION)
-        acc_up = acc_up * global_scale(scale_ptr, cols_n + n_out, col_mask, stride_gn, FP4)[None, :]
+        if FP4:
+            acc_up *= tl.load(scale_ptr + (cols_n + n_out) * stride_gn, mask=col_mask, other=0.0)[None, :]
     return acc, acc_up
 
 

@@ -71,56 +71,36 @@ def scale_strides(w) -> tuple[int, int]:
 
 
 @triton.jit
-def e2m1_unit(codes):
-    """int32 E2M1 codes (0..15) -> fp32 E2M1 value / FP16_E2M1_UNIT, exactly."""
-    bits = ((codes & 7) << 9) | ((codes & 8) << 12)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def nvfp4_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn,
-               BLOCK_K: tl.constexpr, MASK_K: tl.constexpr):
-    """[BLOCK_N, BLOCK_K] fp32 tile of E2M1 * block scale (exact) of rows `rows`, k in [k0, k0 + BLOCK_K).
-
-    packed_ptr / scales_ptr point at the matrix (expert applied); rows [BLOCK_N] int, row_mask
-    [BLOCK_N]; masked rows (and k >= K when MASK_K) read as 0. BLOCK_K is a multiple of 32."""
-    bytes_ = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    groups = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-    p_mask = row_mask[:, None]
-    s_mask = row_mask[:, None]
-    if MASK_K:
-        p_mask = p_mask & (bytes_[None, :] < K // 2)
-        s_mask = s_mask & (groups[None, :] < K // 16)
-    p = tl.load(packed_ptr + rows[:, None] * stride_pn + bytes_[None, :], mask=p_mask, other=0).to(tl.int32)
-    s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
-    values = tl.reshape(tl.join(e2m1_unit(p & 0xF), e2m1_unit(p >> 4)), [rows.shape[0], BLOCK_K])  # k order
-    s = s.to(tl.float32) * FP16_E2M1_UNIT  # [BLOCK_N, BLOCK_K / 16]
-    s = tl.reshape(tl.broadcast_to(s[:, :, None], [rows.shape[0], BLOCK_K // 16, 16]), [rows.shape[0], BLOCK_K])
-    return values * s
-
-
-@triton.jit
 def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
                 BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr):
-    """[BLOCK_N, BLOCK_K] weight tile of a dense matrix (in its dtype) or of an NVFP4 one (fp32,
-    E2M1 * block scale), global scale not applied; w_ptr is the dense matrix or the packed bytes."""
+    """[BLOCK_N, BLOCK_K] tile, k in [k0, k0 + BLOCK_K), of rows `rows` of a dense matrix (in its
+    dtype) or of an NVFP4 one (fp32 E2M1 * block scale, exact; global scale not applied).
+
+    w_ptr / scales_ptr point at the matrix (expert applied): dense values or packed bytes, block
+    scales; rows [BLOCK_N] int, row_mask [BLOCK_N]; masked rows (and k >= K when MASK_K) read as
+    0. NVFP4 needs BLOCK_K % 32 == 0. (One function, no nested calls: the interpreter pays per call.)"""
     if FP4:
-        return nvfp4_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K)
+        bytes_ = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        groups = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        p_mask = row_mask[:, None]
+        s_mask = row_mask[:, None]
+        if MASK_K:
+            p_mask = p_mask & (bytes_[None, :] < K // 2)
+            s_mask = s_mask & (groups[None, :] < K // 16)
+        p = tl.load(w_ptr + rows[:, None] * stride_wn + bytes_[None, :], mask=p_mask, other=0).to(tl.int32)
+        s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
+        codes = tl.reshape(tl.join(p & 0xF, p >> 4), [rows.shape[0], BLOCK_K])  # (even, odd) pairs: k order
+        # a code's sign and magnitude bits placed in an fp16: E2M1 / FP16_E2M1_UNIT, exactly
+        values = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+        s = s.to(tl.float32) * FP16_E2M1_UNIT  # [BLOCK_N, BLOCK_K / 16]
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], [rows.shape[0], BLOCK_K // 16, 16]), [rows.shape[0], BLOCK_K])
+        return values.to(tl.float32) * s
     else:
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = row_mask[:, None]
         if MASK_K:
             mask = mask & (cols[None, :] < K)
         return tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def global_scale(scale_ptr, rows, row_mask, stride_gn, FP4: tl.constexpr):
-    """[BLOCK_N] fp32 global scale of output rows (1 for a dense weight); scale_ptr has the expert applied."""
-    if FP4:
-        return tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
-    else:
-        return tl.full(rows.shape, 1.0, tl.float32)
 
 
 def weight_args(name: str, w) -> dict:

@@ -21,14 +21,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .nvfp4 import check_nvfp4, dequantize_nvfp4, nvfp4_tile, scale_strides
+from .nvfp4 import check_nvfp4, dequantize_nvfp4, scale_strides, weight_tile
 from .split_k import arrival_counters, finish_split, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 GEMV_MAX_TOKENS = 4
-# GEMV step: BLOCK_N rows x BLOCK_K k (16 x 256 NVFP4 = 2 KB packed + 256 B of scales)
-GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 256
+# GEMV step: BLOCK_N rows x BLOCK_K k (16 x 256 NVFP4 = 2 KB packed + 256 B of scales); the
+# interpreter's cost is per op: few, large programs there
+GEMV_BLOCK_N, GEMV_BLOCK_K = (128, 256) if INTERPRET else (16, 256)
 GEMV_STAGES = 4  # tiles in flight per program (cp.async): a GEMV step is only ~2.3 KB
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
@@ -61,7 +62,7 @@ def _nvfp4_gemv_kernel(
             x = tl.load(x_ptr + t * stride_xt + cols, mask=cols < K, other=0.0).to(tl.float32)
         else:
             x = tl.load(x_ptr + t * stride_xt + cols).to(tl.float32)
-        w = nvfp4_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K)
+        w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, True)
         acc += w * x[None, :]
     y = tl.sum(acc, axis=1)  # [BLOCK_N]
     scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
@@ -103,7 +104,7 @@ def _nvfp4_matmul_kernel(
         if MASK_K:
             a_mask = a_mask & (cols[None, :] < K)
         a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
-        w = nvfp4_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K)
+        w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, True)
         if DOT_FP32:
             a = a.to(tl.float32)
         else:

@@ -58,11 +58,20 @@ def finish_split(y, scale, out_ptrs, part_ptr, offs, mask, s, split_stride, coun
             tl.store(out_ptrs, (total * scale).to(out_ptrs.dtype.element_ty), mask=mask)
 
 
-@functools.lru_cache(maxsize=None)
+# SMs assumed without a GPU: the interpreter keeps grids small; scripts/compile_kernels.py sets
+# the H200's count to compile the launches a GPU would make
+HOST_SMS = 4
+
+
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
-        return 4  # the interpreter: keep grids small
-    return torch.cuda.get_device_properties(device).multi_processor_count
+        return HOST_SMS
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def pick_splits(programs: int, k_blocks: int, device: torch.device, waves: int = 2) -> int:

@@ -14,11 +14,11 @@ from kv_cases import assert_scaled_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 x (dense fp32 or NVFP4 weights): accumulation order only. bf16 x: gate, up, silu, the
-# product, every expert output and the combine are rounded to bf16 as in the reference; a
-# 1-ulp flip in one of them moves the output by up to a few bf16 ulps (the interpreter
-# truncates where the GPU rounds to nearest): checked against 3% of the output's scale.
+# product, every expert output and the combine are rounded to bf16 as in the reference (exactly
+# there: test_bf16_rounding_points_are_the_references). Triton's interpreter truncates those
+# casts where the GPU rounds to nearest, a bias that reaches ~3% of the output scale on the CPU.
 FP32_TOL = dict(rtol=1e-4, atol=1e-5)
-BF16_REL = 3e-2
+BF16_REL = 4e-2
 PATHS = ["small", "grouped"]
 
 
@@ -98,6 +98,31 @@ def test_shared_expert_wider_than_the_routed_ones(path):
     x = torch.randn(t, 64, device=DEVICE)
     check(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="emulates the interpreter's truncating fp32 -> bf16 casts")
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_rounding_points_are_the_references(path):
+    """The reference's bf16 roundings, each emulated as the interpreter casts (truncation), in
+    fp64 otherwise: the kernels' outputs are bit-identical, so they round at exactly those points."""
+    t, e, k = 3, 16, 4
+    w13, w2, s13, s2 = experts(e, 64, 32, 32, torch.bfloat16, "dense", seed=6)
+    ids, weights = routing(t, e, k, seed=6)
+    x = torch.randn(t, 64).to(torch.bfloat16)
+
+    def cast(v):
+        return (v.float().view(torch.int32) & -65536).view(torch.float32).double()
+
+    def swiglu(a, w13, w2):
+        gate, up = cast(a.double() @ w13.double().T).chunk(2, -1)
+        return cast(cast(cast(gate / (1 + torch.exp(-gate))) * up) @ w2.double().T)
+
+    routed = torch.zeros(t, 64, dtype=torch.float64)
+    for i in range(t):
+        for j in range(k):
+            routed[i] += weights[i, j].double() * swiglu(x[i:i + 1], w13[ids[i, j]], w2[ids[i, j]])[0]
+    expected = cast(cast(routed) + swiglu(x, s13, s2)).to(torch.bfloat16)
+    assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path), expected)
 
 
 def test_sort_pairs_groups_by_expert_in_padded_blocks():
