@@ -1,11 +1,9 @@
 """Grouped MoE GEMM (prefill and large batches): semantics are `moe.fused_moe_torch`.
 
 A "pair" is (token t, slot k): slots 0..K-1 are the routed choices, slot K the shared expert
-(expert id E), so pair p = t * SLOTS + k. `sort_pairs` orders the pairs by expert into blocks
-of BLOCK_M rows (each expert's run padded to a multiple of BLOCK_M; sentinel rows = P) with
-plain torch ops that never wait on the device: the grid is sized from the bound
-cdiv(P, BLOCK_M) + E + 1 on the host and blocks past the real count exit at once.
-Then three launches:
+(expert id E), so pair p = t * SLOTS + k. `moe_sort.sort_pairs` (one launch) orders the pairs by
+expert into blocks of BLOCK_M rows; the grid is sized from the host-side bound
+cdiv(P, BLOCK_M) + E + 1 and blocks past the real count exit at once. Then three launches:
   gate/up  program (block, BLOCK_N intermediate cols): x rows gathered by token, tl.dot with
            the gate and the up tile of the block's expert, SiLU * up -> inter [P, I] (x.dtype)
   down     program (block, BLOCK_N hidden cols): inter rows @ W2[e].T -> ys [P, H] (x.dtype)
@@ -22,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .moe_sort import sort_pairs
 from .nvfp4 import is_nvfp4, weight_args, weight_tile
 from .swiglu import silu_mul_rounded
 
@@ -138,32 +137,6 @@ def _moe_combine_kernel(
         y = tl.load(ys_ptr + (t * SLOTS + K) * H + cols, mask=mask, other=0.0)
         out = (out.to(tl.float32) + y.to(tl.float32)).to(dtype)
     tl.store(out_ptr + t * H + cols, out, mask=mask)
-
-
-def sort_pairs(topk_ids: torch.Tensor, num_experts: int, has_shared: bool,
-               block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """topk_ids [T, K] -> sorted_pairs [B * block_m] int32 (pair ids grouped by expert, each
-    expert's run padded to block_m with P = T * SLOTS), block_expert [B] int32 (>= the expert
-    count past the last used block). B = cdiv(P, block_m) + experts, known on the host."""
-    t, k = topk_ids.shape
-    device = topk_ids.device
-    ids = topk_ids.long()
-    if has_shared:
-        ids = torch.cat([ids, torch.full((t, 1), num_experts, dtype=torch.long, device=device)], dim=1)
-    flat = ids.reshape(-1)                                                        # [P] expert of pair p
-    n_exp = num_experts + has_shared
-    counts = torch.zeros(n_exp, dtype=torch.long, device=device).index_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = padded.cumsum(0)
-    order = torch.argsort(flat, stable=True)                                      # pairs by expert
-    expert = flat[order]
-    rank = torch.arange(flat.numel(), device=device) - (counts.cumsum(0) - counts)[expert]
-    blocks = triton.cdiv(flat.numel(), block_m) + n_exp
-    sorted_pairs = torch.full((blocks * block_m,), flat.numel(), dtype=torch.int32, device=device)
-    sorted_pairs[ends[expert] - padded[expert] + rank] = order.to(torch.int32)
-    starts = torch.arange(blocks, device=device) * block_m
-    block_expert = torch.searchsorted(ends, starts, right=True).to(torch.int32)
-    return sorted_pairs, block_expert
 
 
 def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,

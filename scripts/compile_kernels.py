@@ -46,17 +46,20 @@ class Recorder:
         return lambda **kwargs: self.log.append((self.fn, kwargs))
 
 
-def record(module, call) -> list:
-    """Run `call()` with every jit kernel of `module` replaced by a Recorder; -> [(fn, kwargs)]."""
+def record(modules, call) -> list:
+    """Run `call()` with every jit kernel of `modules` (one or a tuple) replaced by a Recorder; -> [(fn, kwargs)]."""
     log = []
-    kernels = {n: f for n, f in vars(module).items() if isinstance(f, triton.runtime.JITFunction)
-               and n.endswith("_kernel")}
-    for name, fn in kernels.items():
+    swapped = []
+    for module in modules if isinstance(modules, tuple) else (modules,):
+        for name, fn in vars(module).items():
+            if isinstance(fn, triton.runtime.JITFunction) and name.endswith("_kernel"):
+                swapped.append((module, name, fn))
+    for module, name, fn in swapped:
         setattr(module, name, Recorder(fn, log))
     try:
         call()
     finally:
-        for name, fn in kernels.items():
+        for module, name, fn in swapped:
             setattr(module, name, fn)
     return log
 
@@ -162,7 +165,7 @@ def nvfp4(*shape, per_row=False):
 
 
 def moe_launches() -> list:
-    from flint_kernels import moe_gemv, moe_grouped, router, swiglu
+    from flint_kernels import moe_gemv, moe_grouped, moe_sort, router, swiglu
     e, h, i, k, bf16 = 256, 2048, 512, 6, torch.bfloat16
 
     def args(t, fp4):
@@ -180,7 +183,7 @@ def moe_launches() -> list:
     for fmt, fp4 in [("bf16", False), ("nvfp4", True)]:
         cases += [(f"moe small {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv(*args(t, fp4)))
                   for t in (1, 8, 16)]
-        cases += [(f"moe grouped {fmt} T={t}", moe_grouped,
+        cases += [(f"moe grouped {fmt} T={t}", (moe_sort, moe_grouped),
                    lambda t=t, fp4=fp4: moe_grouped.moe_grouped(*args(t, fp4))) for t in (64, 8192)]
     cases.append(("silu_mul I=10240", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 20480, dtype=bf16))))
     return cases

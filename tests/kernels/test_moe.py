@@ -9,7 +9,7 @@ from flint_backend.reference import FlintMoE
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
 from flint_kernels.moe import fused_moe, fused_moe_torch
-from flint_kernels.moe_grouped import sort_pairs
+from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
 from kv_cases import assert_scaled_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -125,15 +125,30 @@ def test_bf16_rounding_points_are_the_references(path):
     assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path), expected)
 
 
-def test_sort_pairs_groups_by_expert_in_padded_blocks():
+def test_sort_pairs_torch_groups_by_expert_in_padded_blocks():
     ids = torch.tensor([[2, 0], [2, 3], [0, 2]], dtype=torch.int32, device=DEVICE)
-    pairs, block_expert = sort_pairs(ids, 4, has_shared=True, block_m=2)
+    pairs, block_expert = sort_pairs_torch(ids, 4, has_shared=True, block_m=2)
     p = 9  # 3 tokens x (2 routed + shared)
     # pair = token * 3 + slot; expert 0: pairs 1, 6 | expert 2: 0, 3, 7 (+pad) | expert 3: 4 (+pad)
     # | shared (id 4): 2, 5, 8 (+pad)
     expected = [1, 6, 0, 3, 7, p, 4, p, 2, 5, 8, p]
     assert pairs.tolist()[:len(expected)] == expected and set(pairs.tolist()[len(expected):]) <= {p}
     assert block_expert.tolist()[:6] == [0, 2, 2, 3, 4, 4] and min(block_expert.tolist()[6:]) >= 5
+
+
+@pytest.mark.parametrize("t,e,k,shared,block_m", [(3, 4, 2, True, 2), (40, 16, 4, True, 16), (17, 8, 8, False, 4),
+                                                  (70, 16, 1, True, 16)])
+def test_sort_pairs_kernel_matches_torch(t, e, k, shared, block_m):
+    """Same runs, padding and block table; pairs within a run in any order (several programs)."""
+    ids, _ = routing(t, e, k, seed=t)
+    ids[: t // 2, 0] = 1  # a crowded expert
+    got, expected = sort_pairs(ids, e, shared, block_m), sort_pairs_torch(ids, e, shared, block_m)
+    n_exp = e + shared
+    assert torch.equal(got[1].clamp(max=n_exp), expected[1].clamp(max=n_exp))
+    rows_expert = expected[1].clamp(max=n_exp).repeat_interleave(block_m)
+    for x in range(n_exp + 1):  # each expert's run (and the unused tail) holds the same pairs
+        run = rows_expert == x
+        assert torch.equal(got[0][run].sort().values, expected[0][run].sort().values)
 
 
 def test_twin_matches_the_reference_moe():
