@@ -17,6 +17,9 @@ import triton
 import triton.language as tl
 
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+# 1 MB: prefill-sized launches fit, so the buffer is not reallocated under a captured CUDA graph
+# (capture after a warm-up at the largest batch, as for every cached buffer)
+MIN_COUNTERS = 1 << 18
 
 
 def arrival_counters(count: int, device: torch.device) -> torch.Tensor:
@@ -24,7 +27,7 @@ def arrival_counters(count: int, device: torch.device) -> torch.Tensor:
     key = (device.type, device.index)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < count:
-        buf = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+        buf = torch.zeros(max(count, MIN_COUNTERS), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
     return buf
 
