@@ -53,11 +53,12 @@ def finish_split(y, scale, out_ptrs, part_ptr, offs, mask, s, split_stride, coun
     if SPLIT == 1:
         tl.store(out_ptrs, (y * scale).to(out_ptrs.dtype.element_ty), mask=mask)
     else:
-        tl.store(part_ptr + s * split_stride + offs, y, mask=mask)
+        tl.store(part_ptr + s.to(tl.int64) * split_stride + offs, y, mask=mask)
         if last_to_arrive(counter_ptr, SPLIT):
             total = tl.zeros(y.shape, tl.float32)
-            for i in range(SPLIT):
-                total += tl.load(part_ptr + i * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            for i in tl.static_range(SPLIT):
+                total += tl.load(part_ptr + i * split_stride.to(tl.int64) + offs, mask=mask, other=0.0,
+                                 cache_modifier=".cg")
             tl.store(out_ptrs, (total * scale).to(out_ptrs.dtype.element_ty), mask=mask)
 
 
