@@ -3,6 +3,8 @@
 
 Each kernel file in `kernels/` holds the Triton launcher and a `*_torch` twin with the same
 signature; the torch table is made of those twins, so both tables compute the same function.
+Weights of linears and experts are dense tensors or NVFP4Weight (W4A16, weights/nvfp4.py):
+`linear` and `moe` take either.
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from flint_backend.weights.nvfp4 import NVFP4Weight
+from flint_backend.weights.nvfp4 import concat_rows as nvfp4_concat_rows
 from flint_kernels import attention as attention_k
 from flint_kernels import moe as moe_k
 from flint_kernels import moe_decode as moe_decode_k
 from flint_kernels import norm_qkv_rope as norm_qkv_k
 from flint_kernels import norm_router as norm_router_k
+from flint_kernels import nvfp4_linear as nvfp4_k
 from flint_kernels import qk_norm_rope as qk_k
 from flint_kernels import rms_norm as rms_k
 from flint_kernels import router as router_k
+from flint_kernels import sampling as sampling_k
 from flint_kernels import swiglu as swiglu_k
 
 BACKENDS = ("torch", "triton")
@@ -29,7 +35,7 @@ BACKENDS = ("torch", "triton")
 @dataclass(frozen=True)
 class Ops:
     name: str
-    linear: Callable          # (x [T, K], w [N, K]) -> [T, N]
+    linear: Callable          # (x [T, K], w [N, K] dense or NVFP4) -> [T, N]
     concat_rows: Callable     # ([w_a, w_b, ...], dim=0) -> one weight, rows stacked (done at load)
     rms_norm: Callable        # (x, w, eps, residual=None) -> y; residual += x first when given
     qk_norm_rope: Callable    # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache, slot_mapping)
@@ -37,7 +43,8 @@ class Ops:
     cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip)
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
     router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
-    moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]
+    moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]; dense or NVFP4 experts
+    sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
     # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
     norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
     norm_router: Callable     # (x, residual, norm_w, eps, router_w) -> h, residual + x, logits fp32
@@ -51,8 +58,32 @@ def cache_write_torch(k, v, k_cache, v_cache, slots):
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, idx, v[keep])
 
 
-def concat_rows(weights, dim=0):
-    return torch.cat(weights, dim=dim).contiguous()
+def concat_rows(weights: list, dim: int = 0):
+    """Stack weights along their output rows (dim -2: 0 for matrices, 1 for stacked experts).
+    All NVFP4 -> one NVFP4Weight with a per-row global scale; all dense -> torch.cat. A mix
+    (a checkpoint stores a tensor densely when its K is not a multiple of 64, e.g. a tiny
+    model's q/k/v) -> dense: the NVFP4 parts are dequantised here, at load, to the dense dtype."""
+    nvfp4 = [isinstance(w, NVFP4Weight) for w in weights]
+    ndim = len(weights[0].shape)
+    if dim % ndim != ndim - 2:
+        raise ValueError(f"concat_rows: dim {dim} of {ndim}-dim weights, expected the row dim {ndim - 2}")
+    if all(nvfp4):
+        return nvfp4_concat_rows(weights)
+    dtype = next(w.dtype for w, q in zip(weights, nvfp4) if not q)
+    dense = [w.dequantize(dtype) if q else w for w, q in zip(weights, nvfp4)]
+    return torch.cat(dense, dim=dim).contiguous()
+
+
+def linear_torch(x: torch.Tensor, w) -> torch.Tensor:
+    if isinstance(w, NVFP4Weight):
+        return nvfp4_k.nvfp4_linear_torch(x, w)
+    return F.linear(x, w)
+
+
+def linear_triton(x: torch.Tensor, w) -> torch.Tensor:
+    if isinstance(w, NVFP4Weight):
+        return nvfp4_k.nvfp4_linear(x, w)
+    return F.linear(x, w)  # dense BF16 linears stay with cuBLAS
 
 
 def _attention_torch(*args, decode_only: bool, max_query_len: int, **kwargs):
@@ -73,7 +104,7 @@ def _attention_triton(q, k, v, query_start_loc, context_lens, k_cache, v_cache, 
 
 TORCH_OPS = Ops(
     name="torch",
-    linear=F.linear,
+    linear=linear_torch,
     concat_rows=concat_rows,
     rms_norm=rms_k.rms_norm_torch,
     qk_norm_rope=qk_k.qk_norm_rope_torch,
@@ -85,21 +116,23 @@ TORCH_OPS = Ops(
     norm_qkv_rope=norm_qkv_k.norm_qkv_rope_torch,
     norm_router=norm_router_k.norm_router_torch,
     moe_decode=moe_decode_k.moe_decode_torch,
+    sample=sampling_k.sample_torch,
 )
 
 
 def triton_ops() -> Ops:
     return Ops(
         name="triton",
-        linear=F.linear,
+        linear=linear_triton,
         concat_rows=concat_rows,
         rms_norm=rms_k.rms_norm,
         qk_norm_rope=qk_k.qk_norm_rope,
         attention=_attention_triton,
         cache_write=cache_write_torch,
-        silu_mul=getattr(swiglu_k, "silu_mul", swiglu_k.silu_mul_torch),
-        router=getattr(router_k, "router_topk", router_k.router_topk_torch),
-        moe=getattr(moe_k, "fused_moe", moe_k.fused_moe_torch),
+        silu_mul=swiglu_k.silu_mul,
+        router=router_k.router_topk,
+        moe=moe_k.fused_moe,
+        sample=sampling_k.sample,
         norm_qkv_rope=norm_qkv_k.norm_qkv_rope,
         norm_router=norm_router_k.norm_router,
         moe_decode=moe_decode_k.moe_decode,

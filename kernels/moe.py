@@ -1,20 +1,46 @@
 """Mixture of experts: the routed SwiGLU experts chosen per token, weighted and summed, plus the
-shared expert. Expert weights are stacked: w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I]."""
+shared expert. Expert weights are stacked: w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I];
+each weight dense (bf16/fp16/fp32) or NVFP4 (any object with `.packed`, `.scales`, `.scale`:
+layout in nvfp4.py), independently.
+
+`fused_moe` picks the kernels by the token count T:
+  T <= SMALL_BATCH_TOKENS  moe_gemv.py: per-(token, choice) GEMVs, no sorting pass; T * K
+                           choices over 256 experts rarely repeat an expert here.
+  T >  SMALL_BATCH_TOKENS  moe_grouped.py: tokens sorted by expert, tl.dot tiles over each
+                           expert's token block, every expert's weights read once per tile column.
+Both round like the reference: each expert's gate/up/down outputs in x.dtype, the routed outputs
+weighted and summed in fp32, rounded, then the shared output added in x.dtype.
+"""
+
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from .moe_gemv import moe_gemv
+from .moe_grouped import moe_grouped
+from .nvfp4 import dequantize_nvfp4, is_nvfp4, weight_shape
 
-def _swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    gate, up = (x @ w13.T).chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ w2.T
+SMALL_BATCH_TOKENS = 16  # decode batches up to here take the GEMV path (tune on the GPU: bench_kernels.py)
+PATHS = ("small", "grouped")
 
 
-def fused_moe_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                    w13: torch.Tensor, w2: torch.Tensor,
-                    shared_w13: torch.Tensor | None = None, shared_w2: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, H], topk_ids [T, K] int, topk_weights [T, K] fp32 -> [T, H] in x.dtype.
-    Each expert's output is rounded to x.dtype, weighted and summed in fp32 (as the reference)."""
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
+              shared_w13=None, shared_w2=None, path: str | None = None) -> torch.Tensor:
+    """x [T, H], topk_ids [T, K] int32, topk_weights [T, K] fp32 -> [T, H] in x.dtype.
+    path: "small" or "grouped" forces a kernel path (default: by T, see SMALL_BATCH_TOKENS)."""
+    _check_inputs(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
+    path = path or ("small" if x.shape[0] <= SMALL_BATCH_TOKENS else "grouped")
+    if path not in PATHS:
+        raise ValueError(f"fused_moe: path {path!r}, expected one of {PATHS}")
+    run = moe_gemv if path == "small" else moe_grouped
+    return run(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
+
+
+def fused_moe_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
+                    shared_w13=None, shared_w2=None, path: str | None = None) -> torch.Tensor:
+    """Same signature and semantics as `fused_moe` (path is ignored). Each expert's output is
+    rounded to x.dtype, weighted and summed in fp32 (as the reference)."""
     routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():
@@ -25,3 +51,41 @@ def fused_moe_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     if shared_w13 is not None:
         out = out + _swiglu(x, shared_w13, shared_w2)
     return out
+
+
+def _swiglu(x: torch.Tensor, w13, w2) -> torch.Tensor:
+    gate, up = _linear(x, w13).chunk(2, dim=-1)
+    return _linear(F.silu(gate) * up, w2)
+
+
+def _linear(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ W.T in x.dtype; an NVFP4 W is dequantised exactly and applied in fp32 (W4A16)."""
+    if is_nvfp4(w):
+        return F.linear(x.float(), dequantize_nvfp4(w.packed, w.scales, w.scale, torch.float32)).to(x.dtype)
+    return x @ w.T
+
+
+def _check_inputs(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2):
+    if x.dim() != 2 or x.stride(-1) != 1 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"fused_moe: x is {x.dtype} {tuple(x.shape)} strides {x.stride()}, expected "
+                         "bf16/fp16/fp32 [T, H] with unit stride in H")
+    t, h = x.shape
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != t or topk_ids.dtype != torch.int32 or not topk_ids.is_contiguous():
+        raise ValueError(f"fused_moe: topk_ids is {topk_ids.dtype} {tuple(topk_ids.shape)}, expected contiguous "
+                         f"int32 [{t}, K]")
+    if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
+        raise ValueError(f"fused_moe: topk_weights is {topk_weights.dtype} {tuple(topk_weights.shape)}, expected "
+                         f"contiguous float32 {tuple(topk_ids.shape)}")
+    e, two_i, h13 = weight_shape("fused_moe: w13", w13, 3)
+    e2, h2, i = weight_shape("fused_moe: w2", w2, 3)
+    if h13 != h or two_i % 2 or (e2, h2, i) != (e, h, two_i // 2):
+        raise ValueError(f"fused_moe: w13 {(e, two_i, h13)} and w2 {(e2, h2, i)} do not fit x [T, {h}]: expected "
+                         f"w13 [E, 2I, {h}] and w2 [E, {h}, I]")
+    if (shared_w13 is None) != (shared_w2 is None):
+        raise ValueError("fused_moe: give both shared_w13 and shared_w2, or neither")
+    if shared_w13 is not None:
+        two_is, hs = weight_shape("fused_moe: shared_w13", shared_w13, 2)
+        hs2, i_s = weight_shape("fused_moe: shared_w2", shared_w2, 2)
+        if hs != h or two_is % 2 or (hs2, i_s) != (h, two_is // 2):
+            raise ValueError(f"fused_moe: shared_w13 {(two_is, hs)} and shared_w2 {(hs2, i_s)}, expected "
+                             f"[2Is, {h}] and [{h}, Is]")

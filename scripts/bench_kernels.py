@@ -32,11 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 
-# real Flint shapes (flint-40b); --smoke uses flint-tiny's
-FULL = dict(hidden=2048, hq=32, hk=4, d=128, window=513, block_size=64)
-SMOKE = dict(hidden=64, hq=8, hk=2, d=16, window=9, block_size=4)
+# real Flint shapes (flint-40b); --smoke uses flint-tiny's (experts 64 wide, so NVFP4 applies)
+FULL = dict(hidden=2048, hq=32, hk=4, d=128, window=513, block_size=64, experts=256, top_k=6, moe_inter=512,
+            dense_inter=10240, vocab=151552)
+SMOKE = dict(hidden=64, hq=8, hk=2, d=16, window=9, block_size=4, experts=16, top_k=4, moe_inter=64,
+             dense_inter=128, vocab=1000)
 BF16_TOL = dict(rtol=2e-2, atol=2e-2)
 MAX_REL_ERR = 2e-2  # max error / max |expected|: long contexts average outputs down to ~1/sqrt(L)
+# MoE rounds 6 times to bf16 (gate, up, silu, product, expert output, combine); Triton's
+# interpreter truncates there instead of rounding to nearest, a bias that adds up
+INTERPRETER_MOE_REL_ERR = 4e-2
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Case:
     flops: float = 0.0
     graph: bool = False              # also time a replayed CUDA graph (launch overhead excluded)
     prepare: Callable[[], None] | None = None  # restores inputs a call mutates (not timed)
+    max_rel_err: float = MAX_REL_ERR
 
 
 @dataclass
@@ -220,11 +226,141 @@ def bench_prefill_attention(shape, device, smoke):
     return cases
 
 
+def random_nvfp4(*shape, device):
+    """Random NVFP4 weight [..., N, K]: any codes, block scales in [0.5, 1), global scale 1/64."""
+    from flint_backend.weights.nvfp4 import NVFP4Weight
+    *lead, n, k = shape
+    packed = torch.randint(0, 256, (*lead, n, k // 2), dtype=torch.uint8, device=device)
+    scales = (0.5 + 0.5 * torch.rand(*lead, n, k // 16, device=device)).to(torch.float8_e4m3fn)
+    return NVFP4Weight(packed, scales, torch.full(tuple(lead), 1 / 64, device=device))
+
+
+def _weight_bytes(w) -> int:
+    return w.nbytes() if hasattr(w, "nbytes") and callable(w.nbytes) else w.numel() * w.element_size()
+
+
+def _experts(shape, device, fmt):
+    e, h, i = shape["experts"], shape["hidden"], shape["moe_inter"]
+    if fmt == "nvfp4":
+        return (random_nvfp4(e, 2 * i, h, device=device), random_nvfp4(e, h, i, device=device),
+                random_nvfp4(2 * i, h, device=device), random_nvfp4(h, i, device=device))
+    scale = h ** -0.5
+    return tuple(torch.randn(*s, device=device, dtype=torch.bfloat16) * scale
+                 for s in [(e, 2 * i, h), (e, h, i), (2 * i, h), (h, i)])
+
+
+def _routing(t, shape, device):
+    ids = torch.rand(t, shape["experts"], device=device).topk(shape["top_k"], dim=-1).indices.to(torch.int32)
+    weights = torch.softmax(torch.randn(t, shape["top_k"], device=device), -1)
+    return ids, weights
+
+
+def bench_moe(shape, device, smoke):
+    """MoE layer (both kernel paths at decode sizes): bytes = the chosen experts' weights (each
+    distinct expert once, + the shared expert) + activations, the minimum any kernel must read."""
+    from flint_kernels.moe import SMALL_BATCH_TOKENS, fused_moe, fused_moe_torch
+    h, k = shape["hidden"], shape["top_k"]
+    cases = []
+    for fmt in ("bf16", "nvfp4"):
+        w13, w2, s13, s2 = _experts(shape, device, fmt)
+        per_expert = (_weight_bytes(w13) + _weight_bytes(w2)) / shape["experts"]
+        shared = _weight_bytes(s13) + _weight_bytes(s2)
+        for t in ([1, 3, 20] if smoke else [1, 8, 64]):
+            x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+            ids, weights = _routing(t, shape, device)
+            chosen = len(torch.unique(ids))
+            paths = ["small", "grouped"] if t <= 64 else ["grouped"]
+            for path in paths:
+                tag = " (default)" if (path == "small") == (t <= SMALL_BATCH_TOKENS) else ""
+                cases.append(Case(
+                    "moe", f"{fmt} T={t} {path}{tag} experts read={chosen}+1",
+                    run=lambda a=(x, ids, weights, w13, w2, s13, s2), p=path: fused_moe(*a, path=p),
+                    reference=lambda a=(x, ids, weights, w13, w2, s13, s2): fused_moe_torch(*a),
+                    bytes=chosen * per_expert + shared + 2 * 2 * t * h, graph=True,
+                    max_rel_err=INTERPRETER_MOE_REL_ERR if smoke else MAX_REL_ERR))
+    return cases
+
+
+def bench_moe_grouped(shape, device, smoke):
+    """Grouped MoE GEMMs at prefill sizes: FLOPs of the routed + shared experts (6 H I per pair)."""
+    from flint_kernels.moe import fused_moe, fused_moe_torch
+    h, i, k = shape["hidden"], shape["moe_inter"], shape["top_k"]
+    cases = []
+    for fmt in ("bf16", "nvfp4"):
+        w13, w2, s13, s2 = _experts(shape, device, fmt)
+        for t in ([40] if smoke else [8192, 32768]):
+            x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+            ids, weights = _routing(t, shape, device)
+            args = (x, ids, weights, w13, w2, s13, s2)
+            cases.append(Case(
+                "moe_grouped", f"{fmt} T={t}", run=lambda a=args: fused_moe(*a, path="grouped"),
+                reference=lambda a=args: fused_moe_torch(*a),
+                bytes=sum(_weight_bytes(w) for w in (w13, w2, s13, s2)) + 2 * 2 * t * h,
+                flops=6 * t * (k + 1) * h * i, max_rel_err=INTERPRETER_MOE_REL_ERR if smoke else MAX_REL_ERR))
+    return cases
+
+
+def bench_router(shape, device, smoke):
+    from flint_kernels.router import router_topk, router_topk_torch
+    h, e, k = shape["hidden"], shape["experts"], shape["top_k"]
+    w = torch.randn(e, h, device=device, dtype=torch.bfloat16) / h ** 0.5
+    bias = 0.1 * torch.randn(e, device=device)
+    cases = []
+    for t in ([1, 20] if smoke else [1, 8, 64, 8192]):
+        x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+        cases.append(Case(
+            "router", f"T={t} E={e} top-{k}", run=lambda x=x: router_topk(x, w, bias, k, 2.5, True),
+            reference=lambda x=x: router_topk_torch(x, w, bias, k, 2.5, True),
+            bytes=2 * e * h + 2 * t * h + 8 * t * k, flops=2 * t * e * h, graph=True))
+    return cases
+
+
+def bench_w4a16(shape, device, smoke):
+    """NVFP4 linears of the real projections: bytes = packed weights + block scales + x + y."""
+    from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch
+    h, q, kv = shape["hidden"], shape["hq"] * shape["d"], shape["hk"] * shape["d"]
+    shapes = {"qkv": (q + 2 * kv, h), "o_proj": (h, q), "mlp gate_up": (2 * shape["dense_inter"], h),
+              "mlp down": (h, shape["dense_inter"]), "lm_head": (shape["vocab"], h)}
+    cases = []
+    for name, (n, k) in shapes.items():
+        w = random_nvfp4(n, k, device=device)
+        for t in ([1, 5] if smoke else ([1, 4, 8, 64] if name != "lm_head" else [1, 8, 64])):
+            x = torch.randn(t, k, device=device, dtype=torch.bfloat16)
+            cases.append(Case(
+                "w4a16", f"{name} {k}->{n} T={t}", run=lambda x=x, w=w: nvfp4_linear(x, w),
+                reference=lambda x=x, w=w: nvfp4_linear_torch(x, w),
+                bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
+    return cases
+
+
+def bench_sampling(shape, device, smoke):
+    """Fused sampling, temperature + top-p 0.95 (typical) and + top-k 50; bytes = one read of the logits."""
+    from flint_kernels.sampling import sample, sample_torch
+    v = shape["vocab"]
+    cases = []
+    for rows in ([1, 8] if smoke else [1, 8, 64]):
+        logits = 4 * torch.randn(rows, v, device=device)
+        for label, top_k, top_p in [("top-p 0.95", 0, 0.95), ("top-k 50 + top-p 0.95", 50, 0.95), ("greedy", 0, 1.0)]:
+            temperature = torch.full((rows,), 0.0 if label == "greedy" else 0.8, device=device)
+            args = (logits, temperature, torch.full((rows,), top_k, dtype=torch.int32, device=device),
+                    torch.full((rows,), top_p, device=device), torch.zeros(rows, device=device),
+                    torch.arange(rows, device=device), torch.zeros(rows, dtype=torch.int64, device=device))
+            cases.append(Case(
+                "sampling", f"S={rows} V={v} {label}", run=lambda a=args: sample(*a),
+                reference=lambda a=args: sample_torch(*a), bytes=4 * rows * v, graph=True))
+    return cases
+
+
 SECTIONS = {
     "rms_norm": bench_rms_norm,
     "qk_norm_rope": bench_qk_norm_rope,
     "decode_attention": bench_decode_attention,
     "prefill_attention": bench_prefill_attention,
+    "moe": bench_moe,
+    "moe_grouped": bench_moe_grouped,
+    "router": bench_router,
+    "w4a16": bench_w4a16,
+    "sampling": bench_sampling,
 }
 
 
@@ -243,7 +379,7 @@ def check(case: Case) -> tuple[str, float]:
             torch.testing.assert_close(a, b, **BF16_TOL)
     except AssertionError as e:
         return "FAIL: " + str(e).splitlines()[0], rel
-    return ("ok" if rel <= MAX_REL_ERR else f"FAIL: relative error {rel:.2e}"), rel
+    return ("ok" if rel <= case.max_rel_err else f"FAIL: relative error {rel:.2e}"), rel
 
 
 def measure(case: Case, device, copy: float) -> Row:

@@ -4,7 +4,8 @@
     python scripts/compile_kernels.py --arch 100 --ptx-stats
 
 The public launchers run on small CPU tensors of the real dtypes and constexprs (head_dim 128,
-GQA 32/4, block size 64, ring 513); their kernel launches are recorded instead of run, then
+GQA 32/4, block size 64, ring 513; H 2048, 256 experts of 512, top-6, vocab 151552), as on a
+132-SM H200 (grid-sizing heuristics see that SM count); their kernel launches are recorded instead of run, then
 compiled by Triton's NVIDIA backend (the same path as a first launch on the GPU, with its
 16-byte alignment specialisation) and assembled with the bundled ptxas for registers and
 spills. This catches what the CPU interpreter cannot: compiled-mode typing, shared-memory
@@ -30,8 +31,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 MAX_SHARED = 232448  # bytes per block on sm_90
+H200_SMS = 132
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64", torch.uint8: "u8"}
+          torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv"}
 
 
 class Recorder:
@@ -44,17 +46,20 @@ class Recorder:
         return lambda **kwargs: self.log.append((self.fn, kwargs))
 
 
-def record(module, call) -> list:
-    """Run `call()` with every jit kernel of `module` replaced by a Recorder; -> [(fn, kwargs)]."""
+def record(modules, call) -> list:
+    """Run `call()` with every jit kernel of `modules` (one or a tuple) replaced by a Recorder; -> [(fn, kwargs)]."""
     log = []
-    kernels = {n: f for n, f in vars(module).items() if isinstance(f, triton.runtime.JITFunction)
-               and n.endswith("_kernel")}
-    for name, fn in kernels.items():
+    swapped = []
+    for module in modules if isinstance(modules, tuple) else (modules,):
+        for name, fn in vars(module).items():
+            if isinstance(fn, triton.runtime.JITFunction) and name.endswith("_kernel"):
+                swapped.append((module, name, fn))
+    for module, name, fn in swapped:
         setattr(module, name, Recorder(fn, log))
     try:
         call()
     finally:
-        for name, fn in kernels.items():
+        for module, name, fn in swapped:
             setattr(module, name, fn)
     return log
 
@@ -147,8 +152,74 @@ def launches() -> list[tuple[str, object, object]]:
             num_splits=1)),
         ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
-        *low_latency_launches(),
-    ]
+    ] + moe_launches() + w4a16_launches() + sampling_launches() + low_latency_launches()
+
+
+def nvfp4(*shape, per_row=False):
+    """A zero NVFP4 weight [..., N, K] (per-row global scale for fused weights)."""
+    from flint_backend.weights.nvfp4 import NVFP4Weight
+    *lead, n, k = shape
+    return NVFP4Weight(torch.zeros(*lead, n, k // 2, dtype=torch.uint8),
+                       torch.zeros(*lead, n, k // 16, dtype=torch.float8_e4m3fn),
+                       torch.ones(tuple(lead) + ((n,) if per_row else ())))
+
+
+def moe_launches() -> list:
+    from flint_kernels import moe_gemv, moe_grouped, moe_sort, router, swiglu
+    e, h, i, k, bf16 = 256, 2048, 512, 6, torch.bfloat16
+
+    def args(t, fp4):
+        x = torch.randn(t, h, dtype=bf16)
+        ids = torch.randint(0, e, (t, k), dtype=torch.int32)
+        if fp4:
+            return x, ids, torch.rand(t, k), nvfp4(e, 2 * i, h, per_row=True), nvfp4(e, h, i), \
+                nvfp4(2 * i, h, per_row=True), nvfp4(h, i)
+        return x, ids, torch.rand(t, k), torch.zeros(e, 2 * i, h, dtype=bf16), torch.zeros(e, h, i, dtype=bf16), \
+            torch.zeros(2 * i, h, dtype=bf16), torch.zeros(h, i, dtype=bf16)
+
+    router_w, bias = torch.randn(e, h, dtype=bf16), torch.zeros(e)
+    cases = [(f"router T={t}", router, lambda t=t: router.router_topk(torch.randn(t, h, dtype=bf16), router_w, bias,
+                                                                         k, 2.5, True)) for t in (1, 64, 8192)]
+    for fmt, fp4 in [("bf16", False), ("nvfp4", True)]:
+        cases += [(f"moe small {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv(*args(t, fp4)))
+                  for t in (1, 8, 16)]
+        cases += [(f"moe grouped {fmt} T={t}", (moe_sort, moe_grouped),
+                   lambda t=t, fp4=fp4: moe_grouped.moe_grouped(*args(t, fp4))) for t in (64, 8192)]
+    cases.append(("silu_mul I=10240", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 20480, dtype=bf16))))
+    return cases
+
+
+def w4a16_launches() -> list:
+    from flint_kernels import nvfp4_linear as lin
+    bf16 = torch.bfloat16
+    shapes = {"qkv": (5120, 2048), "o": (2048, 4096), "gate_up": (20480, 2048), "down": (2048, 10240),
+              "lm_head": (151552, 2048)}
+    cases = []
+    for name, (n, k) in shapes.items():
+        w = nvfp4(n, k, per_row=name in ("qkv", "gate_up"))
+        for t in ((1, 4, 64) if name != "lm_head" else (1,)):
+            cases.append((f"nvfp4_linear {name} T={t}", lin,
+                          lambda t=t, k=k, w=w: lin.nvfp4_linear(torch.randn(t, k, dtype=bf16), w)))
+    cases.append(("nvfp4_linear qkv T=8192", lin,
+                  lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
+    return cases
+
+
+def sampling_launches() -> list:
+    from flint_kernels import sampling
+    v = 151552
+
+    def call(rows):
+        return sampling.sample(torch.randn(rows, v), torch.ones(rows), torch.zeros(rows, dtype=torch.int32),
+                               torch.ones(rows), torch.zeros(rows), torch.zeros(rows, dtype=torch.int64),
+                               torch.zeros(rows, dtype=torch.int64))
+    return [(f"sample V={v} S={rows}", sampling, lambda rows=rows: call(rows)) for rows in (1, 64)]
+
+
+def tiles(kwargs: dict) -> str:
+    """The launch's tile and split constexprs, e.g. BLOCK_N=8 BLOCK_K=512 SPLIT=2."""
+    keys = [k for k in kwargs if k.startswith(("BLOCK_", "SPLIT", "NUM_STAGES", "TILE_"))]
+    return " ".join(f"{k}={kwargs[k]}" for k in keys)
 
 
 def low_latency_launches() -> list:
@@ -183,9 +254,12 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     parser.add_argument("--only", default="", help="substring of the case names to compile")
     args = parser.parse_args(argv)
+    from flint_kernels import split_k
+    split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
     failures = 0
-    print("| case | kernel | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | cp.async |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
+          "cp.async |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, module, call in launches():
         if args.only not in name:
             continue
@@ -201,7 +275,7 @@ def main(argv=None) -> int:
             c = ptx_counts(compiled.asm["ptx"])
             bad = shared > MAX_SHARED or stats["regs"] < 0
             failures += bad
-            print(f"| {name} | {fn.__name__} | {kwargs.get('num_warps', 4)} | {kwargs.get('num_stages', '')} | "
+            print(f"| {name} | {fn.__name__} | {tiles(kwargs)} | {kwargs.get('num_warps', 4)} | {kwargs.get('num_stages', '')} | "
                   f"{shared} | {stats['regs']} | {stats['spills']} | {c['mma']} | {c['wgmma']} | {c['ld_v4']} | "
                   f"{c['ld_scalar']} | {c['cp_async']} |" + (" **over limits**" if bad else ""), flush=True)
     return 1 if failures else 0

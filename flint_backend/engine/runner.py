@@ -34,7 +34,9 @@ class ModelRunner:
         self.model = FlintModel(config, weights, self.ops, max_positions=max_model_len)
         self.kv_spec = self._kv_spec(max_model_len)
         self.kv = KVCache(config, self.kv_spec, self.dtype, device)
-        self.sampler = Sampler(device, seed=args.seed)
+        # the torch backend keeps the plain-torch sampler; the triton backend samples with the kernel
+        fused = self.ops.sample if args.kernel_backend == "triton" else None
+        self.sampler = Sampler(device, seed=args.seed, fused_sample=fused)
         self.graphs = None
         if not args.enforce_eager:
             # captured only where it can be: CUDA, and kernels that never sync with the host

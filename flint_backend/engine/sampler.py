@@ -4,11 +4,18 @@ frequency penalties, then greedy or temperature + top-k + top-p + min-p sampling
 Seeded requests draw from a generator seeded by (seed, index of the token being sampled), so
 their tokens do not depend on what else is in the batch or on preemption. Logprobs are those of
 the model's raw distribution (log_softmax of the logits before any processing), as vLLM reports.
+
+With `fused_sample` (the op table's `sample`: the Triton kernel on the triton backend) the
+penalties, logit bias and min_tokens stay here in torch and one fused call does temperature,
+top-k/top-p/min-p and the draw for every row, greedy rows included; its counter-based RNG is
+keyed by (seed, index of the token being sampled), unseeded rows getting a fresh seed from the
+sampler's generator each step. The two paths draw different tokens for the same seed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -34,28 +41,50 @@ def _generator(seed: int, step: int, device: torch.device) -> torch.Generator:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int | None = None):
+    def __init__(self, device: torch.device, seed: int | None = None, fused_sample: Callable | None = None):
+        """fused_sample: (logits, temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]."""
         self.device = device
+        self.fused_sample = fused_sample
         self.unseeded = torch.Generator(device=device)
+        self.seed_source = torch.Generator()  # fused path: a host-side seed per unseeded row and step
         if seed is None:
             self.unseeded.seed()
+            self.seed_source.seed()
         else:
             self.unseeded.manual_seed(seed)
+            self.seed_source.manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """logits [S, V] fp32, one row per sequence in `seqs`."""
         processed = self._penalize(logits.clone(), seqs)
-        tokens = processed.argmax(-1)  # greedy rows keep this
-        drawn = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
-        if drawn:
-            rows = torch.tensor(drawn, device=logits.device)
-            probs = self._filtered_probs(processed[rows], [seqs[r].params for r in drawn])
-            race = torch.stack([self._exponential(probs.shape[1], seqs[r]) for r in drawn])
-            tokens[rows] = (probs / race).argmax(-1)  # argmax(p / Exp(1)) ~ Categorical(p)
+        if self.fused_sample is not None:
+            tokens = self._sample_fused(processed, seqs)
+        else:
+            tokens = processed.argmax(-1)  # greedy rows keep this
+            drawn = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
+            if drawn:
+                rows = torch.tensor(drawn, device=logits.device)
+                probs = self._filtered_probs(processed[rows], [seqs[r].params for r in drawn])
+                race = torch.stack([self._exponential(probs.shape[1], seqs[r]) for r in drawn])
+                tokens[rows] = (probs / race).argmax(-1)  # argmax(p / Exp(1)) ~ Categorical(p)
         tokens = tokens.tolist()
         logprobs = [None if seq.params.logprobs is None else _logprobs(logits[row], tokens[row], seq.params.logprobs)
                     for row, seq in enumerate(seqs)]
         return SampleResult(tokens, logprobs)
+
+    def _sample_fused(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        params = [seq.params for seq in seqs]
+
+        def column(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        seeds = [p.seed if p.seed is not None else int(torch.randint(2**62, (), generator=self.seed_source))
+                 for p in params]
+        return self.fused_sample(
+            logits, column([p.temperature for p in params], torch.float32),
+            column([p.top_k for p in params], torch.int32), column([p.top_p for p in params], torch.float32),
+            column([p.min_p for p in params], torch.float32), column(seeds, torch.int64),
+            column([seq.num_output_tokens for seq in seqs], torch.int64))
 
     def _penalize(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         for row, seq in enumerate(seqs):

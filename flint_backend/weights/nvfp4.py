@@ -5,7 +5,9 @@ Layout of an NVFP4Weight holding W [..., N, K] (y = x @ W.T; `...` is empty for 
 
     packed  uint8          [..., N, K/2]   row-major, contiguous
     scales  float8_e4m3fn  [..., N, K/16]  row-major, contiguous
-    scale   float32        [...]           0-dim for a matrix, [E] for stacked experts
+    scale   float32        [...] or [..., N]   per tensor: 0-dim for a matrix, [E] for stacked
+                                               experts; or per output row (`concat_rows` fuses
+                                               q/k/v or gate/up, each with its own global scale)
 
   packed: element k of row n lives in byte packed[..., n, k // 2]: the LOW nibble holds even k,
     the HIGH nibble odd k (the ModelOpt / vLLM / PyTorch float4_e2m1fn_x2 order). A nibble is an
@@ -17,12 +19,13 @@ Layout of an NVFP4Weight holding W [..., N, K] (y = x @ W.T; `...` is empty for 
     float8 E4M3 (torch.float8_e4m3fn / Triton tl.float8e4nv), always finite and >= 0, never NaN
     (0x7F, which ggml's UE4M3 reads as 0, is stored as 0x00). One byte per 16 weights, so a
     [BLOCK_N, BLOCK_K] weight tile needs a [BLOCK_N, BLOCK_K/16] scale tile.
-  scale: the per-tensor (per-expert) FP32 global scale.
+  scale: the FP32 global scale of the tensor (of each expert), or of each output row.
 
   Dequantisation, in fp32 (the first product is exact, so this is bit-exact to ggml's
-  `dequantize_row_nvfp4` times llama.cpp's `.scale` tensor):
+  `dequantize_row_nvfp4` times llama.cpp's `.scale` tensor); the one implementation is
+  `flint_kernels.nvfp4.dequantize_nvfp4`, which NVFP4Weight.dequantize calls:
 
-      W[..., n, k] = (E2M1(nibble(n, k)) * float(scales[..., n, k // 16])) * scale[...]
+      W[..., n, k] = (E2M1(nibble(n, k)) * float(scales[..., n, k // 16])) * scale[...(, n)]
 
   A Triton kernel loads a uint8 tile [BLOCK_N, BLOCK_K/2], splits `b & 0xF` / `b >> 4`, joins
   them as (even, odd) pairs -> [BLOCK_N, BLOCK_K], decodes through a 16-entry table, multiplies
@@ -42,14 +45,15 @@ from dataclasses import dataclass
 import torch
 
 from flint_backend.weights.schema import CheckpointError
+from flint_kernels.nvfp4 import E2M1_MAGNITUDES, E2M1_VALUES, GROUP, dequantize_nvfp4
 
-GROUP = 16                 # weights per E4M3 block scale
+__all__ = ["E2M1_MAGNITUDES", "E2M1_VALUES", "GROUP", "NVFP4Weight", "concat_rows", "from_ggml_blocks",
+           "pack_codes", "to_ggml_blocks", "unpack_codes"]
+
 GGML_BLOCK = 64            # weights per ggml NVFP4 super-block
 GGML_BLOCK_BYTES = 36      # 4 scale bytes + 32 nibble bytes
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
-E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-E2M1_VALUES = E2M1_MAGNITUDES + (0.0,) + tuple(-m for m in E2M1_MAGNITUDES[1:])  # code -> value
 _UE4M3_ZERO_ALIAS = 0x7F   # ggml decodes it as 0; float8_e4m3fn decodes it as NaN
 
 
@@ -57,18 +61,18 @@ _UE4M3_ZERO_ALIAS = 0x7F   # ggml decodes it as 0; float8_e4m3fn decodes it as N
 class NVFP4Weight:
     packed: torch.Tensor   # uint8 [..., N, K/2]
     scales: torch.Tensor   # float8_e4m3fn [..., N, K/16]
-    scale: torch.Tensor    # float32 [...]
+    scale: torch.Tensor    # float32 [...] (per tensor / expert) or [..., N] (per output row)
 
     def __post_init__(self):
         p, s = self.packed, self.scales
         ok = (p.dtype == torch.uint8 and s.dtype == torch.float8_e4m3fn and self.scale.dtype == torch.float32
               and p.dim() >= 2 and s.shape[:-1] == p.shape[:-1] and s.shape[-1] * GROUP == p.shape[-1] * 2
-              and tuple(self.scale.shape) == tuple(p.shape[:-2]))
+              and tuple(self.scale.shape) in (tuple(p.shape[:-2]), tuple(p.shape[:-1])))
         if not ok:
             raise ValueError(
                 f"NVFP4Weight: got packed {p.dtype} {tuple(p.shape)}, scales {s.dtype} {tuple(s.shape)}, "
                 f"scale {self.scale.dtype} {tuple(self.scale.shape)}; expected uint8 [..., N, K/2], "
-                f"float8_e4m3fn [..., N, K/16], float32 [...]")
+                f"float8_e4m3fn [..., N, K/16], float32 [...] or [..., N]")
 
     @property
     def shape(self) -> torch.Size:
@@ -77,6 +81,10 @@ class NVFP4Weight:
     @property
     def device(self) -> torch.device:
         return self.packed.device
+
+    @property
+    def per_row_scale(self) -> bool:
+        return self.scale.dim() == self.packed.dim() - 1
 
     def __getitem__(self, index) -> "NVFP4Weight":
         """Index the leading (expert) dims: `w[e]` is expert e's [N, K] weight."""
@@ -92,10 +100,28 @@ class NVFP4Weight:
 
     def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """[..., N, K] in `dtype`, computed in fp32 as documented above."""
-        lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=self.device)
-        values = lut[unpack_codes(self.packed).long()]                            # [..., N, K]
-        blocks = values.unflatten(-1, (-1, GROUP)) * self.scales.float()[..., None]  # [..., N, K/16, 16]
-        return (blocks.flatten(-2) * self.scale[..., None, None]).to(dtype)
+        return dequantize_nvfp4(self.packed, self.scales, self.scale, dtype)
+
+    def row_scale(self) -> torch.Tensor:
+        """The global scale as fp32 [..., N] (one per output row)."""
+        if self.per_row_scale:
+            return self.scale
+        return self.scale[..., None].expand(*self.packed.shape[:-1])
+
+
+def concat_rows(weights: list[NVFP4Weight]) -> NVFP4Weight:
+    """Stack NVFP4 weights [..., N_i, K] along N (dim -2) -> [..., sum N_i, K] with a per-row
+    global scale (each source keeps its own): the fused q/k/v or gate/up weight. Lossless."""
+    if not weights:
+        raise ValueError("concat_rows: expected at least one NVFP4Weight")
+    lead, k = weights[0].shape[:-2], weights[0].shape[-1]
+    for i, w in enumerate(weights):
+        if w.shape[:-2] != lead or w.shape[-1] != k:
+            raise ValueError(f"concat_rows: weight {i} has shape {tuple(w.shape)}, expected [{', '.join(map(str, lead))}"
+                             f"{', ' if lead else ''}N, {k}] like weight 0")
+    return NVFP4Weight(torch.cat([w.packed for w in weights], dim=-2).contiguous(),
+                       torch.cat([w.scales for w in weights], dim=-2).contiguous(),
+                       torch.cat([w.row_scale() for w in weights], dim=-1).contiguous())
 
 
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:

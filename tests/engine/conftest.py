@@ -5,8 +5,7 @@ from flint_backend.config import FlintConfig
 from flint_backend.reference import build_reference
 from flint_backend.weights.random_init import random_weights
 
-
-TIE_MARGIN = 1e-4  # top-2 logit gaps below this are decided by rounding order, not by the model
+from engine_cases import TIE_MARGIN
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@ import random
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
 
+TIE_MARGIN = 1e-4  # top-2 logit gaps below this are decided by rounding order, not by the model
+
 
 def make_engine(**overrides) -> LLMEngine:
     args = dict(dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=32, max_num_seqs=32,

@@ -103,3 +103,23 @@ def test_from_dict_rejects_unknown_fields():
     with pytest.raises(SamplingParamsError, match="top_q"):
         SamplingParams.from_dict({"top_q": 0.5})
     assert SamplingParams.from_dict({"temperature": None, "top_k": 5}).top_k == 5
+
+
+def test_fused_sampler_keys_draws_by_seed_and_token_index():
+    """The triton backend's path: penalties and bias in torch, then one fused kernel call whose
+    draw depends on (seed, number of tokens generated so far) only."""
+    from flint_kernels.sampling import sample
+
+    g = torch.Generator().manual_seed(4)
+    row = torch.randn(1, 300, generator=g)
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=21)
+    target = _seq([3] * 5, seeded, n_prompt=2)  # 3 tokens generated: offset 3
+    alone = Sampler(torch.device("cpu"), seed=0, fused_sample=sample)(row.clone(), [target]).tokens[0]
+    others = [_seq([1, 2], SamplingParams(temperature=1.0)), _seq([4], SamplingParams(temperature=0.0))]
+    batch = torch.cat([torch.randn(1, 300, generator=g), row, torch.randn(1, 300, generator=g)])
+    result = Sampler(torch.device("cpu"), seed=7, fused_sample=sample)(batch, [others[0], target, others[1]])
+    assert result.tokens[1] == alone
+    assert result.tokens[2] == int(batch[2].argmax())
+    forced = Sampler(torch.device("cpu"), seed=0, fused_sample=sample)(
+        row.clone(), [_seq([3], SamplingParams(temperature=0.0, logit_bias={17: 100.0}))])
+    assert forced.tokens == [17]

@@ -19,4 +19,4 @@ def test_kernels_compile_for_sm90():
         pytest.skip("Triton's bundled ptxas is missing")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "_kernel" in line]
-    assert len(rows) >= 11, result.stdout
+    assert len(rows) >= 55, result.stdout  # attention, norms, MoE, W4A16, sampling launches

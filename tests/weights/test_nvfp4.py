@@ -6,7 +6,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from flint_backend.weights.nvfp4 import E2M1_VALUES, NVFP4Weight, from_ggml_blocks, to_ggml_blocks
+from flint_backend.weights.nvfp4 import E2M1_VALUES, NVFP4Weight, concat_rows, from_ggml_blocks, to_ggml_blocks
 from flint_backend.weights.nvfp4_quantize import e2m1_codes, quantize_nvfp4
 from flint_backend.weights.schema import CheckpointError
 
@@ -108,3 +108,19 @@ def test_nvfp4_weight_rejects_inconsistent_parts():
     stacked = NVFP4Weight(torch.zeros(2, 4, 8, dtype=torch.uint8), torch.zeros(2, 4, 1, dtype=torch.float8_e4m3fn),
                           torch.ones(2))
     assert stacked[1].shape == (4, 16) and stacked[1].scale.shape == ()
+
+
+def test_per_row_scale_and_concat_rows():
+    """concat_rows fuses q/k/v (gate/up) losslessly: each source keeps its global scale, per row."""
+    g = torch.Generator().manual_seed(3)
+    parts = [quantize_nvfp4(torch.randn(lead + (n, 64), generator=g) * s)
+             for lead in [(), (3,)] for n, s in [(8, 1.0), (4, 0.01), (12, 30.0)]]
+    for fused, pieces in [(concat_rows(parts[:3]), parts[:3]), (concat_rows(parts[3:]), parts[3:])]:
+        assert fused.per_row_scale and fused.scale.shape == fused.shape[:-1]
+        expected = torch.cat([p.dequantize(torch.float32) for p in pieces], dim=-2)
+        assert np.array_equal(bits(fused.dequantize(torch.float32)), bits(expected))
+    stacked = concat_rows(parts[3:])
+    assert stacked[2].scale.shape == (24,)
+    assert torch.equal(stacked[2].dequantize(torch.float32), stacked.dequantize(torch.float32)[2])
+    with pytest.raises(ValueError, match="weight 1"):
+        concat_rows([parts[0], parts[3]])

@@ -1,0 +1,198 @@
+"""Small-batch MoE (decode): two GEMV launches that read only the chosen experts' weights, no
+sorting. Semantics are `moe.fused_moe_torch`; weights dense or NVFP4 (nvfp4.py), each of the
+four weights independently.
+
+  gate/up  program (slot, BLOCK_N rows): slot = (token t, k) for the K routed choices plus one
+           for the shared expert (a (K+1)-th expert riding in the same launch); streams its
+           expert's gate and up rows once, then SiLU(gate) * up in x.dtype, rounded as the
+           reference rounds gate(x), up(x), silu and the product -> inter [T, K+1, I].
+  down     program (token, BLOCK_H output dims): the down-projection rows of each of the
+           token's K+1 experts, each output rounded to x.dtype, combined in fp32 with the
+           router weights, rounded, plus the shared output -> out [T, H]. The combine needs
+           no atomics and is deterministic.
+Row blocks shrink until the grid gives ~2 programs per SM: at batch 1 the 7 experts'
+3 x 2048 x 512 weights (44 MB in bf16) spread over every SM.
+Tokens that chose the same expert each read it (L2 absorbs most re-reads at these sizes).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .nvfp4 import is_nvfp4, weight_args, weight_tile
+from .split_k import num_sms
+from .swiglu import silu_mul_rounded
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# GPU: [rows, k] step tiles of TILE weights (32 fp32 registers a thread at 4 warps), rows shrunk
+# until the grid fills the SMs; the interpreter runs few, large programs (its cost is per op)
+MAX_BLOCK_K, TILE, MIN_ROWS, MAX_ROWS = (256, 1 << 16, 4, 256) if INTERPRET else (512, 4096, 4, 32)
+WAVES = 2
+NUM_STAGES = 3               # weight tiles in flight per program (cp.async through shared memory)
+
+
+@triton.jit
+def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
+                  stride_wn, stride_sn, stride_gn, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
+                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """-> gate, up [BLOCK_N] fp32 (global scale applied) of one expert's rows `rows` (< n_rows)."""
+    row_mask = rows < n_rows
+    acc_g = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
+    acc_u = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
+    for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_row_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+        g = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, H, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
+        u = weight_tile(w_ptr, scales_ptr, rows + n_rows, row_mask, k0, H, stride_wn, stride_sn, BLOCK_K,
+                        MASK_K, FP4)
+        acc_g += g * x[None, :]
+        acc_u += u * x[None, :]
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    if FP4:  # the global scale, once per output
+        gate *= tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
+        up *= tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
+    return gate, up
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x_ptr,                # [T, H]
+    ids_ptr,              # [T, K] int32
+    inter_ptr,            # [T * SLOTS, I_MAX] in x.dtype
+    w13_ptr, w13_scales_ptr, w13_scale_ptr,   # routed [E, 2I, H] (dense or NVFP4)
+    s13_ptr, s13_scales_ptr, s13_scale_ptr,   # shared [2Is, H] (read when SLOTS > K)
+    w13_se, w13_sn, w13_sse, w13_ssn, w13_sge, w13_sgn,
+    s13_se, s13_sn, s13_sse, s13_ssn, s13_sge, s13_sgn,
+    H, I, IS, stride_xt, stride_inter,
+    K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    nb = tl.program_id(1)
+    t = slot // SLOTS
+    k = slot % SLOTS
+    n_rows = tl.where(k < K, I, IS)
+    if nb * BLOCK_N >= n_rows:
+        return
+    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    x_row = x_ptr + t.to(tl.int64) * stride_xt
+    if k < K:
+        e = tl.load(ids_ptr + t * K + k).to(tl.int64)
+        gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
+                                 w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
+                                 BLOCK_K, MASK_K, W13_FP4, NUM_STAGES)
+    else:
+        gate, up = _gate_up_rows(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
+                                 s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES)
+    h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
+    tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
+
+
+@triton.jit
+def _down_rows(a_ptr, stride_a, w_ptr, scales_ptr, scale_ptr, ids_ptr, mix_ptr, rows, row_mask, n_experts, n_k,
+               stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, dtype: tl.constexpr,
+               BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """-> [BLOCK_H] fp32: sum over j < n_experts of mix[j] * (rows `rows` of expert ids[j]'s down
+    projection applied to row j of A, rounded to `dtype`); ids_ptr None = one expert, weight 1.
+    One flat pipelined loop over (expert, k chunk): the next expert's weights stream in while
+    this one finishes."""
+    n_chunks = tl.cdiv(n_k, BLOCK_K)
+    acc = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
+    out = tl.zeros([rows.shape[0]], tl.float32)
+    for it in tl.range(0, n_experts * n_chunks, num_stages=NUM_STAGES):
+        j = it // n_chunks
+        k0 = (it % n_chunks) * BLOCK_K
+        e = 0 if ids_ptr is None else tl.load(ids_ptr + j).to(tl.int64)
+        cols = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + j * stride_a + cols, mask=cols < n_k, other=0.0).to(tl.float32)
+        w = weight_tile(w_ptr + e * stride_we, scales_ptr + e * stride_se, rows, row_mask, k0, n_k,
+                        stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
+        acc += w * a[None, :]
+        if k0 + BLOCK_K >= n_k:  # the expert's last chunk: its output, rounded, weighted
+            y = tl.sum(acc, axis=1)
+            if FP4:  # the global scale, once per output
+                y *= tl.load(scale_ptr + e * stride_ge + rows * stride_gn, mask=row_mask, other=0.0)
+            mix = 1.0 if mix_ptr is None else tl.load(mix_ptr + j)
+            out += mix * y.to(dtype).to(tl.float32)
+            acc = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
+    return out
+
+
+@triton.jit
+def _moe_down_kernel(
+    inter_ptr,            # [T * SLOTS, I_MAX]
+    ids_ptr,              # [T, K] int32
+    topk_weights_ptr,     # [T, K] fp32
+    out_ptr,              # [T, H], contiguous
+    w2_ptr, w2_scales_ptr, w2_scale_ptr,      # routed [E, H, I]
+    s2_ptr, s2_scales_ptr, s2_scale_ptr,      # shared [H, Is] (read when SLOTS > K)
+    w2_se, w2_sn, w2_sse, w2_ssn, w2_sge, w2_sgn,
+    s2_se, s2_sn, s2_sse, s2_ssn, s2_sge, s2_sgn,
+    H, I, IS, stride_inter,
+    K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    MASK_I: tl.constexpr, MASK_IS: tl.constexpr, W2_FP4: tl.constexpr, S2_FP4: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_mask = rows < H
+    dtype = out_ptr.dtype.element_ty
+    a_row = inter_ptr + t * SLOTS * stride_inter
+    routed = _down_rows(a_row, stride_inter, w2_ptr, w2_scales_ptr, w2_scale_ptr, ids_ptr + t * K,
+                        topk_weights_ptr + t * K, rows, row_mask, K, I, w2_se, w2_sn, w2_sse, w2_ssn, w2_sge,
+                        w2_sgn, dtype, BLOCK_K, MASK_I, W2_FP4, NUM_STAGES)
+    out = routed.to(dtype)
+    if SLOTS > K:  # the shared expert: no expert index, weight 1
+        shared = _down_rows(a_row + K * stride_inter, stride_inter, s2_ptr, s2_scales_ptr, s2_scale_ptr, None, None,
+                            rows, row_mask, 1, IS, 0, s2_sn, 0, s2_ssn, 0, s2_sgn, dtype, BLOCK_K, MASK_IS, S2_FP4,
+                            NUM_STAGES)
+        out = (out.to(tl.float32) + shared).to(dtype)
+    tl.store(out_ptr + t * H + rows, out, mask=row_mask)
+
+
+def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
+             shared_w13=None, shared_w2=None) -> torch.Tensor:
+    """Small-batch path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H]."""
+    t, h = x.shape
+    k = topk_ids.shape[1]
+    i = w13.shape[-2] // 2
+    has_shared = shared_w13 is not None
+    i_s = shared_w13.shape[-2] // 2 if has_shared else i
+    slots = k + has_shared
+    i_max = max(i, i_s)
+    inter = torch.empty((t * slots, i_max), dtype=x.dtype, device=x.device)
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    shared13 = shared_w13 if has_shared else w13[0]
+    shared2 = shared_w2 if has_shared else w2[0]
+    block_n = _rows_per_program(t * slots, i_max, x.device)
+    block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
+    _moe_gate_up_kernel[(t * slots, triton.cdiv(i_max, block_n))](
+        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13), **weight_args("s13", shared13),
+        H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
+        K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
+        W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES, num_warps=4)
+    block_h = _rows_per_program(t, h, x.device)
+    block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))
+    _moe_down_kernel[(t, triton.cdiv(h, block_h))](
+        inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
+        **weight_args("w2", w2), **weight_args("s2", shared2),
+        H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
+        K=k, SLOTS=slots, BLOCK_H=block_h, BLOCK_K=block_k,
+        MASK_I=i % block_k != 0, MASK_IS=i_s % block_k != 0, W2_FP4=is_nvfp4(w2), S2_FP4=is_nvfp4(shared2),
+        NUM_STAGES=NUM_STAGES, num_warps=4)
+    return out
+
+
+def _rows_per_program(items: int, rows: int, device: torch.device) -> int:
+    """Largest power of two in [MIN_ROWS, MAX_ROWS] giving at least WAVES programs per SM."""
+    block = MAX_ROWS
+    while block > MIN_ROWS and items * triton.cdiv(rows, block) < WAVES * num_sms(device):
+        block //= 2
+    return block

@@ -1,0 +1,189 @@
+"""Grouped MoE GEMM (prefill and large batches): semantics are `moe.fused_moe_torch`.
+
+A "pair" is (token t, slot k): slots 0..K-1 are the routed choices, slot K the shared expert
+(expert id E), so pair p = t * SLOTS + k. `moe_sort.sort_pairs` (one launch) orders the pairs by
+expert into blocks of BLOCK_M rows; the grid is sized from the host-side bound
+cdiv(P, BLOCK_M) + E + 1 and blocks past the real count exit at once. Then three launches:
+  gate/up  program (block, BLOCK_N intermediate cols): x rows gathered by token, tl.dot with
+           the gate and the up tile of the block's expert, SiLU * up -> inter [P, I] (x.dtype)
+  down     program (block, BLOCK_N hidden cols): inter rows @ W2[e].T -> ys [P, H] (x.dtype)
+  combine  program (token, BLOCK_H): routed outputs weighted in fp32, rounded, + shared output.
+Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are decoded in
+registers to exact bf16 values before the dot, the global scale applied to the accumulator.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .moe_sort import sort_pairs
+from .nvfp4 import is_nvfp4, weight_args, weight_tile
+from .swiglu import silu_mul_rounded
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
+COMBINE_BLOCK_H = 64 if INTERPRET else 1024
+
+
+@triton.jit
+def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, stride_wn, stride_sn,
+              BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] += A [BLOCK_M, n_k] @ W[rows, :n_k].T; a_rows_ptr [BLOCK_M] row pointers."""
+    for k0 in range(0, n_k, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        mask = a_mask[:, None]
+        if MASK_K:
+            mask = mask & (cols[None, :] < n_k)
+        a = tl.load(a_rows_ptr[:, None] + cols[None, :], mask=mask, other=0.0)
+        w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
+        if DOT_FP32:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        else:
+            w = w.to(a.dtype)  # NVFP4: E2M1 * E4M3 is exact in bf16 / fp16
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _expert_gemm(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, scale_ptr, cols_n, n_out, n_k,
+                 stride_wn, stride_sn, stride_gn, GATE_UP: tl.constexpr, BLOCK_K: tl.constexpr,
+                 MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One expert's output tile(s), global scale applied: (out, up) for GATE_UP (gate rows
+    cols_n, up rows n_out + cols_n), else (out, unchanged acc_up)."""
+    col_mask = cols_n < n_out
+    acc = _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n, col_mask, n_k, stride_wn, stride_sn,
+                    BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION)
+    if FP4:  # the global scale, once per output
+        acc *= tl.load(scale_ptr + cols_n * stride_gn, mask=col_mask, other=0.0)[None, :]
+    if GATE_UP:
+        acc_up = _dot_rows(acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n + n_out, col_mask, n_k,
+                           stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION)
+        if FP4:
+            acc_up *= tl.load(scale_ptr + (cols_n + n_out) * stride_gn, mask=col_mask, other=0.0)[None, :]
+    return acc, acc_up
+
+
+@triton.jit
+def _moe_grouped_kernel(
+    a_ptr,               # GATE_UP: x [T, H]; else inter [P, I_MAX]
+    sorted_pairs_ptr,    # [num_blocks * BLOCK_M] int32 pair ids by expert, P = padding
+    block_expert_ptr,    # [num_blocks] int32 expert of each block, >= NUM_EXPERTS = unused block
+    out_ptr,             # GATE_UP: inter [P, I_MAX]; else ys [P, H]
+    w_ptr, w_scales_ptr, w_scale_ptr,   # routed [E, N, K] (dense or NVFP4)
+    s_ptr, s_scales_ptr, s_scale_ptr,   # shared [N_s, K_s] (read when HAS_SHARED)
+    w_se, w_sn, w_sse, w_ssn, w_sge, w_sgn,
+    s_se, s_sn, s_sse, s_ssn, s_sge, s_sgn,
+    P, E, N_EXP, H, I, IS, stride_a, stride_out,
+    SLOTS: tl.constexpr, GATE_UP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
+    W_FP4: tl.constexpr, S_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    e = tl.load(block_expert_ptr + b)
+    if e >= N_EXP:
+        return
+    shared = e == E
+    i_e = tl.where(shared, IS, I)
+    n_out = i_e if GATE_UP else H   # output columns: intermediate (gate/up) or hidden (down)
+    n_k = H if GATE_UP else i_e     # reduction length
+    if tl.program_id(1) * BLOCK_N >= n_out:
+        return
+    cols_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pairs = tl.load(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pairs < P
+    a_row = (pairs // SLOTS) if GATE_UP else pairs
+    a_rows_ptr = a_ptr + a_row.to(tl.int64) * stride_a
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if shared:
+        acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, s_ptr, s_scales_ptr, s_scale_ptr, cols_n,
+                                   n_out, n_k, s_sn, s_ssn, s_sgn, GATE_UP, BLOCK_K, MASK_K, S_FP4, DOT_FP32,
+                                   DOT_PRECISION)
+    else:
+        e64 = e.to(tl.int64)
+        acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, w_ptr + e64 * w_se, w_scales_ptr + e64 * w_sse,
+                                   w_scale_ptr + e64 * w_sge, cols_n, n_out, n_k, w_sn, w_ssn, w_sgn,
+                                   GATE_UP, BLOCK_K, MASK_K, W_FP4, DOT_FP32, DOT_PRECISION)
+    dtype = out_ptr.dtype.element_ty
+    y = silu_mul_rounded(acc, acc_up, dtype) if GATE_UP else acc.to(dtype)
+    out = out_ptr + pairs[:, None].to(tl.int64) * stride_out + cols_n[None, :]
+    tl.store(out, y, mask=valid[:, None] & (cols_n[None, :] < n_out))
+
+
+@triton.jit
+def _moe_combine_kernel(
+    ys_ptr,               # [T * SLOTS, H] expert outputs in x.dtype
+    topk_weights_ptr,     # [T, K] fp32
+    out_ptr,              # [T, H]
+    H,
+    K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = cols < H
+    dtype = out_ptr.dtype.element_ty
+    routed = tl.zeros([BLOCK_H], tl.float32)
+    for k in range(K):
+        y = tl.load(ys_ptr + (t * SLOTS + k) * H + cols, mask=mask, other=0.0).to(tl.float32)
+        routed += tl.load(topk_weights_ptr + t * K + k) * y
+    out = routed.to(dtype)
+    if SLOTS > K:
+        y = tl.load(ys_ptr + (t * SLOTS + K) * H + cols, mask=mask, other=0.0)
+        out = (out.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + t * H + cols, out, mask=mask)
+
+
+def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
+                shared_w13=None, shared_w2=None) -> torch.Tensor:
+    """Grouped path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H]."""
+    t, h = x.shape
+    e, k = w13.shape[0], topk_ids.shape[1]
+    i = w13.shape[-2] // 2
+    has_shared = shared_w13 is not None
+    i_s = shared_w13.shape[-2] // 2 if has_shared else i
+    slots = k + has_shared
+    p = t * slots
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    block_m, block_n13, block_n2, block_k, warps, stages = _tiles(p / (e + has_shared))
+    sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
+    blocks = block_expert.numel()
+    inter = torch.empty((p, max(i, i_s)), dtype=x.dtype, device=x.device)
+    ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
+    common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, P=p, E=e, N_EXP=e + has_shared,
+                  H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
+                  DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
+    for stage, (w, s, a, dst, n_max, block_n, n_ks) in enumerate([
+            (w13, shared_w13, x, inter, max(i, i_s), block_n13, (h,)),
+            (w2, shared_w2, inter, ys, h, block_n2, (i, i_s))]):
+        s = s if has_shared else w[0]
+        _moe_grouped_kernel[(blocks, triton.cdiv(n_max, block_n))](
+            a_ptr=a, out_ptr=dst, **weight_args("w", w), **weight_args("s", s),
+            stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n,
+            MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s), **common)
+    _moe_combine_kernel[(t, triton.cdiv(h, COMBINE_BLOCK_H))](
+        ys_ptr=ys, topk_weights_ptr=topk_weights, out_ptr=out, H=h, K=k, SLOTS=slots,
+        BLOCK_H=min(COMBINE_BLOCK_H, triton.next_power_of_2(h)), num_warps=4)
+    return out
+
+
+def _tiles(rows_per_expert: float) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) from the mean rows per
+    expert: BLOCK_M just covers an expert's tokens (decode-sized batches waste no MMA rows),
+    prefill gets the H100/H200 128 x 128 shape (gate/up holds two accumulators: 64 cols)."""
+    if INTERPRET:
+        return 16, 32, 32, 32, 4, 1
+    if rows_per_expert <= 16:
+        return 16, 64, 64, 64, 4, 4
+    if rows_per_expert <= 48:
+        return 32, 64, 128, 64, 4, 4
+    if rows_per_expert <= 96:
+        return 64, 64, 128, 64, 4, 3
+    return 128, 64, 128, 64, 8, 3

@@ -1,0 +1,137 @@
+"""NVFP4 weights as the W4A16 kernels read them: the canonical plain-torch dequantisation and the
+Triton tile decoder every W4A16 kernel shares. The layout is documented (and owned) by
+`flint_backend.weights.nvfp4.NVFP4Weight`; kernels take any object with `.packed`, `.scales`
+and `.scale` (duck-typed: kernels know no model package).
+
+    packed  uint8          [..., N, K/2]   low nibble = even k, high nibble = odd k
+    scales  float8_e4m3fn  [..., N, K/16]  block scale of k in [16 g, 16 g + 16)
+    scale   float32        [...] or [..., N]   global scale: per tensor (per expert), or per
+                                               output row (fused q/k/v or gate/up weights)
+
+    W[..., n, k] = (E2M1(nibble(n, k)) * float(scales[..., n, k // 16])) * scale[...(, n)]
+
+In a kernel the first product is formed per weight, in fp32, and is exact (E2M1 has 2
+significant bits, E4M3 4); it is also exact in bf16, so tensor-core tiles see the true value.
+The global scale multiplies each output once, after the reduction over k: with a one-hot
+activation the output is bit-identical to the line above; otherwise it differs from
+dequantise-then-matmul by fp32 rounding of the accumulation only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+GROUP = 16  # weights per E4M3 block scale
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_VALUES = E2M1_MAGNITUDES + (0.0,) + tuple(-m for m in E2M1_MAGNITUDES[1:])  # code -> value
+# A code's magnitude bits placed in an fp16's exponent/mantissa give E2M1 / 2**14 exactly
+# (subnormals included); the 2**14 is folded into the block scale.
+FP16_E2M1_UNIT = tl.constexpr(16384.0)
+
+
+def is_nvfp4(w) -> bool:
+    return all(hasattr(w, name) for name in ("packed", "scales", "scale"))
+
+
+def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, scale: torch.Tensor,
+                     dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """-> W [..., N, K] in `dtype`, computed in fp32 exactly as the layout defines it."""
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2)      # [..., N, K]
+    values = lut[codes.long()].unflatten(-1, (-1, GROUP))                      # [..., N, K/16, 16]
+    blocks = (values * scales.float()[..., None]).flatten(-2)                  # exact
+    per_row = scale.dim() == packed.dim() - 1                                  # [..., N]
+    return (blocks * (scale[..., None] if per_row else scale[..., None, None])).to(dtype)
+
+
+def check_nvfp4(where: str, w) -> tuple[int, int]:
+    """Validates a duck-typed NVFP4 weight (without reading device values) -> (N, K)."""
+    p, s, g = w.packed, w.scales, w.scale
+    lead = tuple(p.shape[:-2])
+    ok = (p.dtype == torch.uint8 and s.dtype == torch.float8_e4m3fn and g.dtype == torch.float32
+          and p.dim() >= 2 and s.shape[:-1] == p.shape[:-1] and s.shape[-1] * GROUP == p.shape[-1] * 2
+          and tuple(g.shape) in (lead, lead + (p.shape[-2],))
+          and p.stride(-1) == 1 and s.stride(-1) == 1)
+    if not ok:
+        raise ValueError(
+            f"{where}: NVFP4 weight with packed {p.dtype} {tuple(p.shape)}, scales {s.dtype} {tuple(s.shape)}, "
+            f"scale {g.dtype} {tuple(g.shape)}; expected uint8 [..., N, K/2], float8_e4m3fn [..., N, K/16] "
+            f"(unit stride in K) and float32 [...] or [..., N]")
+    return p.shape[-2], p.shape[-1] * 2
+
+
+def scale_strides(w) -> tuple[int, int]:
+    """Strides of the global scale over (leading expert dim, output row): 0 where it is broadcast."""
+    g, per_row = w.scale, w.scale.dim() == w.packed.dim() - 1
+    stride_n = g.stride(-1) if per_row else 0
+    stride_e = (g.stride(0) if g.dim() > (1 if per_row else 0) else 0) if w.packed.dim() == 3 else 0
+    return stride_e, stride_n
+
+
+@triton.jit
+def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
+                BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] tile, k in [k0, k0 + BLOCK_K), of rows `rows` of a dense matrix (in its
+    dtype) or of an NVFP4 one (fp32 E2M1 * block scale, exact; global scale not applied).
+
+    w_ptr / scales_ptr point at the matrix (expert applied): dense values or packed bytes, block
+    scales; rows [BLOCK_N] int, row_mask [BLOCK_N]; masked rows (and k >= K when MASK_K) read as
+    0. NVFP4 needs BLOCK_K % 32 == 0. (One function, no nested calls: the interpreter pays per call.)"""
+    if FP4:
+        bytes_ = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        groups = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        p_mask = row_mask[:, None]
+        s_mask = row_mask[:, None]
+        if MASK_K:
+            p_mask = p_mask & (bytes_[None, :] < K // 2)
+            s_mask = s_mask & (groups[None, :] < K // 16)
+        p = tl.load(w_ptr + rows[:, None] * stride_wn + bytes_[None, :], mask=p_mask, other=0).to(tl.int32)
+        s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
+        codes = tl.reshape(tl.join(p & 0xF, p >> 4), [rows.shape[0], BLOCK_K])  # (even, odd) pairs: k order
+        # a code's sign and magnitude bits placed in an fp16: E2M1 / FP16_E2M1_UNIT, exactly
+        values = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+        s = s.to(tl.float32) * FP16_E2M1_UNIT  # [BLOCK_N, BLOCK_K / 16]
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], [rows.shape[0], BLOCK_K // 16, 16]), [rows.shape[0], BLOCK_K])
+        return values.to(tl.float32) * s
+    else:
+        cols = k0 + tl.arange(0, BLOCK_K)
+        mask = row_mask[:, None]
+        if MASK_K:
+            mask = mask & (cols[None, :] < K)
+        return tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0.0)
+
+
+def weight_args(name: str, w) -> dict:
+    """Kernel arguments for a dense or NVFP4 weight [E, N, K] or [N, K] (unit stride in K):
+    pointers `{name}_ptr` (dense values or packed bytes), `{name}_scales_ptr`, `{name}_scale_ptr`
+    and strides `{name}_se`/`_sn` (values), `_sse`/`_ssn` (block scales), `_sge`/`_sgn` (global
+    scale) over (expert, row); a dense weight passes itself for the unused pointers."""
+    if is_nvfp4(w):
+        data, scales, scale = w.packed, w.scales, w.scale
+        sge, sgn = scale_strides(w)
+    else:
+        data = scales = scale = w
+        sge = sgn = 0
+    lead = data.dim() == 3
+    return {f"{name}_ptr": data, f"{name}_scales_ptr": scales, f"{name}_scale_ptr": scale,
+            f"{name}_se": data.stride(0) if lead else 0, f"{name}_sn": data.stride(-2),
+            f"{name}_sse": scales.stride(0) if lead and scales is not data else 0,
+            f"{name}_ssn": scales.stride(-2) if scales is not data else 0,
+            f"{name}_sge": sge, f"{name}_sgn": sgn}
+
+
+def weight_shape(where: str, w, dims: int) -> tuple[int, ...]:
+    """Logical shape of a dense or NVFP4 weight with `dims` dims, checked (no device reads)."""
+    if is_nvfp4(w):
+        n, k = check_nvfp4(where, w)
+        shape = (*w.packed.shape[:-2], n, k)
+    else:
+        if w.dtype not in (torch.bfloat16, torch.float16, torch.float32) or w.stride(-1) != 1:
+            raise ValueError(f"{where}: dense weight is {w.dtype} with strides {w.stride()}, expected "
+                             "bfloat16/float16/float32 with unit stride in K")
+        shape = tuple(w.shape)
+    if len(shape) != dims:
+        raise ValueError(f"{where}: weight of shape {shape}, expected {dims} dims")
+    return shape

@@ -1,0 +1,185 @@
+"""W4A16 linear: y = x @ W.T with W in NVFP4 (layout in nvfp4.py), x bf16 (or fp16/fp32).
+
+Two kernels behind one launcher, picked by the token count T:
+  T <= GEMV_MAX_TOKENS  GEMV: program (token, BLOCK_N rows, K split) streams its rows once with
+                        FMA (no tensor cores: a decode token would fill 1 of 16 MMA rows); the
+                        token axis varies fastest, so programs sharing a weight tile run together
+                        and all but the first read it from L2.
+  T >  GEMV_MAX_TOKENS  GEMM: tl.dot tiles (weights dequantised to x's dtype, exactly), grouped
+                        tile order for L2 reuse.
+Both split K when the output tiles alone would leave SMs idle (batch-1 projections are
+latency-bound: 2048x4096 in NVFP4 is 4.7 MB, ~1 us of HBM), finishing the reduction in the
+same launch (split_k.py). The global scale multiplies each output once (nvfp4.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .nvfp4 import check_nvfp4, dequantize_nvfp4, scale_strides, weight_tile
+from .split_k import arrival_counters, finish_split, pick_splits
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
+GEMV_MAX_TOKENS = 4
+# GEMV step: BLOCK_N rows x BLOCK_K k (16 x 256 NVFP4 = 2 KB packed + 256 B of scales); the
+# interpreter's cost is per op: few, large programs there
+GEMV_BLOCK_N, GEMV_BLOCK_K = (128, 256) if INTERPRET else (16, 256)
+GEMV_STAGES = 4  # tiles in flight per program (cp.async): a GEMV step is only ~2.3 KB
+GEMM_BLOCK_K = 32 if INTERPRET else 64
+GROUP_M = 8
+
+
+@triton.jit
+def _nvfp4_gemv_kernel(
+    x_ptr,         # [T, K]
+    packed_ptr,    # uint8 [N, K/2]
+    scales_ptr,    # float8_e4m3fn [N, K/16]
+    scale_ptr,     # fp32 [] or [N]
+    out_ptr,       # [T, N], contiguous
+    part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
+    counter_ptr,   # [T, cdiv(N, BLOCK_N)] int32, zero between launches
+    T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    t = tl.program_id(0)
+    nb = tl.program_id(1)
+    s = tl.program_id(2)
+    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    k_lo = s * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        if MASK_K:
+            x = tl.load(x_ptr + t * stride_xt + cols, mask=cols < K, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + t * stride_xt + cols).to(tl.float32)
+        w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, True)
+        acc += w * x[None, :]
+    y = tl.sum(acc, axis=1)  # [BLOCK_N]
+    scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
+    finish_split(y, scale, out_ptr + t * N + rows, part_ptr, t * N + rows, row_mask, s, T * N,
+                 counter_ptr + t * tl.num_programs(1) + nb, SPLIT)
+
+
+@triton.jit
+def _nvfp4_matmul_kernel(
+    x_ptr,         # [T, K]
+    packed_ptr,    # uint8 [N, K/2]
+    scales_ptr,    # float8_e4m3fn [N, K/16]
+    scale_ptr,     # fp32 [] or [N]
+    out_ptr,       # [T, N], contiguous
+    part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
+    counter_ptr,   # [cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N)] int32, zero between launches
+    T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    s = tl.program_id(1)
+    num_m = tl.cdiv(T, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = tile // (GROUP_M * num_n)  # GROUP_M row tiles sweep the columns together (L2 reuse)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pm = first_m + (tile % (GROUP_M * num_n)) % size_m
+    pn = (tile % (GROUP_M * num_n)) // size_m
+    tokens = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    k_lo = s * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        a_mask = tokens[:, None] < T
+        if MASK_K:
+            a_mask = a_mask & (cols[None, :] < K)
+        a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
+        w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, True)
+        if DOT_FP32:
+            a = a.to(tl.float32)
+        else:
+            w = w.to(a.dtype)  # E2M1 * E4M3 is exact in bf16 / fp16
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
+    offs = tokens[:, None].to(tl.int64) * N + rows[None, :]
+    mask = (tokens[:, None] < T) & row_mask[None, :]
+    finish_split(acc, scale[None, :], out_ptr + offs, part_ptr, offs, mask, s, T * N, counter_ptr + tile, SPLIT)
+
+
+def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Tensor:
+    """x [T, K], w NVFP4 [N, K] (`.packed`, `.scales`, `.scale`) -> [T, N] in x.dtype.
+    num_splits: K splits (default: enough programs for two per SM)."""
+    n, k = _check_inputs(x, w)
+    t = x.shape[0]
+    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    if t == 0 or n == 0:
+        return out
+    _, stride_gn = scale_strides(w)
+    if t <= GEMV_MAX_TOKENS:
+        tiles, block_k = t * triton.cdiv(n, GEMV_BLOCK_N), min(GEMV_BLOCK_K, triton.next_power_of_2(k))
+    else:
+        block_m, block_n, warps, stages = _gemm_tiles(t, n)
+        tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
+    k_blocks = triton.cdiv(k, block_k)
+    splits = num_splits or pick_splits(tiles, k_blocks, x.device)
+    if not 1 <= splits <= k_blocks:
+        raise ValueError(f"nvfp4_linear: num_splits {splits}, expected 1..{k_blocks} for K={k}")
+    k_per_split = triton.cdiv(k_blocks, splits) * block_k
+    splits = triton.cdiv(k, k_per_split)  # no empty split
+    part = torch.empty((splits, t, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    counters = arrival_counters(tiles, x.device) if splits > 1 else out
+    common = dict(x_ptr=x, packed_ptr=w.packed, scales_ptr=w.scales, scale_ptr=w.scale, out_ptr=out,
+                  part_ptr=part, counter_ptr=counters, T=t, N=n, K=k, stride_xt=x.stride(0),
+                  stride_pn=w.packed.stride(0), stride_sn=w.scales.stride(0), stride_gn=stride_gn,
+                  k_per_split=k_per_split, SPLIT=splits, MASK_K=k % block_k != 0)
+    if t <= GEMV_MAX_TOKENS:
+        _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
+            **common, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k, NUM_STAGES=GEMV_STAGES, num_warps=4)
+    else:
+        _nvfp4_matmul_kernel[(tiles, splits)](
+            **common, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
+            DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            num_warps=warps, num_stages=stages)
+    return out
+
+
+def _gemm_tiles(t: int, n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages): M tiles just cover small batches; large T gets the
+    H100/H200 128x128 tile."""
+    if INTERPRET:
+        return 16, 32, 4, 1
+    if t <= 16:
+        return 16, 64, 4, 4
+    if t <= 64:
+        return 64, 64, 4, 4
+    return 128, 128, 8, 3
+
+
+def nvfp4_linear_torch(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Tensor:
+    """Same signature and semantics as `nvfp4_linear`: dequantise (fp32, exact), matmul in fp32,
+    round to x.dtype."""
+    _check_inputs(x, w)
+    weight = dequantize_nvfp4(w.packed, w.scales, w.scale, torch.float32)
+    return F.linear(x.float(), weight).to(x.dtype)
+
+
+def _check_inputs(x, w) -> tuple[int, int]:
+    n, k = check_nvfp4("nvfp4_linear: w", w)
+    if w.packed.dim() != 2:
+        raise ValueError(f"nvfp4_linear: w has shape {tuple(w.packed.shape[:-1])} x K, expected a matrix [N, K]")
+    if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1:
+        raise ValueError(f"nvfp4_linear: x has shape {tuple(x.shape)} strides {x.stride()}, expected [T, {k}] "
+                         "with unit stride in K")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"nvfp4_linear: x is {x.dtype}, expected bfloat16, float16 or float32")
+    return n, k

@@ -1,0 +1,92 @@
+"""The engine on every Triton kernel (kernel_backend="triton", CPU interpreter): greedy tokens equal
+the reference's, on dense weights and on an NVFP4 GGUF (W4A16). fp32 activations: the kernels
+differ from the reference only in summation order, so tokens are exact away from near-ties (the
+oracle skips those prompts). Small on purpose: every kernel runs in Triton's interpreter, so the
+model is flint-tiny cut to 4 layers (dense 0-1, MoE 2-3; sliding 0-2, full attention 3)."""
+
+import pytest
+import torch
+
+from flint_backend.config import FlintConfig
+from flint_backend.engine.engine import LLMEngine
+from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.engine.sampling_params import SamplingParams
+from flint_backend.reference import build_reference
+from flint_backend.weights.convert import convert_checkpoint
+from flint_backend.weights.loader import load_checkpoint
+from flint_backend.weights.nvfp4 import NVFP4Weight
+from flint_backend.weights.random_init import random_stacked_weights, random_weights
+from flint_backend.weights.reference_weights import reference_state_dict
+from flint_backend.weights.safetensors_writer import write_sharded
+
+from engine_cases import TIE_MARGIN, random_prompts, run_to_completion
+
+NEW_TOKENS = 6
+# one prefill step for all prompts (T > SMALL_BATCH_TOKENS: the grouped MoE path), then decode
+# steps of up to 4 tokens (the small-batch path)
+ENGINE = dict(dtype="float32", device="cpu", block_size=4, max_num_batched_tokens=64, max_num_seqs=4,
+              num_kv_blocks=64, max_model_len=64)
+
+
+def tiny_config(**overrides) -> FlintConfig:
+    return FlintConfig.preset("flint-tiny", num_hidden_layers=4, **overrides)
+
+
+def fair_cases(reference_state: dict, config: FlintConfig, count: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt, greedy continuation of the fp64 reference) for prompts free of near-ties."""
+    ref = build_reference(config, reference_state, dtype=torch.float64)
+    cases = []
+    for prompt in random_prompts(3 * count, 3, 20, seed=5):
+        ids, out = list(prompt), []
+        with torch.no_grad():
+            while len(out) < NEW_TOKENS:
+                top = ref(torch.tensor(ids)).logits[-1].topk(2)
+                if top.values[0] - top.values[1] < TIE_MARGIN:
+                    break
+                out.append(int(top.indices[0]))
+                ids.append(out[-1])
+        if len(out) == NEW_TOKENS:
+            cases.append((prompt, out))
+    assert len(cases) >= count
+    return cases[:count]
+
+
+def run_greedy(engine: LLMEngine, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    seqs = [engine.add_request(p, params) for p in prompts]
+    run_to_completion(engine)
+    return [s.output_ids for s in seqs]
+
+
+def test_triton_backend_greedy_equals_reference():
+    config = tiny_config()
+    cases = fair_cases(dict(random_weights(config, 0, torch.float32)), config, 4)
+    engine = LLMEngine(EngineArgs(kernel_backend="triton", **ENGINE), config=config,
+                       weights=random_stacked_weights(config, 0, torch.float32))
+    assert engine.runner.sampler.fused_sample is not None
+    assert run_greedy(engine, [p for p, _ in cases]) == [out for _, out in cases]
+
+
+@pytest.fixture(scope="module")
+def nvfp4_checkpoint(tmp_path_factory):
+    """64-wide experts (every linear's K is a multiple of 64, so every linear but the LM head is
+    NVFP4), written as HF safetensors, converted to an NVFP4 GGUF, loaded with keep_nvfp4."""
+    config = tiny_config(moe_intermediate_size=64)
+    hf_dir = tmp_path_factory.mktemp("w4a16") / "flint-tiny"
+    write_sharded(random_weights(config, 0), hf_dir, 1 << 30)
+    config.to_json(hf_dir)
+    gguf = hf_dir.parent / "flint-tiny-nvfp4.gguf"
+    convert_checkpoint(hf_dir, gguf, outtype="nvfp4", progress=False)
+    ckpt = load_checkpoint(gguf, hf_config_path=hf_dir, dtype=torch.float32, keep_nvfp4=True, progress=False)
+    assert isinstance(ckpt.tensors["model.layers.3.mlp.experts.down_proj.weight"], NVFP4Weight)
+    assert isinstance(ckpt.tensors["model.layers.0.self_attn.k_proj.weight"], NVFP4Weight)
+    return ckpt
+
+
+@pytest.mark.parametrize("backend,prompts,new_tokens", [("torch", 4, NEW_TOKENS), ("triton", 2, 4)])
+def test_w4a16_greedy_equals_the_w4a16_reference(backend, prompts, new_tokens, nvfp4_checkpoint):
+    """The reference on the exactly dequantised weights (reference_state_dict) is the W4A16 oracle."""
+    cases = fair_cases(reference_state_dict(nvfp4_checkpoint.tensors), nvfp4_checkpoint.config, prompts)
+    engine = LLMEngine(EngineArgs(kernel_backend=backend, **ENGINE), config=nvfp4_checkpoint.config,
+                       weights=nvfp4_checkpoint.tensors)
+    assert run_greedy(engine, [p for p, _ in cases], new_tokens) == [out[:new_tokens] for _, out in cases]

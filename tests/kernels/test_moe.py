@@ -1,0 +1,197 @@
+"""fused_moe, both kernel paths (small-batch GEMVs, grouped GEMM), dense and NVFP4 experts, vs
+fused_moe_torch; and the torch twin vs the reference's FlintMoE."""
+
+import pytest
+import torch
+
+from flint_backend.config import FlintConfig
+from flint_backend.reference import FlintMoE
+from flint_backend.weights.nvfp4 import concat_rows
+from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_kernels.moe import fused_moe, fused_moe_torch
+from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
+from kv_cases import assert_scaled_close
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32 x (dense fp32 or NVFP4 weights): accumulation order only. bf16 x: gate, up, silu, the
+# product, every expert output and the combine are rounded to bf16 as in the reference (exactly
+# there: test_bf16_rounding_points_are_the_references). Triton's interpreter truncates those
+# casts where the GPU rounds to nearest, a bias that reaches ~3% of the output scale on the CPU.
+FP32_TOL = dict(rtol=1e-4, atol=1e-5)
+BF16_REL = 4e-2
+PATHS = ["small", "grouped"]
+
+
+def experts(e, h, i, i_s, dtype, fmt, seed=0):
+    """(w13, w2, shared_w13, shared_w2); fmt: dense, nvfp4, or mixed (NVFP4 gate/up, dense down,
+    as a checkpoint stores down projections whose K is not a multiple of 64)."""
+    g = torch.Generator().manual_seed(seed)
+    gate, up = (torch.randn(2, e, i, h, generator=g) / h ** 0.5).unbind(0)
+    down = torch.randn(e, h, i, generator=g) / i ** 0.5
+    s_gate, s_up = (torch.randn(2, i_s, h, generator=g) / h ** 0.5).unbind(0)
+    s_down = torch.randn(h, i_s, generator=g) / i_s ** 0.5
+    if fmt == "dense":
+        ws = torch.cat([gate, up], 1), down, torch.cat([s_gate, s_up], 0), s_down
+        return [w.to(DEVICE, dtype) for w in ws]
+    q = quantize_nvfp4
+    w13, s13 = concat_rows([q(gate), q(up)]), concat_rows([q(s_gate), q(s_up)])
+    w2, s2 = (q(down), q(s_down)) if fmt == "nvfp4" else (down.to(dtype), s_down.to(dtype))
+    return [w.to(DEVICE) for w in (w13, w2, s13, s2)]
+
+
+def routing(t, e, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+    return ids.to(DEVICE), torch.rand(t, k, generator=g).to(DEVICE) + 0.1
+
+
+def check(got, expected, dtype):
+    assert got.dtype == dtype and got.shape == expected.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, **FP32_TOL)
+    else:
+        assert_scaled_close(got, expected, rel=BF16_REL)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t,e,k", [(1, 16, 4), (3, 16, 4), (5, 8, 8), (17, 16, 4)],
+                         ids=["T1", "T3", "T5-all-experts", "T17"])
+def test_dense_experts(path, t, e, k, dtype):
+    w13, w2, s13, s2 = experts(e, 64, 32, 32, dtype, "dense", seed=t)
+    ids, weights = routing(t, e, k, seed=t)
+    x = torch.randn(t, 64, device=DEVICE).to(dtype)
+    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("fmt,dtype", [("nvfp4", torch.float32), ("mixed", torch.float32),
+                                       ("nvfp4", torch.bfloat16)])
+def test_nvfp4_experts(path, fmt, dtype):
+    t, e, k = 3, 8, 3
+    w13, w2, s13, s2 = experts(e, 64, 64, 64, dtype, fmt, seed=1)
+    ids, weights = routing(t, e, k, seed=1)
+    x = torch.randn(t, 64, device=DEVICE).to(dtype)
+    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_one_expert_for_every_token_and_no_shared_expert(path):
+    t, e, k = 6, 16, 2
+    w13, w2, _, _ = experts(e, 64, 32, 32, torch.float32, "dense", seed=2)
+    ids, weights = routing(t, e, k, seed=2)
+    ids[:, 0] = 5
+    ids[:, 1] = torch.where(ids[:, 1] == 5, 6, ids[:, 1])
+    x = torch.randn(t, 64, device=DEVICE)
+    check(fused_moe(x, ids, weights, w13, w2, path=path), fused_moe_torch(x, ids, weights, w13, w2), torch.float32)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_shared_expert_wider_than_the_routed_ones(path):
+    # n_shared_experts = 2: the shared intermediate is 2I, a (K+1)-th expert of another size
+    t, e, k = 3, 8, 2
+    w13, w2, _, _ = experts(e, 64, 32, 32, torch.float32, "dense", seed=3)
+    _, _, s13, s2 = experts(e, 64, 32, 64, torch.float32, "dense", seed=4)
+    ids, weights = routing(t, e, k, seed=3)
+    x = torch.randn(t, 64, device=DEVICE)
+    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="emulates the interpreter's truncating fp32 -> bf16 casts")
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_rounding_points_are_the_references(path):
+    """The reference's bf16 roundings, each emulated as the interpreter casts (truncation), in
+    fp64 otherwise: the kernels' outputs are bit-identical, so they round at exactly those points."""
+    t, e, k = 3, 16, 4
+    w13, w2, s13, s2 = experts(e, 64, 32, 32, torch.bfloat16, "dense", seed=6)
+    ids, weights = routing(t, e, k, seed=6)
+    x = torch.randn(t, 64).to(torch.bfloat16)
+
+    def cast(v):
+        return (v.float().view(torch.int32) & -65536).view(torch.float32).double()
+
+    def swiglu(a, w13, w2):
+        gate, up = cast(a.double() @ w13.double().T).chunk(2, -1)
+        return cast(cast(cast(gate / (1 + torch.exp(-gate))) * up) @ w2.double().T)
+
+    routed = torch.zeros(t, 64, dtype=torch.float64)
+    for i in range(t):
+        for j in range(k):
+            routed[i] += weights[i, j].double() * swiglu(x[i:i + 1], w13[ids[i, j]], w2[ids[i, j]])[0]
+    expected = cast(cast(routed) + swiglu(x, s13, s2)).to(torch.bfloat16)
+    assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path), expected)
+
+
+def test_sort_pairs_torch_groups_by_expert_in_padded_blocks():
+    ids = torch.tensor([[2, 0], [2, 3], [0, 2]], dtype=torch.int32, device=DEVICE)
+    pairs, block_expert = sort_pairs_torch(ids, 4, has_shared=True, block_m=2)
+    p = 9  # 3 tokens x (2 routed + shared)
+    # pair = token * 3 + slot; expert 0: pairs 1, 6 | expert 2: 0, 3, 7 (+pad) | expert 3: 4 (+pad)
+    # | shared (id 4): 2, 5, 8 (+pad)
+    expected = [1, 6, 0, 3, 7, p, 4, p, 2, 5, 8, p]
+    assert pairs.tolist()[:len(expected)] == expected and set(pairs.tolist()[len(expected):]) <= {p}
+    assert block_expert.tolist()[:6] == [0, 2, 2, 3, 4, 4] and min(block_expert.tolist()[6:]) >= 5
+
+
+@pytest.mark.parametrize("t,e,k,shared,block_m", [(3, 4, 2, True, 2), (40, 16, 4, True, 16), (17, 8, 8, False, 4),
+                                                  (70, 16, 1, True, 16)])
+def test_sort_pairs_kernel_matches_torch(t, e, k, shared, block_m):
+    """Same runs, padding and block table; pairs within a run in any order (several programs)."""
+    ids, _ = routing(t, e, k, seed=t)
+    ids[: t // 2, 0] = 1  # a crowded expert
+    got, expected = sort_pairs(ids, e, shared, block_m), sort_pairs_torch(ids, e, shared, block_m)
+    n_exp = e + shared
+    assert torch.equal(got[1].clamp(max=n_exp), expected[1].clamp(max=n_exp))
+    rows_expert = expected[1].clamp(max=n_exp).repeat_interleave(block_m)
+    for x in range(n_exp + 1):  # each expert's run (and the unused tail) holds the same pairs
+        run = rows_expert == x
+        assert torch.equal(got[0][run].sort().values, expected[0][run].sort().values)
+
+
+def test_twin_matches_the_reference_moe():
+    config = FlintConfig.preset("flint-tiny")
+    moe = FlintMoE(config).to(DEVICE)
+    g = torch.Generator().manual_seed(5)
+    for p in moe.parameters():
+        p.data = (torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5).to(DEVICE)
+    x = torch.randn(9, config.hidden_size, device=DEVICE)
+    ids, weights = moe.gate(x)
+    stack = lambda name: torch.stack([getattr(ex, name).weight for ex in moe.experts])  # noqa: E731
+    w13 = torch.cat([stack("gate_proj"), stack("up_proj")], dim=1)
+    sh = moe.shared_experts
+    s13 = torch.cat([sh.gate_proj.weight, sh.up_proj.weight])
+    got = fused_moe_torch(x, ids.int(), weights, w13, stack("down_proj"), s13, sh.down_proj.weight)
+    torch.testing.assert_close(got, moe(x), **FP32_TOL)
+
+
+def test_errors_name_the_argument():
+    w13, w2, s13, s2 = experts(4, 64, 32, 32, torch.float32, "dense")
+    ids, weights = routing(2, 4, 2)
+    x = torch.randn(2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="topk_ids"):
+        fused_moe(x, ids.long(), weights, w13, w2)
+    with pytest.raises(ValueError, match="w2"):
+        fused_moe(x, ids, weights, w13, w2[:, :32])
+    with pytest.raises(ValueError, match="shared"):
+        fused_moe(x, ids, weights, w13, w2, s13, None)
+    with pytest.raises(ValueError, match="path"):
+        fused_moe(x, ids, weights, w13, w2, path="fast")
+    assert fused_moe(x[:0], ids[:0], weights[:0], w13, w2, s13, s2).shape == (0, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
+@pytest.mark.parametrize("t", [1, 8, 64, 1000])
+def test_real_shapes(path, fmt, t):
+    if path == "small" and t > 64:
+        pytest.skip("the GEMV path is for decode batches")
+    e, k = 256, 6
+    w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, fmt)
+    ids, weights = routing(t, e, k)
+    x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
+    assert_scaled_close(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
+                        fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)

@@ -1,0 +1,84 @@
+"""nvfp4_linear (GEMV and tl.dot GEMM kernels, split-K) vs nvfp4_linear_torch = dequantise
+(exactly, fp32) then matmul; and the decoded weights themselves, bit for bit."""
+
+import pytest
+import torch
+
+from flint_backend.weights.nvfp4 import concat_rows
+from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_kernels.nvfp4 import dequantize_nvfp4
+from flint_kernels.nvfp4_linear import GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch
+from kv_cases import assert_scaled_close
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32 x: only the accumulation order differs (global scale applied once per output, after the
+# sum). bf16 x: the output's rounding to bf16, which the interpreter truncates (1 ulp, 2^-8).
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-4), torch.bfloat16: dict(rtol=1e-2, atol=2e-2)}
+
+
+def weight(n, k, seed=0, per_row=False):
+    g = torch.Generator().manual_seed(seed)
+    if per_row:  # a fused weight: three sources with their own global scales
+        parts = [quantize_nvfp4(torch.randn(m, k, generator=g) * s) for m, s in [(n - n // 2, 1.0), (n // 4, 0.05),
+                                                                                  (n // 2 - n // 4, 8.0)]]
+        return concat_rows(parts).to(DEVICE)
+    return quantize_nvfp4(torch.randn(n, k, generator=g)).to(DEVICE)
+
+
+@pytest.mark.parametrize("t", [3, GEMV_MAX_TOKENS + 1, 64])
+def test_one_hot_activations_read_back_the_exact_weights(t):
+    # x = rows of the identity: y[i, n] = W[n, k_i] with no accumulation, bit for bit
+    w = weight(40, 64, per_row=True)
+    ks = torch.arange(t, device=DEVICE) * 7 % 64
+    x = torch.eye(64, device=DEVICE)[ks]
+    expected = dequantize_nvfp4(w.packed, w.scales, w.scale, torch.float32).T[ks]
+    assert torch.equal(nvfp4_linear(x, w), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t,n,k,splits", [
+    (1, 48, 64, None),        # batch-1 GEMV
+    (3, 33, 96, None),        # odd rows, K not a multiple of the k step
+    (4, 40, 1024, 4),         # GEMV split-K, reduction finished by the last split
+    (5, 70, 64, None),        # GEMM, partial tiles
+    (17, 24, 512, 2),         # GEMM split-K
+])
+def test_matches_dequantise_then_matmul(t, n, k, splits, dtype):
+    w = weight(n, k, seed=t, per_row=t % 2 == 1)
+    x = torch.randn(t, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(dtype)
+    got = nvfp4_linear(x, w, num_splits=splits)
+    assert got.dtype == dtype and got.shape == (t, n)
+    torch.testing.assert_close(got, nvfp4_linear_torch(x, w), **TOL[dtype])
+
+
+def test_split_k_is_deterministic():
+    w = weight(16, 2048, seed=3)
+    x = torch.randn(2, 2048, device=DEVICE)
+    once, again = nvfp4_linear(x, w, num_splits=8), nvfp4_linear(x, w, num_splits=8)
+    assert torch.equal(once, again)
+    torch.testing.assert_close(once, nvfp4_linear(x, w, num_splits=1), **TOL[torch.float32])
+
+
+def test_empty_batch_and_errors():
+    w = weight(8, 64)
+    assert nvfp4_linear(torch.empty(0, 64, device=DEVICE), w).shape == (0, 8)
+    with pytest.raises(ValueError, match=r"expected \[T, 64\]"):
+        nvfp4_linear(torch.randn(2, 32, device=DEVICE), w)
+    with pytest.raises(ValueError, match="num_splits"):
+        nvfp4_linear(torch.randn(2, 64, device=DEVICE), w, num_splits=5)
+    stacked = quantize_nvfp4(torch.randn(2, 8, 64)).to(DEVICE)
+    with pytest.raises(ValueError, match="matrix"):
+        nvfp4_linear(torch.randn(2, 64, device=DEVICE), stacked)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 4, 8, 64, 8192])
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (20480, 2048), (2048, 10240), (151552, 2048)])
+def test_real_shapes(t, n, k):
+    if n == 151552 and t > 64:
+        pytest.skip("LM head runs on sampled rows only")
+    w = quantize_nvfp4(torch.randn(n, k, device=DEVICE) / k ** 0.5)
+    x = torch.randn(t, k, device=DEVICE, dtype=torch.bfloat16)
+    got, expected = nvfp4_linear(x, w), nvfp4_linear_torch(x, w)
+    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected, rel=1e-2)
