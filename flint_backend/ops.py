@@ -19,9 +19,7 @@ from flint_backend.weights.nvfp4 import NVFP4Weight
 from flint_backend.weights.nvfp4 import concat_rows as nvfp4_concat_rows
 from flint_kernels import attention as attention_k
 from flint_kernels import moe as moe_k
-from flint_kernels import moe_decode as moe_decode_k
 from flint_kernels import norm_qkv_rope as norm_qkv_k
-from flint_kernels import norm_router as norm_router_k
 from flint_kernels import nvfp4_linear as nvfp4_k
 from flint_kernels import qk_norm_rope as qk_k
 from flint_kernels import rms_norm as rms_k
@@ -47,8 +45,7 @@ class Ops:
     sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
     # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
     norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
-    norm_router: Callable     # (x, residual, norm_w, eps, router_w) -> h, residual + x, logits fp32
-    moe_decode: Callable      # (h, logits, bias, top_k, scaling, renormalize, w13, w2, sw13, sw2) -> [T, H]
+    norm_router: Callable     # (x, residual, norm_w, eps, w, bias, top_k, scaling, renorm) -> h, residual + x, ids, weights
 
 
 def cache_write_torch(k, v, k_cache, v_cache, slots):
@@ -114,8 +111,7 @@ TORCH_OPS = Ops(
     router=router_k.router_topk_torch,
     moe=moe_k.fused_moe_torch,
     norm_qkv_rope=norm_qkv_k.norm_qkv_rope_torch,
-    norm_router=norm_router_k.norm_router_torch,
-    moe_decode=moe_decode_k.moe_decode_torch,
+    norm_router=router_k.norm_router_topk_torch,
     sample=sampling_k.sample_torch,
 )
 
@@ -134,8 +130,7 @@ def triton_ops() -> Ops:
         moe=moe_k.fused_moe,
         sample=sampling_k.sample,
         norm_qkv_rope=norm_qkv_k.norm_qkv_rope,
-        norm_router=norm_router_k.norm_router,
-        moe_decode=moe_decode_k.moe_decode,
+        norm_router=router_k.norm_router_topk,
     )
 
 

@@ -42,6 +42,37 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * H + cols, out.to(x.dtype), mask=mask)
 
 
+@triton.jit
+def residual_norm_tile(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, k0, H, rstd, HAS_RESIDUAL: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Prologue of the fused low-latency kernels, columns [k0, k0 + BLOCK_K) of token rows `toks`:
+    -> (rms_norm(residual + x) given the rows' rstd [BLOCK_T, 1], residual + x (rounded like the
+    reference's residual add), their offsets and mask). Call with rstd = 0 to sum squares first."""
+    dtype = x_ptr.dtype.element_ty
+    cols = k0 + tl.arange(0, BLOCK_K)
+    kmask = cols < H
+    m = tmask[:, None] & kmask[None, :]
+    off = toks[:, None] * H + cols[None, :]
+    a = tl.load(x_ptr + off, mask=m, other=0.0)
+    if HAS_RESIDUAL:
+        a = (a.to(tl.float32) + tl.load(res_in_ptr + off, mask=m, other=0.0).to(tl.float32)).to(dtype)
+    nw = tl.load(norm_w_ptr + cols, mask=kmask, other=0.0).to(dtype).to(tl.float32)
+    return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw[None, :]).to(dtype), a, off, m
+
+
+@triton.jit
+def residual_rstd(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, H, eps, HAS_RESIDUAL: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """[BLOCK_T, 1] fp32 reciprocal RMS of the token rows of residual + x over all H columns."""
+    sumsq = tl.zeros([toks.shape[0]], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        _, a, _, _ = residual_norm_tile(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, k0, H, 0.0, HAS_RESIDUAL,
+                                        BLOCK_K)
+        af = a.to(tl.float32)
+        sumsq += tl.sum(af * af, axis=1)
+    return tl.rsqrt(sumsq / H + eps)[:, None]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], weight [H] -> [T, H] in x's dtype (residual's dtype when given; residual += x)."""

@@ -223,29 +223,24 @@ def tiles(kwargs: dict) -> str:
 
 
 def low_latency_launches() -> list:
-    """The low-latency decode kernels at full size: batch 1 and 8."""
-    from flint_kernels import moe_decode, norm_qkv_rope, norm_router
-    hq, hk, d, h, e, i, bf16 = 32, 4, 128, 2048, 256, 512, torch.bfloat16
-    qkv_w = torch.randn((hq + 2 * hk) * d, h, dtype=bf16)
+    """The low-latency decode kernels at full size (MoE experts: moe_launches): batch 1 and 8."""
+    from flint_kernels import norm_qkv_rope, router
+    hq, hk, d, h, e, bf16 = 32, 4, 128, 2048, 256, torch.bfloat16
     dw, hw = torch.randn(d, dtype=bf16), torch.randn(h, dtype=bf16)
     cos_sin = torch.randn(64, d)
     cache = torch.zeros(8, 64, hk, d, dtype=bf16)
-    router = torch.randn(e, h, dtype=bf16)
-    w13, w2 = torch.randn(e, 2 * i, h, dtype=bf16), torch.randn(e, h, i, dtype=bf16)
-    sw13, sw2 = torch.randn(2 * i, h, dtype=bf16), torch.randn(h, i, dtype=bf16)
-    bias = torch.zeros(e)
+    router_w, bias = torch.randn(e, h, dtype=bf16), torch.zeros(e)
     cases = []
     for t in (1, 8):
         x = torch.randn(t, h, dtype=bf16)
         pos, slots = torch.arange(t), torch.arange(t)
-        logits = torch.randn(t, e)
-        cases += [
-            (f"norm_qkv_rope T={t} rope+cache", norm_qkv_rope, lambda x=x, pos=pos, slots=slots: norm_qkv_rope.norm_qkv_rope(
-                x, x.clone(), hw, 1e-5, qkv_w, dw, dw, pos, cos_sin, hq, hk, cache, cache, slots)),
-            (f"norm_router T={t}", norm_router, lambda x=x: norm_router.norm_router(x, x.clone(), hw, 1e-5, router)),
-            (f"moe_decode T={t}", moe_decode, lambda x=x, logits=logits: moe_decode.moe_decode(
-                x, logits, bias, 6, 2.5, True, w13, w2, sw13, sw2)),
-        ]
+        for fmt, qkv_w in (("bf16", torch.randn((hq + 2 * hk) * d, h, dtype=bf16)),
+                           ("nvfp4", nvfp4((hq + 2 * hk) * d, h, per_row=True))):
+            cases.append((f"norm_qkv_rope {fmt} T={t} rope+cache", norm_qkv_rope,
+                          lambda x=x, pos=pos, slots=slots, w=qkv_w: norm_qkv_rope.norm_qkv_rope(
+                              x, x.clone(), hw, 1e-5, w, dw, dw, pos, cos_sin, hq, hk, cache, cache, slots)))
+        cases.append((f"norm_router_topk T={t}", router, lambda x=x: router.norm_router_topk(
+            x, x.clone(), hw, 1e-5, router_w, bias, 6, 2.5, True)))
     return cases
 
 

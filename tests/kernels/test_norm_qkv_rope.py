@@ -52,3 +52,26 @@ def test_rejects_too_many_tokens():
     x, res, norm_w, qkv_w, q_w, k_w, pos, *_ = _inputs(17, 64, 2, 1, 32, torch.float32)
     with pytest.raises(ValueError, match="T <= 16"):
         norm_qkv_rope(x, res, norm_w, 1e-5, qkv_w, q_w, k_w, pos, None, 2, 1)
+
+
+@pytest.mark.parametrize("nvfp4", [False, True])
+@pytest.mark.parametrize("t", [1, 4])
+def test_split_k_and_nvfp4_weights(nvfp4, t):
+    """H = 384: three K tiles, split over programs (the last to arrive finishes the head); the
+    fused qkv as NVFP4 with a per-row global scale (q, k and v quantised separately)."""
+    from flint_backend.weights.nvfp4 import concat_rows
+    from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+
+    h, hq, hk, d = 384, 2, 1, 32
+    x, res, norm_w, qkv_w, q_w, k_w, pos, kc, vc, slot = _inputs(t, h, hq, hk, d, torch.bfloat16, seed=4)
+    if nvfp4:
+        q_rows, kv_rows = hq * d, hk * d
+        parts = qkv_w.split([q_rows, kv_rows, kv_rows])
+        qkv_w = concat_rows([quantize_nvfp4(p) for p in parts])
+    cos_sin = rope_cos_sin_cache(256, d, 10000.0, "cpu")
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = norm_qkv_rope(x, res, norm_w, 1e-5, qkv_w, q_w, k_w, pos, cos_sin, hq, hk, kc, vc, slot)
+    want = norm_qkv_rope_torch(x, res, norm_w, 1e-5, qkv_w, q_w, k_w, pos, cos_sin, hq, hk, kc2, vc2, slot)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(kc.float(), kc2.float(), rtol=3e-2, atol=3e-2)

@@ -113,8 +113,10 @@ def test_config_from_gguf_metadata_alone(config, bf16_dir, nvfp4_gguf):
     assert meta["flint.expert_shared_feed_forward_length"] == config.shared_intermediate_size
 
 
-def test_plain_tiny_preset_keeps_k32_down_projections_bf16():
-    plan = {p.tensor.gguf: p.qtype for p in plan_tensors(FlintConfig.preset("flint-tiny"), "nvfp4")}
+def test_k32_down_projections_stay_bf16():
+    """ggml's NVFP4 super-block is 64 weights: a linear with K = 32 falls back to BF16."""
+    config = FlintConfig.preset("flint-tiny", moe_intermediate_size=32)
+    plan = {p.tensor.gguf: p.qtype for p in plan_tensors(config, "nvfp4")}
     assert plan["blk.2.ffn_down_exps.weight"] is GGMLQuantizationType.BF16   # K = 32
     assert plan["blk.2.ffn_down_shexp.weight"] is GGMLQuantizationType.BF16
     assert plan["blk.2.ffn_gate_exps.weight"] is GGMLQuantizationType.NVFP4  # K = 64
