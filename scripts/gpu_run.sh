@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call: correctness on the GPU (pytest -m gpu) and the kernel benchmarks, logs under $OUT.
+#   run(command="bash scripts/gpu_run.sh [tests|kernels|bench ARGS...]", carry=[".whl"])
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD/.shim:$PWD
+fi
+mkdir -p .shim && ln -sfn ../kernels .shim/flint_kernels   # flint_kernels without installing the package
+export PYTHONPATH=${PYTHONPATH:-$PWD/.shim:$PWD} PYTHONUNBUFFERED=1
+what=${1:-tests}; shift || true
+case "$what" in
+  tests)    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
+            timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -x "$@" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+  kernels)  timeout "${BENCH_TIMEOUT:-400}" python3 scripts/bench_kernels.py --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench_kernels.log" | tail -60 ;;
+  bench)    python3 scripts/bench.py --out "$OUT/results.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+  *)        echo "usage: gpu_run.sh tests|kernels|bench [args]"; exit 2 ;;
+esac
