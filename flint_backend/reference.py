@@ -65,7 +65,7 @@ class FlintRMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """NeoX rotate-half RoPE over all `dim` dims. positions [T] -> cos, sin [T, dim] (fp64)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
     freqs = positions.double()[:, None] * inv_freq[None, :]  # [T, dim/2]
     angles = torch.cat([freqs, freqs], dim=-1)
     return angles.cos(), angles.sin()

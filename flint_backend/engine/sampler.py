@@ -56,8 +56,10 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """logits [S, V] fp32, one row per sequence in `seqs`."""
-        processed = self._penalize(logits.clone(), seqs)
-        if self.fused_sample is not None:
+        processed = self._penalize(logits.clone(), seqs) if any(map(_needs_processing, seqs)) else logits
+        if all(seq.params.greedy for seq in seqs):
+            tokens = processed.argmax(-1)  # the common decode case: no host->device parameter copies
+        elif self.fused_sample is not None:
             tokens = self._sample_fused(processed, seqs)
         else:
             tokens = processed.argmax(-1)  # greedy rows keep this
@@ -130,6 +132,12 @@ class Sampler:
         p = seq.params
         g = self.unseeded if p.seed is None else _generator(p.seed, seq.num_output_tokens, self.device)
         return torch.empty(size, device=self.device).exponential_(generator=g)
+
+
+def _needs_processing(seq: Sequence) -> bool:
+    p = seq.params
+    return bool(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+                or (p.min_tokens and seq.num_output_tokens < p.min_tokens))
 
 
 def _logprobs(logits: torch.Tensor, token: int, n: int) -> TokenLogprobs:
