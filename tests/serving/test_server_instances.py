@@ -2,8 +2,13 @@
 Triton spreads the requests over both engines (seen per instance on /metrics), every text equals
 the fp64 reference's, and aborts taken by either instance stop the owner's request."""
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +97,24 @@ def test_stop_words_abort_the_request_in_whichever_instance_owns_it(server, refe
     assert count("length") == 0
     wait_for(lambda: max(per_instance(server, "flint:kv_cache_usage_perc").values()) == 0, 10,
              lambda: per_instance(server, "flint:kv_cache_usage_perc"))
+
+
+def test_multi_gpu_check_client_runs_against_two_instances(server, tmp_path):
+    """scripts/multi_gpu_check.py's load + report (its GPU run is scripts/multi_gpu_check.sh), with a
+    stand-in nvidia-smi: both instances must show traffic in its per-instance count."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho '0, Stand-in GPU, 1000, 80000'\necho '1, Stand-in GPU, 900, 80000'\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "multi_gpu_check.py"
+    run = subprocess.run([sys.executable, str(script), "load", "--url", server.http_url, "--metrics-url",
+                          f"127.0.0.1:{server.metrics_port}", "--streams", "8", "--tokens", "6", "--label", "two",
+                          "--out", str(tmp_path / "two.json")], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "two.json").read_text())
+    assert result["output_tokens"] == 8 * 6 and len(result["instance_tokens"]) == INSTANCES
+    assert all(n == 1 for n in result["texts_per_prompt"].values())  # greedy: one text per prompt
+    run = subprocess.run([sys.executable, str(script), "report", str(tmp_path / "two.json"), "--out",
+                          str(tmp_path / "report.json")], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "| two |" in run.stdout, run.stdout + run.stderr
