@@ -1,11 +1,11 @@
 """Where the model repository keeps its configuration, and the paths it names.
 
 Engine arguments live in ONE file, `flint_model/1/engine_args.json` (EngineArgs keys);
-the tokenizer and postprocessor read the tokenizer path from it too. How many engines run,
-and where, is flint_model's `instance_group` (one line of its config.pbtxt). Relative paths in it
+the tokenizer and postprocessor read the tokenizer path from it too. Relative paths in it
 are relative to the file. A model given as a Hugging Face repo id (`RecursiveSI/flint`)
 is looked up in the local HF cache (~/.cache/huggingface, offline); a GGUF repo resolves
-to its one .gguf file.
+to its one .gguf file. How many engines run, and where, is flint_model's `instance_group`
+(one line of its config.pbtxt).
 """
 
 from __future__ import annotations
