@@ -5,7 +5,7 @@
         [--enable-auto-tool-choice] [--tool-call-parser glm47] [--reasoning-parser glm47]
         [--exclude-tools-when-tool-choice-none] [--default-max-tokens N]
         [--kernel-backend triton] [--device cuda] [--max-num-seqs N] [--max-num-batched-tokens N] ...
-        [--repository model_repository]
+        [--gpus 0,1,...|all] [--instances N] [--repository model_repository]
 
 Every EngineArgs field is a flag (`--max-model-len`, `--kv-cache-memory-fraction`, ...; vLLM's
 `--gpu-memory-utilization` is another name for the last); they are written, all of them,
@@ -14,6 +14,10 @@ parameters. The result depends on the flags only (anything not given takes its d
 as a server command line does. Unknown flags are errors. MODEL may be a path or a Hugging
 Face repo id already in the local cache (a GGUF repo resolves to its .gguf file); a relative
 path is stored relative to engine_args.json, so the repository can move with the project.
+
+Scale-out is flint_model's instance_group (config.pbtxt): `--gpus 0,1` runs one engine per
+GPU (KIND_GPU; `all`: every GPU this machine shows, e.g. a pod's), `--instances N` runs N CPU
+engines (KIND_CPU), or N per GPU with --gpus; neither: one engine on `--device` (KIND_MODEL).
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from pathlib import Path
 
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.engine.engine_args import EngineArgs
-from flint_backend.serving.repository import PATH_KEYS, engine_args_path, resolve_model_path
+from flint_backend.serving.repository import (ENGINE_MODEL, PATH_KEYS, engine_args_path, instance_group,
+                                              resolve_model_path, set_instance_group)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_CONFIG = Path("flint_tokenizer") / "config.pbtxt"
+ENGINE_CONFIG = Path(ENGINE_MODEL) / "config.pbtxt"
 ALIASES = {"gpu_memory_utilization": "kv_cache_memory_fraction"}
 CHAT_FLAGS = ("enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
               "exclude_tools_when_tool_choice_none", "default_max_tokens")
@@ -53,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--exclude-tools-when-tool-choice-none", action="store_true")
     parser.add_argument("--default-max-tokens", type=int, default=16,
                         help="max_tokens of requests that give none (vLLM's default: 16)")
+    parser.add_argument("--gpus", help="one engine per GPU: comma-separated CUDA ids, or 'all' (KIND_GPU)")
+    parser.add_argument("--instances", type=int, help="N CPU engines (KIND_CPU); with --gpus, N per GPU")
     return parser
 
 
@@ -85,6 +93,33 @@ def _stored_path(resolved: str, given: str, json_dir: Path) -> str:
     return os.path.relpath(resolved, json_dir)
 
 
+def gpu_ids(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    if text == "all":
+        import torch
+
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ValueError("--gpus all: this machine shows no CUDA GPU")
+        return list(range(count))
+    try:
+        return [int(g) for g in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--gpus: expected 'all' or comma-separated GPU ids like 0,1, got {text!r}") from None
+
+
+def engine_instance_group(args: argparse.Namespace, device: str) -> str:
+    gpus = gpu_ids(args.gpus)
+    if gpus is not None and device not in ("auto", "cuda"):
+        raise ValueError(f"--device {device} with --gpus: each instance runs on the GPU Triton gives it; "
+                         "leave --device out or give 'cuda'")
+    if gpus is None and args.instances is not None and device.startswith("cuda"):
+        raise ValueError(f"--instances with --device {device}: --instances alone makes CPU engines; "
+                         "give --gpus for GPU engines")
+    return instance_group(gpus, args.instances)
+
+
 def set_parameters(pbtxt: str, values: dict[str, str]) -> str:
     for key, value in values.items():
         pattern = re.compile(r'(parameters\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*")[^"]*(")')
@@ -109,12 +144,15 @@ def main(argv: list[str] | None = None) -> None:
             "tool_call_parser": options.tool_call_parser or "", "reasoning_parser": options.reasoning_parser or "",
             "exclude_tools_when_tool_choice_none": str(options.exclude_tools_when_tool_choice_none).lower(),
             "default_max_tokens": str(args.default_max_tokens)})
+        group = engine_instance_group(args, engine.device)
+        engine_config = set_instance_group((args.repository / ENGINE_CONFIG).read_text(), group)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"configure_repository: {error}")
     json_path.write_text(json.dumps(engine.to_dict(), indent=2) + "\n")
     config_path.write_text(pbtxt)
+    (args.repository / ENGINE_CONFIG).write_text(engine_config)
     print(f"configured {args.repository}: model={engine.model} device={engine.device} "
-          f"kernel_backend={engine.kernel_backend}; chat: {options}")
+          f"kernel_backend={engine.kernel_backend}; {group}; chat: {options}")
 
 
 if __name__ == "__main__":

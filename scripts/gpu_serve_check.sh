@@ -23,36 +23,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 RESULTS=${OUT:-build/gpu_serve_check}
-W=build/gpu_bundle
 mkdir -p "$RESULTS"
 step() { echo; echo "== $*"; }
 
-step "unpack $BUNDLE"
-rm -rf "$W" && mkdir -p "$W" && tar -C "$W" -xJf "$BUNDLE"
-[ "$(cat "$W/ARCH")" = "$(uname -m)" ] || { echo "bundle is for $(cat "$W/ARCH"), this is $(uname -m)" >&2; exit 1; }
-
-step "venv over the image's packages, numpy 1.26 in front"
-python3 -m venv --without-pip --system-site-packages "$W/venv"
-VPY=$PWD/$W/venv/bin/python
-SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-python3 -m pip install -q --no-index --no-deps --target "$SITE" "$W"/wheels/*.whl
-cp -r "$W/pytriton" "$W/nvidia_pytriton.libs" "$SITE/"
-ln -sfn "$PWD/kernels" "$SITE/flint_kernels"
-export PYTHONPATH=$PWD
-"$VPY" - <<'PY'
-import sys, sysconfig, os
-import numpy, torch, triton, transformers
-v = f"{sys.version_info[0]}.{sys.version_info[1]}"
-lib = os.path.join(sysconfig.get_config_var("LIBDIR") or "", f"libpython{v}.so.1.0")
-print(f"python {sys.version.split()[0]} numpy {numpy.__version__} torch {torch.__version__} triton {triton.__version__} "
-      f"transformers {transformers.__version__} cuda {torch.cuda.is_available()} libpython {os.path.exists(lib)}")
-assert numpy.__version__.startswith("1."), "numpy 1.26 must win in the stub's environment"
-assert v == "3.12", f"the bundle has the stub for Python 3.12, not {v}"
-assert torch.cuda.is_available(), "no CUDA GPU"
-if not os.path.exists(lib):
-    import ctypes.util
-    assert ctypes.util.find_library(f"python{v}"), f"libpython{v}.so is missing: the Python backend stub links it"
-PY
+# shellcheck source=scripts/gpu_bundle_venv.sh
+source scripts/gpu_bundle_venv.sh "$BUNDLE"
 
 CKPT=build/gpu_ckpt/$PRESET
 step "checkpoint $CKPT"

@@ -13,7 +13,7 @@ from flint_backend.config import FlintConfig
 from flint_backend.engine.block_manager import BlockManager
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.metrics import EngineMetrics
-from flint_backend.engine.runner import ModelRunner, resolve_device
+from flint_backend.engine.runner import ModelRunner, resolve_device, use_device
 from flint_backend.engine.sampler import TokenLogprobs
 from flint_backend.engine.sampling_params import SamplingParams
 from flint_backend.engine.scheduler import Scheduler
@@ -54,6 +54,7 @@ class LLMEngine:
                  weights: dict[str, torch.Tensor] | None = None):
         self.args = args
         self.device = resolve_device(args.device)
+        use_device(self.device)
         if self.device.type == "cpu" and args.cpu_threads:
             torch.set_num_threads(args.cpu_threads)
         if weights is None:

@@ -11,6 +11,7 @@ import traceback
 from typing import Callable, Iterator
 
 from flint_backend.engine.engine import LLMEngine, RequestOutput
+from flint_backend.engine.runner import use_device
 from flint_backend.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class EngineThread:
                 self._deliver([output])
 
     def _loop(self) -> None:
+        use_device(self.engine.device)
         while not self._stop.is_set():
             block = not self.engine.has_work()
             try:

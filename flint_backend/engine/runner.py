@@ -25,6 +25,14 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def use_device(device: torch.device) -> None:
+    """Make `device` the calling thread's current CUDA device (the current device is per thread):
+    Triton kernels and CUDA graphs run on the current device, whatever device their tensors are on,
+    so an engine on cuda:1 needs it in the thread that builds it and in the one that steps it."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 class ModelRunner:
     def __init__(self, config: FlintConfig, weights: dict[str, torch.Tensor], args: EngineArgs,
                  device: torch.device, max_model_len: int):

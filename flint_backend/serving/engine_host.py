@@ -5,7 +5,8 @@ sentinel, that the model's response thread drains.
 One response per engine step and request; when the response thread falls behind (a slow
 client or postprocessor), the outputs of a request waiting in the queue go out together
 as one chunk, so a slow reader gets a few tokens per response instead of a growing backlog.
-Every request gets a fresh key (the postprocessor's per-request state is keyed by it) and
+Every request gets a fresh key (the postprocessor's per-request state is keyed by it), unique
+across instances and starting with `key_prefix` (the instance's address: abort_relay.py), and
 numbered chunks; its output config rides on chunk 0 only.
 """
 
@@ -35,14 +36,15 @@ class HostedRequest:
 
 
 class EngineHost:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, key_prefix: str = ""):
         self.engine = engine
+        self.key_prefix = key_prefix
         self._thread = EngineThread(engine)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # (HostedRequest, RequestOutput) | None
 
     def submit(self, handle, inputs: Inputs) -> HostedRequest:
         """A request from the tokenizer step; a refused one still answers, with an error chunk."""
-        request = HostedRequest(handle, uuid.uuid4().hex, scalar(inputs, "output_config") or "")
+        request = HostedRequest(handle, self.key_prefix + uuid.uuid4().hex, scalar(inputs, "output_config") or "")
         ids = inputs.get("prompt_ids")
         prompt = [int(t) for t in ids.reshape(-1)] if ids is not None else []
         request.num_prompt_tokens = len(prompt)

@@ -4,12 +4,14 @@ Engine arguments live in ONE file, `flint_model/1/engine_args.json` (EngineArgs 
 the tokenizer and postprocessor read the tokenizer path from it too. Relative paths in it
 are relative to the file. A model given as a Hugging Face repo id (`RecursiveSI/flint`)
 is looked up in the local HF cache (~/.cache/huggingface, offline); a GGUF repo resolves
-to its one .gguf file.
+to its one .gguf file. How many engines run, and where, is flint_model's `instance_group`
+(one line of its config.pbtxt).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from flint_backend.chat.chat_options import ChatOptions
@@ -19,6 +21,7 @@ from flint_backend.tokenizer import TOKENIZER_DIR
 ENGINE_MODEL = "flint_model"
 ENGINE_ARGS_FILE = "engine_args.json"
 PATH_KEYS = ("model", "hf_config_path", "tokenizer")
+INSTANCE_GROUP = re.compile(r"^instance_group\s*\[.*\]\s*$", re.M)
 
 
 def engine_args_path(repository: str | Path, engine_model: str = ENGINE_MODEL) -> Path:
@@ -85,3 +88,26 @@ def chat_options(params: dict[str, str]) -> ChatOptions:
                        tool_call_parser=params.get("tool_call_parser") or None,
                        reasoning_parser=params.get("reasoning_parser") or None,
                        exclude_tools_when_tool_choice_none=flag("exclude_tools_when_tool_choice_none"))
+
+
+def instance_group(gpus: list[int] | None = None, count: int | None = None) -> str:
+    """flint_model's instance_group line: `count` engines (default 1) on each GPU of `gpus`
+    (KIND_GPU); else `count` CPU engines (KIND_CPU); neither: one engine on engine_args.json's
+    device (KIND_MODEL)."""
+    if count is not None and count < 1:
+        raise ValueError(f"--instances: expected a positive integer, got {count}")
+    if gpus is not None:
+        if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
+            raise ValueError(f"--gpus: expected distinct GPU ids >= 0, got {gpus}")
+        ids = ", ".join(str(g) for g in gpus)
+        return f"instance_group [ {{ kind: KIND_GPU count: {count or 1} gpus: [ {ids} ] }} ]"
+    if count is not None:
+        return f"instance_group [ {{ kind: KIND_CPU count: {count} }} ]"
+    return "instance_group [ { kind: KIND_MODEL count: 1 } ]"
+
+
+def set_instance_group(pbtxt: str, group: str) -> str:
+    pbtxt, found = INSTANCE_GROUP.subn(group, pbtxt)
+    if found != 1:
+        raise ValueError(f"{ENGINE_MODEL}/config.pbtxt: expected one instance_group line, found {found}")
+    return pbtxt

@@ -7,6 +7,7 @@ import numpy as np
 
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.serving.abort_relay import AbortRelay
 from flint_backend.serving.chunks import chunk_arrays, chunk_from_arrays
 from flint_backend.serving.engine_host import EngineHost
 
@@ -25,9 +26,9 @@ def inputs(prompt, **sampling):
             "output_config": np.array([[b'{"stream": true}']], np.object_)}
 
 
-def make_host():
+def make_host(key_prefix=""):
     return EngineHost(LLMEngine(EngineArgs(dtype="float32", device="cpu", block_size=4, num_kv_blocks=128,
-                                           max_model_len=64, max_num_seqs=8, cpu_threads=1)))
+                                           max_model_len=64, max_num_seqs=8, cpu_threads=1)), key_prefix)
 
 
 def collect(host, count):
@@ -81,3 +82,22 @@ def test_cancelled_sender_aborts_the_request_once():
         host.shutdown()
     assert chunk.finish_reason == "abort" and chunk.num_output_tokens < 50
     assert host.engine.blocks.usage == 0.0 and request.cancelled
+
+
+def test_an_abort_taken_by_another_instance_stops_the_owners_request():
+    hosts = []
+    relays = [AbortRelay(f"flint_model_0_{i}", lambda key, i=i: hosts[i].abort(key)) for i in range(2)]
+    hosts += [make_host(relay.key_prefix) for relay in relays]
+    try:
+        request = hosts[1].submit(Sender(), inputs([1, 2, 3], max_tokens=50, ignore_eos=True))
+        assert request.key.startswith(relays[1].key_prefix)
+        for _, chunk in hosts[1].responses():
+            relays[0].route(chunk.key)  # Triton gave the control request to instance 0
+            if chunk.finished:
+                break
+    finally:
+        for relay in relays:
+            relay.close()
+        for host in hosts:
+            host.shutdown()
+    assert chunk.finish_reason == "abort" and chunk.num_output_tokens < 50

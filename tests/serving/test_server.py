@@ -4,28 +4,20 @@ tritonclient gRPC streaming, HTTP generate / generate_stream and perf_analyzer."
 import json
 import os
 import subprocess
-import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 from flint_backend.chat.request import encode_text_input
-from flint_backend.tokenizer import load_tokenizer
-from triton_server import TritonServer, configured_repository, grpc_inputs
+from reference_texts import N_TOKENS
+from triton_server import Streams, TritonServer, configured_repository
 
-grpcclient = pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("tritonclient.grpc")
 
 MAX_MODEL_LEN = 512
-N_TOKENS = 12
-TIE_MARGIN = 1e-4
 OUTPUT_TYPES = {"text_output": "BYTES", "reasoning_output": "BYTES", "tool_calls": "BYTES", "finish_reason": "BYTES",
                 "num_input_tokens": "UINT32", "num_output_tokens": "UINT32"}
-CANDIDATE_PROMPTS = ["Hello world", "The quick brown fox", "def main():", "Triton serves models",
-                     "Once upon a time", "1 2 3 4 5", "Flint is a mixture of experts", "naïve café ünïcode"]
 
 
 @pytest.fixture(scope="module")
@@ -38,68 +30,6 @@ def server(tiny_checkpoint, tmp_path_factory):
                                  "--reasoning-parser", "glm47")
     with TritonServer(repo, tmp / "tritonserver.log") as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_checkpoint):
-    return load_tokenizer(tiny_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def reference_texts(tiny_checkpoint, tokenizer):
-    """prompt -> (greedy ids, their text) of the fp64 reference, for prompts whose first N_TOKENS
-    greedy steps have no near-tie (an fp32 engine may rightly break those the other way)."""
-    import flint_backend.reference  # noqa: F401  registers the model with transformers
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float64).eval()
-    texts = {}
-    for prompt in CANDIDATE_PROMPTS:
-        ids, out = encode_text_input(tokenizer, prompt), []
-        with torch.no_grad():
-            for _ in range(N_TOKENS):
-                top = model(torch.tensor([ids + out])).logits[0, -1].topk(2)
-                if top.values[0] - top.values[1] < TIE_MARGIN:
-                    break
-                out.append(int(top.indices[0]))
-        if len(out) == N_TOKENS:
-            texts[prompt] = (out, tokenizer.decode(out, skip_special_tokens=True))
-    assert len(texts) >= 4, f"only {len(texts)} near-tie-free prompts"
-    return texts
-
-
-class Streams:
-    """One gRPC stream carrying many requests; responses are collected per request id."""
-
-    def __init__(self, url: str):
-        self.client = grpcclient.InferenceServerClient(url)
-        self.results = defaultdict(list)
-        self.errors = []
-        self.done: dict[str, threading.Event] = {}
-        self.client.start_stream(callback=self._callback)
-
-    def _callback(self, result, error):
-        if error is not None:
-            self.errors.append(error)
-            return
-        response = result.get_response()
-        if response.outputs:
-            self.results[response.id].append(result)
-        if response.parameters["triton_final_response"].bool_param:
-            self.done[response.id].set()
-
-    def send(self, request_id: str, **inputs) -> None:
-        self.done[request_id] = threading.Event()
-        self.client.async_stream_infer("flint", grpc_inputs(**inputs), request_id=request_id,
-                                       enable_empty_final_response=True)
-
-    def wait(self, request_id: str, timeout: float = 120) -> list:
-        assert self.done[request_id].wait(timeout), f"{request_id}: no final response; errors {self.errors}"
-        return self.results[request_id]
-
-    def close(self, cancel: bool = False) -> None:
-        self.client.stop_stream(cancel_requests=cancel)
-        self.client.close()
 
 
 def check_outputs(outputs: list, num_input_tokens: int, final_reason: str, num_output_tokens: int | None):

@@ -9,9 +9,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -111,19 +113,21 @@ class TritonServer:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             return r.read().decode()
 
-    def metric(self, name: str, **labels: str) -> float:
-        """The value of one series of a flint metric (summed over series matching the labels)."""
-        total, found = 0.0, False
+    def series(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """(labels, value) of every series of one metric on /metrics."""
+        found = []
         for line in self.metrics().splitlines():
             match = re.match(r"^([^{\s]+)(\{[^}]*\})?\s+(\S+)$", line)
-            if not match or match.group(1) != name:
-                continue
-            series = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-            if all(series.get(k) == v for k, v in labels.items()):
-                total, found = total + float(match.group(3)), True
-        if not found:
+            if match and match.group(1) == name:
+                found.append((dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or "")), float(match.group(3))))
+        return found
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of one series of a flint metric (summed over series matching the labels)."""
+        values = [v for series, v in self.series(name) if all(series.get(k) == x for k, x in labels.items())]
+        if not values:
             raise KeyError(f"metric {name} {labels} not on /metrics")
-        return total
+        return sum(values)
 
 
 def grpc_inputs(**values) -> list:
@@ -150,3 +154,39 @@ def grpc_inputs(**values) -> list:
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+class Streams:
+    """One gRPC stream carrying many requests; responses are collected per request id."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc as grpcclient
+
+        self.client = grpcclient.InferenceServerClient(url)
+        self.results = defaultdict(list)
+        self.errors = []
+        self.done: dict[str, threading.Event] = {}
+        self.client.start_stream(callback=self._callback)
+
+    def _callback(self, result, error):
+        if error is not None:
+            self.errors.append(error)
+            return
+        response = result.get_response()
+        if response.outputs:
+            self.results[response.id].append(result)
+        if response.parameters["triton_final_response"].bool_param:
+            self.done[response.id].set()
+
+    def send(self, request_id: str, **inputs) -> None:
+        self.done[request_id] = threading.Event()
+        self.client.async_stream_infer("flint", grpc_inputs(**inputs), request_id=request_id,
+                                       enable_empty_final_response=True)
+
+    def wait(self, request_id: str, timeout: float = 120) -> list:
+        assert self.done[request_id].wait(timeout), f"{request_id}: no final response; errors {self.errors}"
+        return self.results[request_id]
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()

@@ -1,10 +1,14 @@
 """flint_model: the engine, decoupled (flint_backend.serving.engine_host).
 
-The engine runs on its own thread; `execute` hands requests over and returns at once;
-outputs leave through the host's queue, which a response thread drains until the
-sentinel; `finalize` stops the engine, then joins the response thread, then metrics.
+One engine per Triton instance, on the device Triton placed the instance on (placement.py),
+with its own KV pool; its metrics carry the label `instance`. The engine runs on its own
+thread; `execute` hands requests over and returns at once; outputs leave through the host's
+queue, which a response thread drains until the sentinel. An abort control request may
+reach any instance: the relay forwards it to the owner (abort_relay.py). `finalize` stops
+the engine, then joins the response thread, then the relay and the metrics.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -18,9 +22,11 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from flint_backend.engine.engine import LLMEngine  # noqa: E402
 from flint_backend.serving import repository  # noqa: E402
+from flint_backend.serving.abort_relay import AbortRelay  # noqa: E402
 from flint_backend.serving.chunks import chunk_arrays  # noqa: E402
 from flint_backend.serving.engine_host import EngineHost  # noqa: E402
 from flint_backend.serving.metrics import MetricsPublisher  # noqa: E402
+from flint_backend.serving.placement import InstancePlacement  # noqa: E402
 from flint_backend.serving.tensors import scalar  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -34,10 +40,15 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         self.input_names = [i["name"] for i in config["input"]]
         path = Path(args["model_repository"]) / args["model_version"] / repository.ENGINE_ARGS_FILE
+        placement = InstancePlacement.from_args(args)
         engine_args = repository.load_engine_args(path)
-        self.logger.log_info(f"flint_model: engine args {engine_args.to_dict()}")
-        self.host = EngineHost(LLMEngine(engine_args))
-        labels = {"model": args["model_name"], "version": args["model_version"]}
+        engine_args = dataclasses.replace(engine_args, device=placement.engine_device(engine_args.device))
+        self.logger.log_info(f"flint_model: instance {placement.name} (KIND_{placement.kind}), "
+                             f"engine args {engine_args.to_dict()}")
+        engine = LLMEngine(engine_args)
+        self.relay = AbortRelay(placement.name, on_abort=lambda key: self.host.abort(key))
+        self.host = EngineHost(engine, key_prefix=self.relay.key_prefix)
+        labels = {"model": args["model_name"], "version": args["model_version"], "instance": placement.name}
         self.metrics = MetricsPublisher(pb_utils, self.host.engine.metrics, labels).start()
         self.response_thread = threading.Thread(target=self._response_loop, name="flint-responses", daemon=True)
         self.response_thread.start()
@@ -50,8 +61,8 @@ class TritonPythonModel:
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
             sender = request.get_response_sender()
-            if "abort_request_key" in inputs:  # control request
-                self.host.abort(scalar(inputs, "abort_request_key"))
+            if "abort_request_key" in inputs:  # control request, for any instance's request
+                self.relay.route(scalar(inputs, "abort_request_key"))
                 sender.send(flags=FINAL)
             else:
                 self.host.submit(sender, inputs)
@@ -75,4 +86,5 @@ class TritonPythonModel:
     def finalize(self):
         self.host.shutdown()
         self.response_thread.join()
+        self.relay.close()
         self.metrics.stop()
