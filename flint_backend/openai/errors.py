@@ -64,8 +64,9 @@ def internal_error(detail: str) -> OpenAIError:
 
 
 def from_validation_error(error: ValidationError, model: type[BaseModel]) -> OpenAIError:
-    """pydantic's first error -> 400 naming the field (`stream_options.include_usage`, `stop[1]`)."""
-    first = error.errors()[0]
+    """pydantic's deepest error (in a union, the branch that got furthest) -> 400 naming the
+    field (`stream_options.include_usage`, `stop[1]`)."""
+    first = max(error.errors(), key=lambda e: len(e["loc"]))
     path = _field_path(model, first["loc"])
     found = "" if first["type"] == "missing" else f", got {first.get('input')!r}"[:200]
     return bad_request(f"{path}: {first['msg']}{found}", path or None)
