@@ -134,6 +134,17 @@ async def collect(stream: AsyncIterator[EnsembleOutput]) -> list[EnsembleOutput]
     return outputs
 
 
+async def collect_all(streams: list[AsyncIterator[EnsembleOutput]]) -> list[list[EnsembleOutput]]:
+    """Every stream's outputs; the first error (or a cancel) cancels the other requests."""
+    tasks = [asyncio.ensure_future(collect(s)) for s in streams]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def first_of(stream: AsyncIterator[T]) -> T:
     try:
         return await anext(stream)
@@ -199,7 +210,7 @@ def build_app(args: ServerArgs) -> FastAPI:
         envelope = Envelope.new("cmpl", "text_completion", served_name(body.model))
         streams = [app.state.ensemble.generate(r) for r in completions.ensemble_requests(body, envelope.id)]
         if not body.stream:
-            outputs = await until_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
+            outputs = await until_disconnected(request, collect_all(streams))
             return JSONResponse(completions.completion(envelope, outputs))
         merged = completions.merge(streams)
         first = await until_disconnected(request, first_of(merged))
