@@ -7,5 +7,6 @@
 It talks to Triton only (tritonclient's asyncio gRPC streaming, one stream per HTTP
 request), never to the engine. `server_args` (flags), `protocol` (request bodies),
 `triton` (the ensemble's tensors), `chat` and `completions` (the two endpoints' answers),
-`errors` (OpenAI's error shape), `metrics`, `app` (routes, API key, disconnects).
+`errors` (OpenAI's error shape), `metrics`, `gate` (API key, counts), `disconnect`
+(cancelling Triton requests of clients that left), `app` (the routes).
 """

@@ -9,10 +9,10 @@ which frees its KV cache.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import logging
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, TypeVar
 
 import grpc
 import numpy as np
@@ -20,12 +20,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from flint_backend.openai.errors import OpenAIError, from_triton_error, triton_unavailable
-
-log = logging.getLogger("flint_backend.openai")
+from flint_backend.openai.errors import OpenAIError, from_triton_error, internal_error, triton_unavailable
 
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 NOT_SERVED = ("Request for unknown model", "is not ready", "is not found")  # Triton's words for a missing model
+T = TypeVar("T")
 
 
 @dataclass
@@ -139,3 +138,28 @@ class TritonEnsemble:
     async def input_names(self) -> set[str]:
         metadata = await self._client.get_model_metadata(self.model, as_json=True)
         return {i["name"] for i in metadata.get("inputs", [])}
+
+
+async def collect(stream: AsyncIterator[EnsembleOutput]) -> list[EnsembleOutput]:
+    outputs = [output async for output in stream]
+    if not outputs:
+        raise internal_error("Triton answered without outputs")
+    return outputs
+
+
+async def collect_all(streams: list[AsyncIterator[EnsembleOutput]]) -> list[list[EnsembleOutput]]:
+    """Every stream's outputs; the first error (or a cancel) cancels the other requests."""
+    tasks = [asyncio.ensure_future(collect(s)) for s in streams]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def first_of(stream: AsyncIterator[T]) -> T:
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        raise internal_error("Triton answered without outputs") from None

@@ -322,7 +322,7 @@ def test_a_client_that_leaves_a_non_streamed_request_cancels_it(server, triton):
 
 
 def test_lm_eval_local_chat_completions_runs_a_task(server, tmp_path):
-    lm_eval = pytest.importorskip("lm_eval")  # noqa: F841
+    pytest.importorskip("lm_eval")
     env = dict(os.environ, OPENAI_API_KEY=KEY, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                HF_DATASETS_CACHE=str(tmp_path / "datasets"), TOKENIZERS_PARALLELISM="false")
     command = [sys.executable, "-m", "lm_eval", "--model", "local-chat-completions", "--model_args",
