@@ -27,10 +27,11 @@ COPY kernels ./kernels
 COPY scripts ./scripts
 COPY model_repository ./model_repository
 
-# The server image has tritonserver: only the project and the client tools (perf_analyzer) go in.
+# The server image has tritonserver: only the project, the client tools (perf_analyzer) and the
+# OpenAI server (python3 -m flint_backend.openai, scripts/serve_openai.sh) go in.
 RUN python3 -m pip install --no-cache-dir "torch==${TORCH_VERSION}" \
-    && python3 -m pip install --no-cache-dir -e ".[client]"
+    && python3 -m pip install --no-cache-dir -e ".[client,openai]"
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 9000
 ENTRYPOINT ["/opt/flint/scripts/docker_entrypoint.sh"]
 CMD ["--help"]

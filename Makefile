@@ -1,5 +1,6 @@
 # `make test` installs what is missing into .venv and runs the suite; `make serve` serves the
-# tiny checkpoint (or CKPT) with tritonserver.
+# tiny checkpoint (or CKPT) with tritonserver; `make serve-openai` adds the OpenAI-compatible
+# server in front of it (on OPENAI_PORT) with the announcement's chat flags.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -12,8 +13,15 @@ SERVE_ARGS ?=
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_STAMP := $(VENV)/.installed-openai
+OPENAI_PORT ?= 9000
+# the announcement's flags: the repository gets them (for direct Triton clients) and so does the OpenAI server
+CHAT_FLAGS ?= --enable-auto-tool-choice --tool-call-parser glm47 --reasoning-parser glm47 \
+	--exclude-tools-when-tool-choice-none
+# more OpenAI server flags, e.g. OPENAI_ARGS="--api-key KEY --served-model-name flint"
+OPENAI_ARGS ?=
 
-.PHONY: install test checkpoint serve clean
+.PHONY: install test checkpoint serve serve-openai clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +49,15 @@ serve: $(SERVE_STAMP) checkpoint
 	$(PY) scripts/configure_repository.py --model $(CKPT) $(SERVE_ARGS)
 	$(PY) -m flint_backend.serving.launch --model-repository model_repository \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+$(OPENAI_STAMP): $(SERVE_STAMP)
+	$(PY) -m pip install -q -e '.[openai]'
+	touch $(OPENAI_STAMP)
+
+serve-openai: $(OPENAI_STAMP) checkpoint
+	$(PY) scripts/configure_repository.py --model $(CKPT) $(CHAT_FLAGS) $(SERVE_ARGS)
+	PYTHON=$(PY) HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
+		scripts/serve_openai.sh --port $(OPENAI_PORT) $(CHAT_FLAGS) $(OPENAI_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build

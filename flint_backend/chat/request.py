@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.chat.messages import normalize_messages
 from flint_backend.chat.request_error import ChatRequestError, describe
-from flint_backend.chat.tool_choice import CHOICES, plan_tools
+from flint_backend.chat.tool_choice import CHOICES, ToolPlan, plan_tools
 
 TEMPLATE_KWARGS = ("enable_thinking", "clear_thinking")  # both booleans
 
@@ -33,11 +33,24 @@ class RenderedPrompt:
     tool_choice: str | dict  # "none", "auto", "required" or {"type": "function", "function": {"name": N}}
 
 
+@dataclass(frozen=True)
+class CheckedChatRequest:
+    messages: list[dict]  # what the template reads
+    tools: ToolPlan
+    template_kwargs: dict
+
+
+def check_chat_request(messages: object, tools: object = None, tool_choice: object = None,
+                       chat_template_kwargs: object = None, options: ChatOptions = ChatOptions()) -> CheckedChatRequest:
+    """Validation alone (no tokenizer): raises ChatRequestError naming the field."""
+    return CheckedChatRequest(normalize_messages(messages), plan_tools(tools, tool_choice, options),
+                              _template_kwargs(chat_template_kwargs))
+
+
 def render_chat_request(tokenizer, messages: object, tools: object = None, tool_choice: object = None,
                         chat_template_kwargs: object = None, options: ChatOptions = ChatOptions()) -> RenderedPrompt:
-    template_messages = normalize_messages(messages)
-    plan = plan_tools(tools, tool_choice, options)
-    kwargs = _template_kwargs(chat_template_kwargs)
+    checked = check_chat_request(messages, tools, tool_choice, chat_template_kwargs, options)
+    template_messages, plan, kwargs = checked.messages, checked.tools, checked.template_kwargs
     text = tokenizer.apply_chat_template(template_messages, tools=plan.prompt_tools, tokenize=False,
                                          add_generation_prompt=True, **kwargs)
     ids = tokenizer(text, add_special_tokens=False).input_ids

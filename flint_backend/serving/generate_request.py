@@ -5,6 +5,8 @@ Sampling settings come from three places, later ones winning: defaults, the
 their text, e.g. "0.7"), then the individual tensors (`temperature`, `max_tokens`, ...,
 TRT-LLM style; `min_length` is another name for `min_tokens`). Stop strings come from
 `stop_words` (TRT-LLM) and `sampling_parameters.stop` (vLLM), together.
+`chat_options` (JSON, ChatOptions fields) replaces the repository's chat flags for one chat
+request: the OpenAI server sends its own flags with each request this way.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.chat.request import load_json_field
 from flint_backend.chat.request_error import ChatRequestError, describe
 from flint_backend.engine.sampling_params import SamplingParams
@@ -36,6 +39,7 @@ CHAT_FIELDS = ("messages", "tools", "tool_choice", "chat_template_kwargs")
 class GenerateRequest:
     text_input: str | None              # a raw prompt, or None for a chat request
     chat: dict = field(default_factory=dict)  # messages, tools, tool_choice, chat_template_kwargs (decoded JSON)
+    chat_options: ChatOptions | None = None   # None: the repository's flags
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -64,8 +68,10 @@ def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> Gene
     skip_special = settings.pop("skip_special_tokens", True)
     if settings.pop("n", 1) != 1:
         raise ChatRequestError("sampling_parameters.n", "1 (one output per request)", describe(settings.get("n")))
+    options = load_json_field("chat_options", scalar(inputs, "chat_options"))
     return GenerateRequest(
         text_input=text_input, chat={k: v for k, v in chat.items() if v is not None},
+        chat_options=None if options is None else ChatOptions.from_request(options),
         sampling=SamplingParams.from_dict(settings), stop=[s for s in stop if s],
         stream=_flag(inputs, "stream", False),
         exclude_input_in_output=_flag(inputs, "exclude_input_in_output", True),

@@ -3,7 +3,8 @@ parameters, and what the postprocessor needs to turn tokens back into the answer
 
 A raw `text_input` prompt is encoded as is (no template) and its output is plain text.
 A chat request (`messages`, `tools`, ...) is rendered with the GLM-4.7 template and its
-output goes through the reasoning and tool-call parsers the server runs with. The prompt
+output goes through the reasoning and tool-call parsers the server runs with (the
+repository's flags, or the request's `chat_options`). The prompt
 is echoed in front of the output only for raw prompts with exclude_input_in_output=false.
 """
 
@@ -67,9 +68,10 @@ class Preprocessor:
 
     def _render_chat(self, request: GenerateRequest, config: OutputConfig) -> list[int]:
         c = request.chat
+        options = request.chat_options or self.options
         rendered = render_chat_request(self.tokenizer, c.get("messages"), c.get("tools"), c.get("tool_choice"),
-                                       c.get("chat_template_kwargs"), self.options)
+                                       c.get("chat_template_kwargs"), options)
         config.chat = {"thinking": rendered.thinking, "tools": rendered.tools_for_parser,
-                       "tool_choice": rendered.tool_choice, "reasoning_parser": self.options.reasoning_parser,
-                       "tool_call_parser": self.options.tool_call_parser}
+                       "tool_choice": rendered.tool_choice, "reasoning_parser": options.reasoning_parser,
+                       "tool_call_parser": options.tool_call_parser}
         return rendered.prompt_ids

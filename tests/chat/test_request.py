@@ -2,6 +2,7 @@
 semantics; every validation error names its field."""
 
 import json
+import re
 
 import pytest
 
@@ -256,6 +257,17 @@ def test_parser_names():
         ChatOptions(reasoning_parser="deepseek_r1")
     with pytest.raises(ValueError, match=r"--enable-auto-tool-choice: expected --tool-call-parser"):
         ChatOptions(enable_auto_tool_choice=True)
+
+
+def test_options_sent_with_a_request_round_trip_and_name_the_bad_key():
+    assert ChatOptions.from_request(ANNOUNCED_OPTIONS.to_dict()) == ANNOUNCED_OPTIONS
+    assert ChatOptions.from_request({"tool_call_parser": "glm45"}) == ChatOptions(tool_call_parser="glm47")
+    for data, field in [([1], "chat_options"), ({"auto": True}, "chat_options.auto"),
+                        ({"tool_call_parser": "hermes"}, "chat_options.tool_call_parser"),
+                        ({"exclude_tools_when_tool_choice_none": "yes"}, "chat_options.exclude_tools_when_tool_choice_none"),
+                        ({"enable_auto_tool_choice": True}, "chat_options.enable_auto_tool_choice")]:
+        with pytest.raises(ChatRequestError, match="^" + re.escape(field) + ": expected"):
+            ChatOptions.from_request(data)
 
 
 # --- raw prompts and JSON fields -----------------------------------------------------------

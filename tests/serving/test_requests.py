@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS
+from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS, ChatOptions
 from flint_backend.serving.generate_request import parse_generate_request
 from flint_backend.serving.postprocess import EngineChunk, Postprocessor
 from flint_backend.serving.preprocess import OutputConfig, Preprocessor
@@ -52,6 +52,8 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
     ({"text_input": "x", "top_p": np.float32(1.5)}, "top_p"),
     ({"text_input": "x", "stream": np.int32(1)}, "stream"),
     ({"text_input": ["x", "y"]}, "text_input"),
+    ({"messages": '[{"role": "user", "content": "x"}]', "chat_options": '{"tool_call_parser": 1}'},
+     "chat_options.tool_call_parser"),
 ])
 def test_bad_inputs_name_the_field(values, field):
     with pytest.raises(ValueError, match=field):
@@ -66,6 +68,20 @@ def test_chat_request_config_carries_the_parsers(tokenizer):
     assert config.chat["thinking"] is False and config.chat["tool_call_parser"] == "glm47"
     assert tokenizer.decode(out.prompt_ids).endswith("<|assistant|></think>")
     assert config.prompt_tail == out.prompt_ids[-5:] and json.loads(out.sampling_json)["max_tokens"] == 16
+
+
+def test_chat_options_of_a_request_replace_the_repository_flags(tokenizer):
+    pre = Preprocessor(tokenizer, ChatOptions())  # a repository configured without the chat flags
+    tools = json.dumps([{"type": "function", "function": {"name": "f"}}])
+    request = dict(messages=json.dumps([{"role": "user", "content": "hi"}]), tools=tools, tool_choice="none")
+    with_tools = pre(tensors(**request))
+    options = json.dumps(ANNOUNCED_OPTIONS.to_dict())  # --exclude-tools-when-tool-choice-none
+    without_tools = pre(tensors(**request, chat_options=options))
+    assert len(without_tools.prompt_ids) < len(with_tools.prompt_ids)
+    with pytest.raises(ValueError, match="^tool_choice: .*--enable-auto-tool-choice"):
+        pre(tensors(**{**request, "tool_choice": "auto"}))
+    auto = pre(tensors(**{**request, "tool_choice": "auto"}, chat_options=options))
+    assert auto.output_config.chat["tool_call_parser"] == "glm47" and auto.output_config.chat["tools"]
 
 
 def chunks_for(tokenizer, text: str, config: OutputConfig, key: str = "k", reason: str = "length"):

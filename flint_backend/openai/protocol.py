@@ -1,0 +1,143 @@
+"""Request bodies of /v1/chat/completions and /v1/completions, and what they become for Triton.
+
+Types are checked strictly (no "0.5" for a number); value ranges are the engine's and are
+checked by Triton, whose refusal names the field. Fields this server cannot honour are a
+400 that says so, never silently dropped: n > 1 (one choice per request), logprobs and
+top_logprobs (the ensemble returns no log probabilities), suffix, best_of > 1, token-id
+prompts, response_format other than text. Unknown fields are ignored, as vLLM does.
+vLLM's extensions are accepted: top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
+stop_token_ids, skip_special_tokens, chat_template_kwargs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Strict
+
+from flint_backend.openai.errors import bad_request, unsupported
+
+Number = Annotated[float, Strict()]
+Integer = Annotated[int, Strict()]
+Flag = Annotated[bool, Strict()]
+Text = Annotated[str, Strict()]
+
+UNBOUNDED_MAX_TOKENS = 2**31 - 1  # the engine clamps max_tokens to what is left of the context
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+# request field -> sampling_parameters key of the ensemble
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "skip_special_tokens",
+                   "logit_bias")
+NO_LOGPROBS = "log probabilities are not supported: the flint ensemble does not return them"
+
+
+class StreamOptions(BaseModel):
+    include_usage: Flag = False
+
+
+class GenerationRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: Text | None = None
+    max_tokens: Integer | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: Integer | None = None
+    min_p: Number | None = None
+    seed: Integer | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    repetition_penalty: Number | None = None
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[Integer] | None = None
+    min_tokens: Integer | None = None
+    ignore_eos: Flag | None = None
+    skip_special_tokens: Flag | None = None
+    logit_bias: dict[str, Number] | None = None
+    n: Integer | None = None
+    stream: Flag | None = False
+    stream_options: StreamOptions | None = None
+    user: Text | None = None
+
+    def check(self) -> None:
+        if self.n not in (None, 1):
+            raise unsupported("n", f"expected 1 (one choice per request), got {self.n}")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options: expected only with stream: true", "stream_options")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self, max_tokens: int) -> dict:
+        """The ensemble's `sampling_parameters`."""
+        params = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        params["max_tokens"] = max_tokens
+        if self.stop is not None:
+            params["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        return params
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[Any]  # checked by flint_backend.chat (names the field, e.g. messages[1].content)
+    tools: list[Any] | None = None
+    tool_choice: Text | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    max_completion_tokens: Integer | None = None
+    logprobs: Flag | None = None
+    top_logprobs: Integer | None = None
+    parallel_tool_calls: Flag | None = None  # accepted; every call the model writes is returned
+    response_format: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.logprobs:
+            raise unsupported("logprobs", NO_LOGPROBS)
+        if self.top_logprobs:
+            raise unsupported("top_logprobs", NO_LOGPROBS)
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise unsupported("response_format", f'expected {{"type": "text"}} (no guided decoding), '
+                                                 f"got {self.response_format!r}"[:200])
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def output_limit(self) -> int:
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return UNBOUNDED_MAX_TOKENS if limit is None else limit
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: Any
+    echo: Flag | None = None
+    logprobs: Integer | None = None
+    suffix: Text | None = None
+    best_of: Integer | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.logprobs is not None:
+            raise unsupported("logprobs", NO_LOGPROBS)
+        if self.suffix:
+            raise unsupported("suffix", "expected none: the model has no fill-in-the-middle prompt")
+        if self.best_of not in (None, 1):
+            raise unsupported("best_of", f"expected 1, got {self.best_of}")
+        self.prompts()
+
+    def prompts(self) -> list[str]:
+        """A string or a list of strings; token-id prompts are refused (Triton takes text)."""
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        if not isinstance(prompts, list) or not prompts:
+            raise bad_request(f"prompt: expected a string or a non-empty list of strings, got {self.prompt!r}"[:200],
+                              "prompt")
+        for i, prompt in enumerate(prompts):
+            if not isinstance(prompt, str) or not prompt:
+                what = "token ids are not supported, send text" if isinstance(prompt, (int, list)) else \
+                    f"expected a non-empty string, got {prompt!r}"[:100]
+                raise bad_request(f"prompt[{i}]: {what}" if len(prompts) > 1 or not isinstance(self.prompt, str)
+                                  else f"prompt: {what}", "prompt")
+        return prompts
+
+    def output_limit(self) -> int:
+        return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens

@@ -1,0 +1,337 @@
+"""The OpenAI server over a real tritonserver, driven with the official `openai` client (and lm-eval).
+
+One tritonserver runs a "successor" checkpoint (tests/serving/successor_checkpoint.py): after the
+prompt's last token `<think>` it greedily writes reasoning, `</think>`, a glm47 tool call and the
+stop token `<|observation|>`. Its repository keeps the default chat flags (all off), so what the
+clients see comes from each OpenAI server's own flags, sent with every request as chat_options.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS, ChatOptions
+from flint_backend.chat.request import encode_text_input, render_chat_request
+from flint_backend.tokenizer import load_tokenizer
+from openai_server import OpenAIServer
+from successor_checkpoint import successor_checkpoint
+from triton_server import TritonServer, configured_repository, free_port
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("tritonclient.grpc.aio")
+
+pytestmark = pytest.mark.server
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "test-key"
+REASONING = "Let me check."
+CALL = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+ANNOUNCED_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "glm47", "--reasoning-parser", "glm47",
+                   "--exclude-tools-when-tool-choice-none"]
+NO_EXCLUDE = ChatOptions(enable_auto_tool_choice=True, tool_call_parser="glm47", reasoning_parser="glm47")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint):
+    return load_tokenizer(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def chain(tokenizer):
+    return tokenizer("<think>" + REASONING + "</think>" + CALL + "<|observation|>", add_special_tokens=False).input_ids
+
+
+@pytest.fixture(scope="module")
+def triton(tiny_checkpoint, chain, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("openai_triton")
+    model = successor_checkpoint(tiny_checkpoint, tmp / "successor", chain)
+    repo = configured_repository(tmp, "--model", str(model), "--device", "cpu", "--dtype", "float32",
+                                 "--cpu-threads", "1", "--max-model-len", "512", "--max-num-seqs", "8")
+    with TritonServer(repo, tmp / "tritonserver.log") as server:
+        yield server
+
+
+def start(triton, tmp_path_factory, *flags, triton_url=None):
+    log = tmp_path_factory.mktemp("openai_server") / "server.log"
+    return OpenAIServer(triton_url or triton.grpc_url, list(flags), log,
+                        metrics_url=f"http://127.0.0.1:{triton.metrics_port}/metrics")
+
+
+@pytest.fixture(scope="module")
+def server(triton, tmp_path_factory):
+    """The announcement's flags, an API key, two model names."""
+    with start(triton, tmp_path_factory, *ANNOUNCED_FLAGS, "--api-key", KEY,
+               "--served-model-name", "flint", "flint-tiny") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def client_of(server, key=KEY):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def prompt_tokens(tokenizer, options, **request):
+    return len(render_chat_request(tokenizer, MESSAGES, options=options, **request).prompt_ids)
+
+
+def streamed(stream):
+    """A chat stream reassembled: (reasoning, content, calls {index: [name, arguments, id]}, finish, usage, chunks)."""
+    reasoning, content, calls, finish, usage, chunks = "", "", {}, None, None, []
+    for chunk in stream:
+        chunks.append(chunk)
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, ["", "", None])
+                entry[0] += (call.function.name or "") if call.function else ""
+                entry[1] += (call.function.arguments or "") if call.function else ""
+                entry[2] = entry[2] or call.id
+            finish = choice.finish_reason or finish
+    return reasoning, content, calls, finish, usage, chunks
+
+
+# --- chat ----------------------------------------------------------------------------------
+
+
+def test_chat_returns_reasoning_and_a_parsed_tool_call_with_the_tokenizers_counts(client, tokenizer, chain):
+    response = client.chat.completions.create(model="flint", messages=MESSAGES, tools=TOOLS, temperature=0,
+                                              max_tokens=64)
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.reasoning_content == REASONING == choice.message.reasoning
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert response.usage.prompt_tokens == prompt_tokens(tokenizer, ANNOUNCED_OPTIONS, tools=TOOLS)
+    assert response.usage.completion_tokens == len(chain) - 1  # everything after <think>, the stop token too
+    assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+
+
+def test_streamed_chat_equals_the_non_streamed_one(client):
+    kwargs = dict(model="flint-tiny", messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=64)
+    whole = client.chat.completions.create(**kwargs)
+    reasoning, content, calls, finish, usage, chunks = streamed(client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" and c.model == "flint-tiny" for c in chunks)
+    assert len({c.id for c in chunks}) == 1 and chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and all(c.usage is None for c in chunks[:-1])
+    assert reasoning == whole.choices[0].message.reasoning_content and content == ""
+    assert finish == whole.choices[0].finish_reason == "tool_calls"
+    ((name, arguments, call_id),) = calls.values()
+    expected = whole.choices[0].message.tool_calls[0]
+    assert (name, arguments) == (expected.function.name, expected.function.arguments) and call_id.startswith("call_")
+    assert usage == whole.usage
+
+
+def test_streamed_content_equals_the_non_streamed_content_without_thinking(client):
+    kwargs = dict(model="flint", messages=MESSAGES, temperature=0, max_tokens=64,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    whole = client.chat.completions.create(**kwargs)
+    reasoning, content, calls, finish, _, _ = streamed(client.chat.completions.create(**kwargs, stream=True))
+    assert whole.choices[0].message.content == content == CALL  # no tools: the call's text is content
+    assert reasoning == "" and whole.choices[0].message.reasoning_content is None and not calls
+    assert finish == whole.choices[0].finish_reason == "stop"
+
+
+def test_tool_choice_none_leaves_the_tools_out_of_the_prompt_with_the_exclude_flag(client, tokenizer):
+    response = client.chat.completions.create(model="flint", messages=MESSAGES, tools=TOOLS, tool_choice="none",
+                                              temperature=0, max_tokens=64)
+    without_tools = prompt_tokens(tokenizer, ANNOUNCED_OPTIONS)
+    assert response.usage.prompt_tokens == without_tools
+    assert without_tools < prompt_tokens(tokenizer, ANNOUNCED_OPTIONS, tools=TOOLS)
+    message = response.choices[0].message
+    assert not message.tool_calls and message.content == CALL and response.choices[0].finish_reason == "stop"
+
+
+@pytest.fixture(scope="module")
+def server_without_exclude(triton, tmp_path_factory):
+    with start(triton, tmp_path_factory, "--enable-auto-tool-choice", "--tool-call-parser", "glm47",
+               "--reasoning-parser", "glm47") as s:
+        yield s
+
+
+def test_tool_choice_none_keeps_the_tools_in_the_prompt_without_the_exclude_flag(server_without_exclude, tokenizer):
+    response = client_of(server_without_exclude).chat.completions.create(
+        model="flint", messages=MESSAGES, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=64)
+    assert response.usage.prompt_tokens == prompt_tokens(tokenizer, NO_EXCLUDE, tools=TOOLS, tool_choice="none")
+    assert response.usage.prompt_tokens == prompt_tokens(tokenizer, NO_EXCLUDE, tools=TOOLS)
+    assert not response.choices[0].message.tool_calls and response.choices[0].message.content == CALL
+
+
+def test_auto_tool_choice_needs_the_flag(triton, tmp_path_factory):
+    with start(triton, tmp_path_factory, "--tool-call-parser", "glm47", "--reasoning-parser", "glm47") as s:
+        client = client_of(s)
+        for tool_choice in ("auto", openai.NOT_GIVEN):  # not given, with tools, means auto
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(model="flint", messages=MESSAGES, tools=TOOLS,
+                                               tool_choice=tool_choice, max_tokens=8)
+            error = caught.value.body
+            assert caught.value.status_code == 400 and error["param"] == "tool_choice"
+            assert "--enable-auto-tool-choice" in error["message"]
+        required = client.chat.completions.create(model="flint", messages=MESSAGES, tools=TOOLS,
+                                                  tool_choice="required", temperature=0, max_tokens=64)
+        assert required.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+# --- completions, models, health, metrics --------------------------------------------------
+
+
+def test_completions_stream_and_non_stream_agree(client, tokenizer):
+    kwargs = dict(model="flint", prompt="Hello world", temperature=0, max_tokens=6, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs)
+    assert whole.object == "text_completion" and whole.choices[0].finish_reason == "length"
+    assert whole.usage.prompt_tokens == len(encode_text_input(tokenizer, "Hello world"))
+    assert whole.usage.completion_tokens == 6
+    chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage == whole.usage and chunks[-2].choices[0].finish_reason == "length"
+    echoed = client.completions.create(**kwargs, echo=True)
+    assert echoed.choices[0].text == "Hello world" + whole.choices[0].text
+    both = client.completions.create(**{**kwargs, "prompt": ["Hello world", "Hello world"]})
+    assert [c.text for c in both.choices] == [whole.choices[0].text] * 2 and both.usage.completion_tokens == 12
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list()] == ["flint", "flint-tiny"]
+    assert client.models.retrieve("flint-tiny").id == "flint-tiny"
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    text = httpx.get(server.url + "/metrics").text
+    assert "flint:kv_cache_usage_perc" in text  # Triton's, passed through
+    assert re.search(r'flint_openai:requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', text)
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def test_wrong_or_missing_api_key_is_401(server):
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client_of(server, "wrong").models.list()
+    assert caught.value.status_code == 401 and caught.value.body["code"] == "invalid_api_key"
+    response = httpx.post(server.url + "/v1/chat/completions", json={"model": "flint", "messages": MESSAGES})
+    assert response.status_code == 401 and set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert caught.value.body["code"] == "model_not_found" and caught.value.body["param"] == "model"
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"n": 2}, "n"),
+    ({"logprobs": True}, "logprobs"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"extra_body": {"temperature": "hot"}}, "temperature"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "hello " * 600}]}, "messages"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+])
+def test_bad_requests_are_400_naming_the_field(client, kwargs, param):
+    kwargs = {"model": "flint", "messages": MESSAGES, "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(**kwargs)
+    assert caught.value.body["param"] == param, caught.value.body
+    assert caught.value.body["message"].startswith(param + ":")
+
+
+def test_prompt_over_the_context_is_400_in_a_stream_too(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="flint", messages=[{"role": "user", "content": "hello " * 600}],
+                                       stream=True)
+    assert caught.value.body["code"] == "context_length_exceeded"
+
+
+def test_triton_unavailable_is_503(triton, tmp_path_factory):
+    with start(triton, tmp_path_factory, triton_url=f"127.0.0.1:{free_port()}") as s:
+        with pytest.raises(openai.InternalServerError) as caught:
+            client_of(s).chat.completions.create(model="flint", messages=MESSAGES, max_tokens=4)
+        assert caught.value.status_code == 503 and caught.value.body["code"] == "triton_unavailable"
+        health = httpx.get(s.url + "/health")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "triton_unavailable"
+
+
+# --- cancellation --------------------------------------------------------------------------
+
+
+def wait_for_engine_idle(triton, aborts_before: float, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while (triton.metric("flint:kv_cache_usage_perc") > 0 or triton.metric("flint:num_requests_running") > 0
+           or triton.metric("flint:request_success_total", finished_reason="abort") <= aborts_before):
+        assert time.monotonic() < deadline, [line for line in triton.metrics().splitlines()
+                                             if line.startswith(("flint:kv", "flint:num_req", "flint:request_succ"))]
+        time.sleep(0.2)
+
+
+def wait_for_kv_in_use(triton, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while triton.metric("flint:kv_cache_usage_perc") == 0:  # published every 0.5 s
+        assert time.monotonic() < deadline, "KV usage never rose"
+        time.sleep(0.1)
+
+
+LONG = {"model": "flint", "messages": MESSAGES, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+
+
+def test_a_client_that_leaves_a_stream_cancels_the_engine_request(server, triton):
+    aborts = triton.metric("flint:request_success_total", finished_reason="abort")
+    tokens = triton.metric("flint:generation_tokens_total")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**LONG, "stream": True},
+                      headers=headers, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for _ in range(4):
+            next(lines)
+        wait_for_kv_in_use(triton)
+    wait_for_engine_idle(triton, aborts)
+    assert triton.metric("flint:generation_tokens_total") - tokens < 400
+
+
+def test_a_client_that_leaves_a_non_streamed_request_cancels_it(server, triton):
+    aborts = triton.metric("flint:request_success_total", finished_reason="abort")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=LONG, headers=headers, timeout=1.5)
+    wait_for_engine_idle(triton, aborts)
+
+
+# --- lm-eval -------------------------------------------------------------------------------
+
+
+def test_lm_eval_local_chat_completions_runs_a_task(server, tmp_path):
+    pytest.importorskip("lm_eval")
+    env = dict(os.environ, OPENAI_API_KEY=KEY, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               HF_DATASETS_CACHE=str(tmp_path / "datasets"), TOKENIZERS_PARALLELISM="false")
+    command = [sys.executable, "-m", "lm_eval", "--model", "local-chat-completions", "--model_args",
+               f"model=flint,base_url={server.url}/v1/chat/completions,num_concurrent=1,max_retries=1,"
+               "tokenized_requests=False", "--apply_chat_template", "--include_path", "tests/openai/lm_eval_task",
+               "--tasks", "flint_echo", "--limit", "2", "--output_path", str(tmp_path / "out")]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (results,) = (tmp_path / "out").rglob("results_*.json")
+    data = json.loads(results.read_text())
+    assert data["results"]["flint_echo"]["exact_match,none"] == 0.0  # the successor model answers with its chain
+    assert data["n-samples"]["flint_echo"]["effective"] == 2

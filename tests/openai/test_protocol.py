@@ -1,0 +1,87 @@
+"""The OpenAI server's flags, request checks and error mapping, without a server."""
+
+import pytest
+from pydantic import ValidationError
+
+from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS
+from flint_backend.openai.errors import OpenAIError, from_triton_error, from_validation_error
+from flint_backend.openai.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, UNBOUNDED_MAX_TOKENS,
+                                           ChatCompletionRequest, CompletionRequest)
+from flint_backend.openai.server_args import parse_args
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_flags_default_to_localhost_and_the_announcement_spelling_parses():
+    args = parse_args([])
+    assert (args.host, args.port, args.model, args.model_names, args.api_key) == ("127.0.0.1", 9000, "flint",
+                                                                                   ("flint",), None)
+    args = parse_args(["--triton-url", "triton.local:8101", "--served-model-name", "a", "b",
+                       "--enable-auto-tool-choice", "--tool-call-parser", "glm47", "--reasoning-parser", "glm47",
+                       "--exclude-tools-when-tool-choice-none"])
+    assert args.chat == ANNOUNCED_OPTIONS and args.model_names == ("a", "b")
+    assert args.metrics_url == "http://triton.local:8002/metrics"
+
+
+@pytest.mark.parametrize("flags", [["--enable-auto-tool-choice"], ["--tool-call-parser", "hermes"], ["--port", "0"]])
+def test_bad_flags_stop_the_server(flags):
+    with pytest.raises(SystemExit):
+        parse_args(flags)
+
+
+def test_sampling_parameters_carry_only_what_was_given():
+    body = ChatCompletionRequest(messages=MESSAGES, temperature=0, stop="x", seed=-3, top_k=5,
+                                 max_completion_tokens=9, ignore_eos=True)
+    assert body.sampling(body.output_limit()) == {"temperature": 0.0, "top_k": 5, "seed": -3, "ignore_eos": True,
+                                                  "max_tokens": 9, "stop": ["x"]}
+    assert body.max_tokens_param == "max_completion_tokens"
+    assert ChatCompletionRequest(messages=MESSAGES).output_limit() == UNBOUNDED_MAX_TOKENS
+    assert CompletionRequest(prompt="p").output_limit() == COMPLETIONS_DEFAULT_MAX_TOKENS
+
+
+@pytest.mark.parametrize("body, param", [
+    (ChatCompletionRequest(messages=MESSAGES, n=3), "n"),
+    (ChatCompletionRequest(messages=MESSAGES, top_logprobs=2), "top_logprobs"),
+    (ChatCompletionRequest(messages=MESSAGES, response_format={"type": "json_object"}), "response_format"),
+    (ChatCompletionRequest(messages=MESSAGES, stream_options={"include_usage": True}), "stream_options"),
+    (CompletionRequest(prompt="p", logprobs=0), "logprobs"),
+    (CompletionRequest(prompt="p", suffix="s"), "suffix"),
+    (CompletionRequest(prompt="p", best_of=2), "best_of"),
+    (CompletionRequest(prompt=[[1, 2]]), "prompt"),
+    (CompletionRequest(prompt=[]), "prompt"),
+])
+def test_what_the_server_cannot_honour_is_a_400_naming_the_field(body, param):
+    with pytest.raises(OpenAIError) as caught:
+        body.check()
+    assert caught.value.status == 400 and caught.value.param == param and caught.value.message.startswith(param)
+
+
+@pytest.mark.parametrize("data, path", [
+    ({"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage"),
+    ({"messages": MESSAGES, "stop": ["a", 3]}, "stop[1]"),
+    ({"messages": MESSAGES, "temperature": "0.5"}, "temperature"),
+    ({"messages": MESSAGES, "max_tokens": 1.5}, "max_tokens"),
+    ({}, "messages"),
+])
+def test_type_errors_name_the_field(data, path):
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest.model_validate(data)
+    error = from_validation_error(caught.value, ChatCompletionRequest)
+    assert (error.status, error.param) == (400, path) and error.message.startswith(path + ": ")
+
+
+@pytest.mark.parametrize("message, status, param, code", [
+    ("in ensemble 'flint', max_tokens: got -4, expected a positive integer", 400, "max_completion_tokens", None),
+    ("in ensemble 'flint', sampling_parameters.top_k: expected an integer, got 1.5", 400, "top_k", None),
+    ("in ensemble 'flint', prompt: 900 tokens do not fit the context of 512 tokens", 400, "prompt",
+     "context_length_exceeded"),
+    ("in ensemble 'flint', text_input: expected a non-empty string, got \"\"", 400, "prompt", None),
+    ("in ensemble 'flint', messages[1].content: expected a string", 400, "messages[1].content", None),
+    ("in ensemble 'flint', postprocess: KeyError: 'x'", 500, None, "internal_error"),
+    ("Stub process is unhealthy", 500, None, "internal_error"),
+])
+def test_triton_refusals_map_to_400_naming_the_field_and_the_rest_to_500(message, status, param, code):
+    error = from_triton_error(message, prompt_param="prompt", renamed={"max_tokens": "max_completion_tokens"})
+    assert (error.status, error.param, error.code) == (status, param, code)
+    assert error.body()["error"]["message"].startswith(param + ":" if param else "Triton: ")
