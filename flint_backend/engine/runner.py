@@ -29,7 +29,7 @@ def use_device(device: torch.device) -> None:
     """Make `device` the calling thread's current CUDA device (the current device is per thread):
     Triton kernels and CUDA graphs run on the current device, whatever device their tensors are on,
     so an engine on cuda:1 needs it in the thread that builds it and in the one that steps it."""
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # plain "cuda" means the current device
         torch.cuda.set_device(device)
 
 
