@@ -57,11 +57,12 @@ class LLMEngine:
         use_device(self.device)
         if self.device.type == "cpu" and args.cpu_threads:
             torch.set_num_threads(args.cpu_threads)
+        owned = weights is None  # then the model's fused copies replace the loaded tensors (80 GB at full size)
         if weights is None:
             config, weights = load_model_weights(args, self.device)
         self.config = config
         self.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-        self.runner = ModelRunner(config, weights, args, self.device, self.max_model_len)
+        self.runner = ModelRunner(config, weights, args, self.device, self.max_model_len, release_weights=owned)
         spec = self.runner.kv_spec
         self.blocks = BlockManager(spec.num_blocks, spec.block_size, spec.num_ring_rows)
         self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens)

@@ -35,11 +35,15 @@ def use_device(device: torch.device) -> None:
 
 class ModelRunner:
     def __init__(self, config: FlintConfig, weights: dict[str, torch.Tensor], args: EngineArgs,
-                 device: torch.device, max_model_len: int):
+                 device: torch.device, max_model_len: int, release_weights: bool = False):
         self.config, self.args, self.device = config, args, device
         self.dtype = getattr(torch, args.dtype)
         self.ops = get_ops(args.kernel_backend)
         self.model = FlintModel(config, weights, self.ops, max_positions=max_model_len)
+        if release_weights:  # the model holds its fused copies (qkv, gate_up, w13); the sources can go
+            weights.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # before the KV cache is sized from the free memory
         self.kv_spec = self._kv_spec(max_model_len)
         self.kv = KVCache(config, self.kv_spec, self.dtype, device)
         # the torch backend keeps the plain-torch sampler; the triton backend samples with the kernel
