@@ -97,12 +97,11 @@ def start_at_context(engine: LLMEngine, context: int, max_tokens: int):
     sched.running.append(seq)
     bs = engine.blocks.block_size
     blocks = torch.tensor(seq.block_table, device=engine.device)
-    for k, v in engine.runner.kv.full.values():
-        k[blocks].normal_()
-        v[blocks].normal_()
-    for k, v in engine.runner.kv.ring.values():
-        k[seq.ring_row].normal_()
-        v[seq.ring_row].normal_()
+    for cache in (c for kv in engine.runner.kv.full.values() for c in kv):
+        cache.index_copy_(0, blocks, torch.randn((len(blocks), *cache.shape[1:]), device=cache.device,
+                                                 dtype=cache.dtype))
+    for cache in (c for kv in engine.runner.kv.ring.values() for c in kv):
+        cache[seq.ring_row].normal_()  # a basic index: a view, filled in place
     seq.num_computed = context
     assert len(seq.block_table) * bs >= context + 1
     return seq

@@ -40,6 +40,7 @@ class DecodeGraphs:
         self.host_i64 = torch.zeros(self.i64.shape, dtype=torch.int64, pin_memory=pin)
         self.host_i32 = torch.zeros(self.i32.shape, dtype=torch.int32, pin_memory=pin)
         self.np64, self.np32 = self.host_i64.numpy(), self.host_i32.numpy()
+        self.rows = torch.arange(m, device=device)  # sample rows: static too (a graph keeps reading them)
         self._tables = self.np32[3 * m + 1:].reshape(m, nb)
         # per row: ((seq uid, preemptions), blocks already in the row); a preempted sequence gets new blocks
         self._row_owner: list[tuple[tuple[int, int], int]] = [((-1, 0), 0)] * m
@@ -57,7 +58,7 @@ class DecodeGraphs:
             ring_slots=i64[3 * m:3 * m + b],
             query_start_loc=i32[:b + 1], context_lens=i32[m + 1:m + 1 + b],
             ring_rows=i32[2 * m + 1:2 * m + 1 + b], block_tables=i32[3 * m + 1:].view(m, nb)[:b],
-            sample_rows=torch.arange(b, device=i64.device), decode_only=True, max_query_len=1, sample_seqs=[])
+            sample_rows=self.rows[:b], decode_only=True, max_query_len=1, sample_seqs=[])
 
     def _forward(self, bucket: int):
         """The low-latency path up to low_latency_max_batch sequences, the regular one beyond."""
