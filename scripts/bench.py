@@ -145,12 +145,14 @@ def kernel_breakdown(engine: LLMEngine, context: int) -> list[dict]:
     seq = start_at_context(engine, context, 10)
     batch = build_step_batch([(seq, 1)], engine.blocks.block_size, engine.config.sliding_window, engine.device)
     model, kv = engine.runner.model, engine.runner.kv
-    model.forward(batch, kv)
+    graphs = engine.runner.graphs
+    forward = graphs._forward(1) if graphs is not None else model.forward  # what batch 1 runs
+    forward(batch, kv)
     sync()
     cuda = engine.device.type == "cuda"
     activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
     with torch.profiler.profile(activities=[activity]) as prof:
-        model.forward(batch, kv)
+        forward(batch, kv)
         sync()
     engine.abort(seq.request_id)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])

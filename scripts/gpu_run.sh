@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: correctness on the GPU (pytest -m gpu) and the kernel benchmarks, logs under $OUT.
-#   run(command="bash scripts/gpu_run.sh [tests|kernels|bench ARGS...]", carry=[".whl"])
+#   run(command="bash scripts/gpu_run.sh [tests|kernels|ops|bench ARGS...]", carry=[".whl"])
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -15,6 +15,7 @@ case "$what" in
   tests)    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
             timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -x "$@" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
   kernels)  timeout "${BENCH_TIMEOUT:-400}" python3 scripts/bench_kernels.py --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench_kernels.log" | tail -60 ;;
+  ops)      python3 scripts/bench_decode_ops.py --out "$OUT/decode-ops-h200.json" "$@" 2>&1 | tee "$OUT/ops.log" | tail -30 ;;
   bench)    python3 scripts/bench.py --out "$OUT/results.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
-  *)        echo "usage: gpu_run.sh tests|kernels|bench [args]"; exit 2 ;;
+  *)        echo "usage: gpu_run.sh tests|kernels|ops|bench [args]"; exit 2 ;;
 esac

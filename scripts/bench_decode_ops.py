@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Per-op GPU time of one batch-1 decode layer at full size, each op replayed from a CUDA graph
+(so launch overhead is what a graph pays, not Python's), with variants side by side.
+
+    python scripts/bench_decode_ops.py [--context 100000] [--out benchmarks/decode-ops-h200.json]
+
+Prints a markdown table (us per call, GB/s, % of copy bandwidth) and writes JSON. This is the
+diagnostic behind benchmarks/NOTES.md: which op of the decode step is far from its floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flint_backend.model import rope_cos_sin_cache
+from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_backend.weights.nvfp4 import concat_rows
+from flint_kernels import decode_attention, moe, norm_qkv_rope, nvfp4_linear, qk_norm_rope, rms_norm, router
+
+H, HQ, HK, D, E, I, K, V = 2048, 32, 4, 128, 256, 512, 6, 151552
+REPS = 20
+
+
+def graph_us(fn) -> float:
+    """Median us per call of fn() replayed REPS times inside one CUDA graph (5 replays)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPS):
+            fn()
+    times = []
+    for _ in range(6):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / REPS)
+    return statistics.median(times[1:])
+
+
+def nbytes(*tensors) -> int:
+    total = 0
+    for t in tensors:
+        total += t.nbytes() if hasattr(t, "packed") else t.numel() * t.element_size()
+    return total
+
+
+def cases(context: int):
+    dev, bf16 = "cuda", torch.bfloat16
+    r = lambda *s, scale=1.0: (torch.randn(*s, device=dev) * scale).to(bf16)
+    x, res = r(1, H), r(1, H)
+    norm_w, dw = 1 + r(H, scale=0.1), 1 + r(D, scale=0.1)
+    qkv = r((HQ + 2 * HK) * D, H, scale=H ** -0.5)
+    qkv4 = concat_rows([quantize_nvfp4(p) for p in qkv.split([HQ * D, HK * D, HK * D])])
+    o = r(H, HQ * D, scale=(HQ * D) ** -0.5)
+    o4 = quantize_nvfp4(o)
+    cos_sin = rope_cos_sin_cache(4096, D, 10000.0, dev)
+    pos, slot = torch.tensor([100], device=dev), torch.tensor([100], device=dev)
+    paged = [torch.randn(context // 64 + 2, 64, HK, D, device=dev).to(bf16) for _ in range(2)]
+    ring = [torch.randn(1, 513, HK, D, device=dev).to(bf16) for _ in range(2)]
+    tables = torch.arange(context // 64 + 2, device=dev, dtype=torch.int32)[None]
+    lens = torch.tensor([context], device=dev, dtype=torch.int32)
+    q, k, v = r(1, HQ, D), r(1, HK, D), r(1, HK, D)
+    sinks = torch.zeros(HQ, device=dev)
+    router_w, bias = r(E, H, scale=H ** -0.5), torch.randn(E, device=dev) * 0.1
+    w13, w2 = r(E, 2 * I, H, scale=H ** -0.5), r(E, H, I, scale=I ** -0.5)
+    sw13, sw2 = r(2 * I, H, scale=H ** -0.5), r(H, I, scale=I ** -0.5)
+    w13_4, w2_4 = quantize_nvfp4(w13), quantize_nvfp4(w2)
+    sw13_4, sw2_4 = quantize_nvfp4(sw13), quantize_nvfp4(sw2)
+    ids, wts = router.router_topk(x, router_w, bias, K, 2.5, True)
+    lm = r(V, H, scale=H ** -0.5)
+    chosen = K / E
+    yield "rms_norm +residual", lambda: rms_norm.rms_norm(x, norm_w, 1e-5, residual=res), nbytes(x, res, res)
+    yield "qkv bf16 cuBLAS", lambda: F.linear(x, qkv), nbytes(qkv)
+    yield "qkv nvfp4", lambda: nvfp4_linear.nvfp4_linear(x, qkv4), nbytes(qkv4)
+    yield "qk_norm_rope +write", lambda: qk_norm_rope.qk_norm_rope(
+        F.linear(x, qkv), dw, dw, pos, cos_sin, 1e-5, HQ, HK, ring[0], ring[1], slot), 0
+    for split_note, w in (("bf16", qkv), ("nvfp4", qkv4)):
+        yield f"norm_qkv_rope {split_note} (fused)", lambda w=w: norm_qkv_rope.norm_qkv_rope(
+            x, res, norm_w, 1e-5, w, dw, dw, pos, cos_sin, HQ, HK, ring[0], ring[1], slot), nbytes(w)
+    for splits in (None, 32, 132):
+        yield f"decode attn full ctx={context} splits={splits or 'default'}", \
+            lambda s=splits: decode_attention.decode_attention(q, k, v, paged[0], paged[1], lens, sinks, D ** -0.5,
+                                                               0, block_tables=tables, num_splits=s), \
+            2 * context * HK * D * 2
+    yield "decode attn ring 513", lambda: decode_attention.decode_attention(
+        q, k, v, ring[0], ring[1], torch.tensor([512], device=dev, dtype=torch.int32), sinks, D ** -0.5, 513,
+        ring_rows=torch.zeros(1, device=dev, dtype=torch.int32)), 2 * 513 * HK * D * 2
+    yield "o_proj bf16 cuBLAS", lambda: F.linear(q.view(1, -1), o), nbytes(o)
+    yield "o_proj nvfp4", lambda: nvfp4_linear.nvfp4_linear(q.view(1, -1), o4), nbytes(o4)
+    yield "router", lambda: router.router_topk(x, router_w, bias, K, 2.5, True), nbytes(router_w)
+    yield "norm_router_topk (fused)", lambda: router.norm_router_topk(
+        x, res, norm_w, 1e-5, router_w, bias, K, 2.5, True), nbytes(router_w)
+    yield "moe bf16 small", lambda: moe.fused_moe(x, ids, wts, w13, w2, sw13, sw2), \
+        int(chosen * nbytes(w13, w2)) + nbytes(sw13, sw2)
+    yield "moe nvfp4 small", lambda: moe.fused_moe(x, ids, wts, w13_4, w2_4, sw13_4, sw2_4), \
+        int(chosen * nbytes(w13_4, w2_4)) + nbytes(sw13_4, sw2_4)
+    yield "lm head bf16 cuBLAS", lambda: F.linear(x, lm), nbytes(lm)
+    yield "argmax V", lambda: F.linear(x, lm).argmax(-1), nbytes(lm)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--context", type=int, default=100000)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/decode-ops-h200.json"))
+    args = parser.parse_args()
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = graph_us(lambda: dst.copy_(src))
+    bandwidth = 2 * src.nbytes / copy_us * 1e6
+    del src, dst
+    rows = []
+    for name, fn, moved in cases(args.context):
+        try:
+            us = graph_us(fn)
+        except Exception as e:  # report and go on: one broken variant must not hide the rest
+            rows.append({"op": name, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+            print(f"{name}: {rows[-1]['error']}", flush=True)
+            continue
+        gbs = moved / us / 1e3
+        rows.append({"op": name, "us": round(us, 2), "bytes": moved, "gb_s": round(gbs), "pct_copy":
+                     round(100 * gbs * 1e9 / bandwidth, 1)})
+        print(f"{name}: {us:.2f} us", flush=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
+            "command": f"python scripts/bench_decode_ops.py --context {args.context}",
+            "copy_tb_s": round(bandwidth / 1e12, 3), "reps_per_graph": REPS}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(f"\n{meta['command']} -- {meta['gpu']}, {meta['date']}, copy {meta['copy_tb_s']} TB/s\n")
+    print("| op (batch 1, full size) | us | GB/s | % copy |\n|---|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['op']} | {row.get('us', row.get('error'))} | {row.get('gb_s', '')} | {row.get('pct_copy', '')} |")
+
+
+if __name__ == "__main__":
+    main()
