@@ -141,7 +141,8 @@ def norm_router_topk_torch(x, residual, norm_w, eps, weight, bias, top_k, scalin
     return (h, res_out, *router_topk_torch(h, weight, bias, top_k, scaling, renormalize))
 
 
-def _launch(x, residual, norm_w, eps, weight, bias, top_k, scaling, renormalize):
+def _launch(x, residual, norm_w, eps, weight, bias, top_k, scaling, renormalize, block_e=None, splits=None):
+    """block_e / splits override the tile choice (benchmarks compare them)."""
     norm = residual is not None
     t, h = x.shape
     e = weight.shape[0]
@@ -151,10 +152,10 @@ def _launch(x, residual, norm_w, eps, weight, bias, top_k, scaling, renormalize)
     res_out = torch.empty_like(x) if norm else x
     if t == 0:
         return h_out, res_out, ids, weights
-    block_e = min(32 if t <= BLOCK_T else 64, max(16, triton.next_power_of_2(e)))
+    block_e = block_e or min(32 if t <= BLOCK_T else 64, max(16, triton.next_power_of_2(e)))
     tiles = (triton.cdiv(t, BLOCK_T), triton.cdiv(e, block_e))
     h_blocks = triton.cdiv(h, BLOCK_H)
-    splits = pick_splits(tiles[0] * tiles[1], h_blocks, x.device)
+    splits = splits or pick_splits(tiles[0] * tiles[1], h_blocks, x.device)
     h_per_split = triton.cdiv(h_blocks, splits) * BLOCK_H
     splits = triton.cdiv(h, h_per_split)
     part = torch.empty((splits, t, e), dtype=torch.float32, device=x.device)
