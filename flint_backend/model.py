@@ -136,8 +136,9 @@ class FlintModel:
     def forward_low_latency(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
         """The same function for an all-decode step of a few tokens, in fewer, fatter kernels per
         layer: [residual + norm + QKV + Q/K norm + RoPE + KV write], attention, o_proj,
-        [residual + norm + router + top-k], [gate/up of the chosen and shared experts],
-        [down + combine]."""
+        [residual + norm], [router + top-k], [gate/up of the chosen and shared experts],
+        [down + combine]. (A residual + norm prologue inside the router measured slower than the
+        separate RMSNorm on an H200: benchmarks/NOTES.md.)"""
         c, ops = self.config, self.ops
         x, residual = self.embed[batch.input_ids], None  # [N, H]
         for layer in self.layers:
@@ -152,13 +153,7 @@ class FlintModel:
                 attn.window, block_tables=batch.block_tables if attn.is_full else None,
                 ring_rows=None if attn.is_full else batch.ring_rows, decode_only=True, max_query_len=1)
             x = ops.linear(out.reshape(out.shape[0], -1), attn.o_proj)
-            if isinstance(mlp, FlintMoE):
-                h, residual, ids, weights = ops.norm_router(
-                    x, residual, layer.post_norm, c.rms_norm_eps, mlp.router, mlp.bias, c.num_experts_per_tok,
-                    c.routed_scaling_factor, c.norm_topk_prob)
-                x = ops.moe(h, ids, weights, mlp.w13, mlp.w2, mlp.shared_w13, mlp.shared_w2)
-            else:
-                x = mlp.forward(ops.rms_norm(x, layer.post_norm, c.rms_norm_eps, residual=residual))
+            x = mlp.forward(ops.rms_norm(x, layer.post_norm, c.rms_norm_eps, residual=residual))
         return self._head(x, residual, batch)
 
     def _head(self, x: torch.Tensor, residual: torch.Tensor, batch: StepBatch) -> torch.Tensor:

@@ -45,7 +45,6 @@ class Ops:
     sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
     # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
     norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
-    norm_router: Callable     # (x, residual, norm_w, eps, w, bias, top_k, scaling, renorm) -> h, residual + x, ids, weights
 
 
 def cache_write_torch(k, v, k_cache, v_cache, slots):
@@ -111,7 +110,6 @@ TORCH_OPS = Ops(
     router=router_k.router_topk_torch,
     moe=moe_k.fused_moe_torch,
     norm_qkv_rope=norm_qkv_k.norm_qkv_rope_torch,
-    norm_router=router_k.norm_router_topk_torch,
     sample=sampling_k.sample_torch,
 )
 
@@ -130,7 +128,6 @@ def triton_ops() -> Ops:
         moe=moe_k.fused_moe,
         sample=sampling_k.sample,
         norm_qkv_rope=norm_qkv_k.norm_qkv_rope,
-        norm_router=router_k.norm_router_topk,
     )
 
 

@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import residual_norm_tile, residual_rstd, rms_norm_torch
 from .split_k import arrival_counters, last_to_arrive, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -29,19 +28,15 @@ BLOCK_H = 32 if INTERPRET else 128
 
 @triton.jit
 def _router_kernel(
-    x_ptr,        # [T, H] router input (NORM: the attention output, normalised here with the residual)
-    res_in_ptr,   # [T, H] residual before the add (when NORM)
-    res_out_ptr,  # [T, H] residual + x, written by the expert-block-0 programs (when NORM)
-    norm_w_ptr,   # [H] post-attention RMSNorm weight (when NORM)
-    h_ptr,        # [T, H] rms_norm(residual + x), the MoE input, written like res_out (when NORM)
+    x_ptr,        # [T, H]
     w_ptr,        # [E, H]
     bias_ptr,     # [E] fp32
     ids_ptr,      # [T, TOP_K] int32
     weights_ptr,  # [T, TOP_K] fp32
     part_ptr,     # [SPLIT, T, E] fp32 partial logits
     counter_ptr,  # [cdiv(T, BLOCK_T)] int32, zero between launches
-    T, E, H, stride_xt, stride_we, h_per_split, scaling, eps,
-    NORM: tl.constexpr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+    T, E, H, stride_xt, stride_we, h_per_split, scaling,
+    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -55,19 +50,10 @@ def _router_kernel(
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     h_lo = s * h_per_split
     h_hi = tl.minimum(h_lo + h_per_split, H)
-    if NORM:  # every program needs the RMS of the whole residual-added rows (a few KB, from L2)
-        rstd = residual_rstd(x_ptr, res_in_ptr, norm_w_ptr, tokens, t_mask, H, eps, True, BLOCK_H)
     for h0 in range(h_lo, h_hi, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
-        if NORM:  # (stride_xt == H)
-            a, summed, off, m = residual_norm_tile(x_ptr, res_in_ptr, norm_w_ptr, tokens, t_mask, h0, H, rstd,
-                                                   True, BLOCK_H)
-            if eb == 0:
-                tl.store(res_out_ptr + off, summed, mask=m)
-                tl.store(h_ptr + off, a, mask=m)
-        else:
-            a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
-                        mask=t_mask[:, None] & (cols[None, :] < h_hi), other=0.0)  # [BLOCK_T, BLOCK_H]
+        a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
+                    mask=t_mask[:, None] & (cols[None, :] < h_hi), other=0.0)  # [BLOCK_T, BLOCK_H]
         w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
                     mask=e_mask[:, None] & (cols[None, :] < h_hi), other=0.0)  # [BLOCK_E, BLOCK_H]
         if DOT_FP32 or a.dtype != w.dtype:
@@ -119,59 +105,33 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
                 scaling: float, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H], weight [E, H] (bf16/fp16/fp32), bias [E] fp32 -> ids [T, K] int32, weights [T, K] fp32."""
     _check_inputs(x, weight, bias, top_k)
-    return _launch(x, None, None, 0.0, weight, bias, top_k, scaling, renormalize)[2:]
-
-
-def norm_router_topk(x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float,
-                     weight: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float, renormalize: bool):
-    """The low-latency decode path's router: residual add + RMSNorm in the prologue, one launch.
-    x (attention output), residual [T, H] -> (h = rms_norm(residual + x) [T, H], residual + x [T, H],
-    ids [T, K] int32, weights [T, K] fp32)."""
-    _check_inputs(x, weight, bias, top_k)
-    if residual.shape != x.shape or not x.is_contiguous() or not residual.is_contiguous() or norm_w.shape != x.shape[1:]:
-        raise ValueError(f"norm_router_topk: x {tuple(x.shape)}, residual {tuple(residual.shape)}, norm_w "
-                         f"{tuple(norm_w.shape)}; expected contiguous [T, H], [T, H] and [H]")
-    return _launch(x, residual, norm_w, eps, weight, bias, top_k, scaling, renormalize)
-
-
-def norm_router_topk_torch(x, residual, norm_w, eps, weight, bias, top_k, scaling, renormalize):
-    """Same signature and semantics as `norm_router_topk`."""
-    res_out = residual.clone()
-    h = rms_norm_torch(x, norm_w, eps, residual=res_out)
-    return (h, res_out, *router_topk_torch(h, weight, bias, top_k, scaling, renormalize))
-
-
-def _launch(x, residual, norm_w, eps, weight, bias, top_k, scaling, renormalize, block_e=None, splits=None):
-    """block_e / splits override the tile choice (benchmarks compare them)."""
-    norm = residual is not None
     t, h = x.shape
     e = weight.shape[0]
     ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
     weights = torch.empty((t, top_k), dtype=torch.float32, device=x.device)
-    h_out = torch.empty_like(x) if norm else x
-    res_out = torch.empty_like(x) if norm else x
     if t == 0:
-        return h_out, res_out, ids, weights
-    block_e = block_e or min(32 if t <= BLOCK_T else 64, max(16, triton.next_power_of_2(e)))
+        return ids, weights
+    block_e = min(32 if t <= BLOCK_T else 64, max(16, triton.next_power_of_2(e)))
     tiles = (triton.cdiv(t, BLOCK_T), triton.cdiv(e, block_e))
     h_blocks = triton.cdiv(h, BLOCK_H)
-    splits = splits or pick_splits(tiles[0] * tiles[1], h_blocks, x.device)
+    # decode: 4 splits measured fastest on an H200 (9.4 us vs 11.6 us for the ~2-waves choice of 16,
+    # benchmarks/decode-ops-h200.json): fewer partials for the last program to sum
+    splits = min(4, h_blocks) if t <= BLOCK_T else pick_splits(tiles[0] * tiles[1], h_blocks, x.device)
     h_per_split = triton.cdiv(h_blocks, splits) * BLOCK_H
     splits = triton.cdiv(h, h_per_split)
     part = torch.empty((splits, t, e), dtype=torch.float32, device=x.device)
     fp32 = torch.float32 in (x.dtype, weight.dtype)
     _router_kernel[(tiles[0], tiles[1], splits)](
-        x_ptr=x, res_in_ptr=residual if norm else x, res_out_ptr=res_out, norm_w_ptr=norm_w if norm else bias,
-        h_ptr=h_out, w_ptr=weight, bias_ptr=bias, ids_ptr=ids, weights_ptr=weights, part_ptr=part,
+        x_ptr=x, w_ptr=weight, bias_ptr=bias, ids_ptr=ids, weights_ptr=weights, part_ptr=part,
         counter_ptr=arrival_counters(tiles[0], x.device),
         T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), h_per_split=h_per_split,
-        scaling=float(scaling), eps=float(eps), NORM=norm,
+        scaling=float(scaling),
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_H=BLOCK_H,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), SPLIT=splits,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32",
         num_warps=4,
     )
-    return h_out, res_out, ids, weights
+    return ids, weights
 
 
 def router_topk_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,

@@ -98,11 +98,6 @@ def cases(context: int):
     yield "o_proj bf16 cuBLAS", lambda: F.linear(q.view(1, -1), o), nbytes(o)
     yield "o_proj nvfp4", lambda: nvfp4_linear.nvfp4_linear(q.view(1, -1), o4), nbytes(o4)
     yield "router", lambda: router.router_topk(x, router_w, bias, K, 2.5, True), nbytes(router_w)
-    for block_e, splits in ((32, 4), (16, 2), (16, 1), (64, 1), (16, 8)):
-        yield f"router block_e={block_e} splits={splits}", lambda b=block_e, s=splits: router._launch(
-            x, None, None, 0.0, router_w, bias, K, 2.5, True, block_e=b, splits=s), nbytes(router_w)
-    yield "norm_router_topk (fused)", lambda: router.norm_router_topk(
-        x, res, norm_w, 1e-5, router_w, bias, K, 2.5, True), nbytes(router_w)
     yield "moe bf16 small", lambda: moe.fused_moe(x, ids, wts, w13, w2, sw13, sw2), \
         int(chosen * nbytes(w13, w2)) + nbytes(sw13, sw2)
     yield "moe nvfp4 small", lambda: moe.fused_moe(x, ids, wts, w13_4, w2_4, sw13_4, sw2_4), \

@@ -224,12 +224,11 @@ def tiles(kwargs: dict) -> str:
 
 def low_latency_launches() -> list:
     """The low-latency decode kernels at full size (MoE experts: moe_launches): batch 1 and 8."""
-    from flint_kernels import norm_qkv_rope, router
+    from flint_kernels import norm_qkv_rope
     hq, hk, d, h, e, bf16 = 32, 4, 128, 2048, 256, torch.bfloat16
     dw, hw = torch.randn(d, dtype=bf16), torch.randn(h, dtype=bf16)
     cos_sin = torch.randn(64, d)
     cache = torch.zeros(8, 64, hk, d, dtype=bf16)
-    router_w, bias = torch.randn(e, h, dtype=bf16), torch.zeros(e)
     cases = []
     for t in (1, 8):
         x = torch.randn(t, h, dtype=bf16)
@@ -239,8 +238,6 @@ def low_latency_launches() -> list:
             cases.append((f"norm_qkv_rope {fmt} T={t} rope+cache", norm_qkv_rope,
                           lambda x=x, pos=pos, slots=slots, w=qkv_w: norm_qkv_rope.norm_qkv_rope(
                               x, x.clone(), hw, 1e-5, w, dw, dw, pos, cos_sin, hq, hk, cache, cache, slots)))
-        cases.append((f"norm_router_topk T={t}", router, lambda x=x: router.norm_router_topk(
-            x, x.clone(), hw, 1e-5, router_w, bias, 6, 2.5, True)))
     return cases
 
 

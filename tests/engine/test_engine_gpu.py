@@ -49,19 +49,29 @@ def small(request):
     return request.param, config, weights
 
 
-def test_kernels_match_torch_ops_and_the_reference(small):
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_kernels_match_torch_ops_in_fp32(fmt):
+    """fp32 end to end, so no router choice flips on rounding: the kernels compute the torch
+    ops' function (NVFP4 weights dequantised exactly in both)."""
+    config = FlintConfig.preset("flint-small")
+    weights = random_stacked_weights(config, 0, torch.float32, "cuda", nvfp4=fmt == "nvfp4")
+    kernels = last_logits(engine(weights, config, dtype="float32"), PROMPTS)
+    plain = last_logits(engine(weights, config, dtype="float32", kernel_backend="torch", enforce_eager=True), PROMPTS)
+    for a, b in zip(kernels, plain):
+        assert (a - b).abs().max().item() < 2e-3 * b.abs().max().item(), f"{fmt}: kernels vs torch ops (fp32)"
+        assert int(a.argmax()) == int(b.argmax())
+
+
+def test_bf16_kernels_are_close_to_the_bf16_reference(small):
+    """bf16: roundings differ in order, and a flipped router choice moves a token's output a lot,
+    so this bounds the relative L2 error of the last logits instead of the max."""
     fmt, config, weights = small
-    triton_logits = last_logits(engine(weights, config), PROMPTS)  # chunked prefill: 512 tokens a step
-    torch_logits = last_logits(engine(weights, config, kernel_backend="torch", enforce_eager=True), PROMPTS)
+    kernels = last_logits(engine(weights, config), PROMPTS)  # chunked prefill: 512 tokens a step
     ref = build_reference(config, reference_state_dict(weights, torch.bfloat16), dtype=torch.bfloat16,
                           device="cuda")
-    for prompt, a, b in zip(PROMPTS, triton_logits, torch_logits):
+    for prompt, a in zip(PROMPTS, kernels):
         r = ref(torch.tensor(prompt, device="cuda")).logits[-1].float().cpu()
-        scale = r.abs().max().item()
-        # bf16 end to end: kernels and torch ops round in the same places but sum in other orders
-        assert (a - b).abs().max().item() < 0.05 * scale, f"{fmt}: kernels vs torch ops"
-        assert (a - r).abs().max().item() < 0.1 * scale, f"{fmt}: kernels vs reference"
-        assert int(a.argmax()) == int(r.argmax()) or (r.max() - r[a.argmax()]) < 0.02 * scale
+        assert (a - r).norm().item() < 0.25 * r.norm().item(), f"{fmt}: kernels vs reference (bf16)"
 
 
 def test_graph_replay_equals_eager(small):
