@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -275,7 +276,8 @@ def main() -> None:
     args = parser.parse_args()
     args.contexts = [int(c) for c in args.contexts.split(",")]
     bandwidth = copy_bandwidth(args.device, 1 << 30 if args.device == "cuda" else 1 << 24)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("FLINT_COMMIT") or subprocess.run(  # the device machine gets no .git
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results = {"meta": {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
                         "commit": commit or "unknown", "command": "python scripts/bench.py " + " ".join(sys.argv[1:]),
                         "copy_tb_s": round(bandwidth / 1e12, 3), "torch": torch.__version__},
