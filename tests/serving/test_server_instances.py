@@ -101,7 +101,9 @@ def test_stop_words_abort_the_request_in_whichever_instance_owns_it(server, refe
 
 def test_multi_gpu_check_client_runs_against_two_instances(server, tmp_path):
     """scripts/multi_gpu_check.py's load + report (its GPU run is scripts/multi_gpu_check.sh), with a
-    stand-in nvidia-smi: both instances must show traffic in its per-instance count."""
+    stand-in nvidia-smi. Triton hands each request to whichever instance waits, so 8 streams may all
+    land on one (test_two_cpu_instances_both_serve shows both serving under a larger burst): this
+    checks the client's per-instance accounting, not the spread."""
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho '0, Stand-in GPU, 1000, 80000'\necho '1, Stand-in GPU, 900, 80000'\n")
@@ -113,7 +115,8 @@ def test_multi_gpu_check_client_runs_against_two_instances(server, tmp_path):
                           "--out", str(tmp_path / "two.json")], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "two.json").read_text())
-    assert result["output_tokens"] == 8 * 6 and len(result["instance_tokens"]) == INSTANCES
+    assert result["output_tokens"] == 8 * 6 and 1 <= len(result["instance_tokens"]) <= INSTANCES
+    assert set(result["instance_tokens"]) <= {f"flint_model_0_{i}" for i in range(INSTANCES)}
     assert all(n == 1 for n in result["texts_per_prompt"].values())  # greedy: one text per prompt
     run = subprocess.run([sys.executable, str(script), "report", str(tmp_path / "two.json"), "--out",
                           str(tmp_path / "report.json")], env=env, capture_output=True, text=True, timeout=60)
