@@ -102,7 +102,7 @@ def test_stop_words_abort_the_request_in_whichever_instance_owns_it(server, refe
 def test_multi_gpu_check_client_runs_against_two_instances(server, tmp_path):
     """scripts/multi_gpu_check.py's load + report (its GPU run is scripts/multi_gpu_check.sh), with a
     stand-in nvidia-smi. Triton hands each request to whichever instance waits, so 8 streams may all
-    land on one (test_two_cpu_instances_both_serve shows both serving under a larger burst): this
+    land on one (test_concurrent_streams_spread_over_both_instances... shows both serving under a burst of 24): this
     checks the client's per-instance accounting, not the spread."""
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
