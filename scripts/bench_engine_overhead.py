@@ -42,7 +42,9 @@ class Timers:
 
 
 def measure(batch: int, steps: int) -> dict:
-    engine = LLMEngine(EngineArgs(dtype="float32", device="cpu", max_num_seqs=max(batch, 1),
+    # eager steps (host lists -> tensors each step), so every phase is timed separately; the GPU's
+    # graph path replaces build_batch with DecodeGraphs._fill over static buffers
+    engine = LLMEngine(EngineArgs(dtype="float32", device="cpu", max_num_seqs=max(batch, 1), enforce_eager=True,
                                   max_num_batched_tokens=max(2048, batch), block_size=16, max_model_len=2048))
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=0, max_tokens=steps + 50, ignore_eos=True)
     for i in range(batch):
