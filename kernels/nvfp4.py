@@ -19,6 +19,8 @@ dequantise-then-matmul by fp32 rounding of the accumulation only.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -103,13 +105,76 @@ def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
         return tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0.0)
 
 
-def weight_args(name: str, w) -> dict:
+# fp32 bits of an E2M1 code: with the code at bits 31..28 of an int32, an arithmetic shift
+# right by 6 moves the magnitude to bits 24..22 (the exponent's low 2 bits and the mantissa's
+# top bit) and copies the sign down to bit 25; masking bits 31 and 24..22 leaves
+# E2M1 * 2**-126 exactly (0.5 as the fp32 denormal 2**-127). GEMV kernels multiply x and the
+# block scale each by 2**63 to cancel it: products stay normal for |x| > 2**-60.
+E2M1_F32_MASK = tl.constexpr(-2118123520)  # 0x81C00000 as an int32
+F32_E2M1_HALF_UNIT = tl.constexpr(9223372036854775808.0)  # 2**63
+# fp4_dot_words's formulation, read by the GEMV launchers at each launch (a benchmark knob:
+# the two differ in how the compiler spreads words and x over threads; same results)
+GEMV_SPREAD_J = os.environ.get("FLINT_FP4_GEMV_SPREAD_J", "0") == "1"
+
+
+@triton.jit
+def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
+                  KW: tl.constexpr, MASK_K: tl.constexpr, SPREAD_J: tl.constexpr):
+    """GEMV step of an NVFP4 matrix read as 32-bit words (8 weights each, k = 8 w + j in nibble
+    j): -> [BLOCK_N, KW] fp32, for rows `rows` and words [kw0, kw0 + KW), the sums over the
+    word's 8 weights of E2M1 * block scale * x[k]; the global scale is not applied. Sum over
+    axis 1 (and over steps) for the dot product.
+
+    x_ptr: x[0] of one token (any float dtype); words_ptr: the packed bytes viewed as int32
+    [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs a
+    few integer ops and one FMA (no per-weight conversion instruction: on sm_90 those run
+    at 1/8 the FMA rate); the block scale multiplies each word's sum once. SPREAD_J picks
+    between two formulations of the same sum (GEMV_SPREAD_J below; both are tested)."""
+    kw = kw0 + tl.arange(0, KW)
+    k_mask = kw < n_words
+    mask = row_mask[:, None]
+    if MASK_K:
+        mask = mask & k_mask[None, :]
+    words = tl.load(words_ptr + rows[:, None] * stride_wn + kw[None, :], mask=mask, other=0)  # int32
+    s = tl.load(scales_ptr + rows[:, None] * stride_sn + kw[None, :] // 2, mask=mask, other=0.0)
+    if SPREAD_J:  # [BLOCK_N, KW, 8] at once: x read as each word's 8 contiguous values
+        j = tl.arange(0, 8)
+        x_offs = kw[:, None] * 8 + j[None, :]  # [KW, 8]
+        if MASK_K:
+            x = tl.load(x_ptr + x_offs, mask=k_mask[:, None], other=0.0)
+        else:
+            x = tl.load(x_ptr + x_offs)
+        x = x.to(tl.float32) * F32_E2M1_HALF_UNIT
+        bits = ((words[:, :, None] << (28 - 4 * j)[None, None, :]) >> 6) & E2M1_F32_MASK
+        part = tl.sum(bits.to(tl.float32, bitcast=True) * x[None, :, :], axis=2)
+    else:  # nibble by nibble: [BLOCK_N, KW] eight times, x read with stride 8
+        part = tl.zeros([rows.shape[0], KW], tl.float32)
+        for jj in tl.static_range(8):
+            if MASK_K:
+                x = tl.load(x_ptr + kw * 8 + jj, mask=k_mask, other=0.0)
+            else:
+                x = tl.load(x_ptr + kw * 8 + jj)
+            bits = ((words << (28 - 4 * jj)) >> 6) & E2M1_F32_MASK  # nibble jj -> fp32 E2M1 * 2**-126
+            part += bits.to(tl.float32, bitcast=True) * (x.to(tl.float32) * F32_E2M1_HALF_UNIT)[None, :]
+    return part * (s.to(tl.float32) * F32_E2M1_HALF_UNIT)
+
+
+def packed_words(w) -> torch.Tensor:
+    """The packed bytes of an NVFP4 weight [..., N, K/2] viewed as int32 words [..., N, K/8]."""
+    if w.packed.shape[-1] % 4 or any(st % 4 for st in w.packed.stride()[:-1]) or w.packed.data_ptr() % 4:
+        raise ValueError(f"NVFP4 weight with packed shape {tuple(w.packed.shape)} strides {w.packed.stride()}: "
+                         "expected K % 8 == 0 and 4-byte aligned rows")
+    return w.packed.view(torch.int32)
+
+
+def weight_args(name: str, w, words: bool = False) -> dict:
     """Kernel arguments for a dense or NVFP4 weight [E, N, K] or [N, K] (unit stride in K):
-    pointers `{name}_ptr` (dense values or packed bytes), `{name}_scales_ptr`, `{name}_scale_ptr`
-    and strides `{name}_se`/`_sn` (values), `_sse`/`_ssn` (block scales), `_sge`/`_sgn` (global
-    scale) over (expert, row); a dense weight passes itself for the unused pointers."""
+    pointers `{name}_ptr` (dense values, or packed bytes: int32 words with `words`),
+    `{name}_scales_ptr`, `{name}_scale_ptr` and strides `{name}_se`/`_sn` (values, in elements
+    of the pointer), `_sse`/`_ssn` (block scales), `_sge`/`_sgn` (global scale) over (expert,
+    row); a dense weight passes itself for the unused pointers."""
     if is_nvfp4(w):
-        data, scales, scale = w.packed, w.scales, w.scale
+        data, scales, scale = packed_words(w) if words else w.packed, w.scales, w.scale
         sge, sgn = scale_strides(w)
     else:
         data = scales = scale = w

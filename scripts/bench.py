@@ -202,7 +202,7 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     engine_args = dict(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None, dtype="bfloat16",
                        device=args.device, kernel_backend=args.kernel_backend, block_size=64, max_num_seqs=64,
                        max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
-                       kv_cache_memory_fraction=args.kv_fraction)
+                       kv_cache_memory_fraction=args.kv_fraction, low_latency_max_batch=args.low_latency_max_batch)
     engine = LLMEngine(EngineArgs(**engine_args))
     sync()
     build_s = time.perf_counter() - t0
@@ -272,6 +272,8 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=262144)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--kernel-backend", default="triton")
+    parser.add_argument("--low-latency-max-batch", type=int, default=8,
+                        help="decode batches up to this size take the fused low-latency path (0: the regular one)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
     args = parser.parse_args()
     args.contexts = [int(c) for c in args.contexts.split(",")]

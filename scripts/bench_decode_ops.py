@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from flint_backend.model import rope_cos_sin_cache
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
 from flint_backend.weights.nvfp4 import concat_rows
-from flint_kernels import decode_attention, moe, norm_qkv_rope, nvfp4_linear, qk_norm_rope, rms_norm, router
+from flint_kernels import decode_attention, moe, norm_qkv_rope, nvfp4, nvfp4_linear, qk_norm_rope, rms_norm, router
 
 H, HQ, HK, D, E, I, K, V = 2048, 32, 4, 128, 256, 512, 6, 151552
 REPS = 20
@@ -45,6 +45,17 @@ def graph_us(fn) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / REPS)
     return statistics.median(times[1:])
+
+
+def spread_j(fn, flag: bool):
+    """fn with nvfp4.GEMV_SPREAD_J set to `flag` for its launches (the two NVFP4 GEMV decodes)."""
+    def call():
+        saved, nvfp4.GEMV_SPREAD_J = nvfp4.GEMV_SPREAD_J, flag
+        try:
+            return fn()
+        finally:
+            nvfp4.GEMV_SPREAD_J = saved
+    return call
 
 
 def nbytes(*tensors) -> int:
@@ -81,7 +92,9 @@ def cases(context: int):
     chosen = K / E
     yield "rms_norm +residual", lambda: rms_norm.rms_norm(x, norm_w, 1e-5, residual=res), nbytes(x, res, res)
     yield "qkv bf16 cuBLAS", lambda: F.linear(x, qkv), nbytes(qkv)
-    yield "qkv nvfp4", lambda: nvfp4_linear.nvfp4_linear(x, qkv4), nbytes(qkv4)
+    for flag in (False, True):
+        yield f"qkv nvfp4{' spread-j' if flag else ''}", spread_j(lambda: nvfp4_linear.nvfp4_linear(x, qkv4), flag), \
+            nbytes(qkv4)
     yield "qk_norm_rope +write", lambda: qk_norm_rope.qk_norm_rope(
         F.linear(x, qkv), dw, dw, pos, cos_sin, 1e-5, HQ, HK, ring[0], ring[1], slot), 0
     for split_note, w in (("bf16", qkv), ("nvfp4", qkv4)):
@@ -96,12 +109,16 @@ def cases(context: int):
         q, k, v, ring[0], ring[1], torch.tensor([512], device=dev, dtype=torch.int32), sinks, D ** -0.5, 513,
         ring_rows=torch.zeros(1, device=dev, dtype=torch.int32)), 2 * 513 * HK * D * 2
     yield "o_proj bf16 cuBLAS", lambda: F.linear(q.view(1, -1), o), nbytes(o)
-    yield "o_proj nvfp4", lambda: nvfp4_linear.nvfp4_linear(q.view(1, -1), o4), nbytes(o4)
+    for flag in (False, True):
+        yield f"o_proj nvfp4{' spread-j' if flag else ''}", \
+            spread_j(lambda: nvfp4_linear.nvfp4_linear(q.view(1, -1), o4), flag), nbytes(o4)
     yield "router", lambda: router.router_topk(x, router_w, bias, K, 2.5, True), nbytes(router_w)
     yield "moe bf16 small", lambda: moe.fused_moe(x, ids, wts, w13, w2, sw13, sw2), \
         int(chosen * nbytes(w13, w2)) + nbytes(sw13, sw2)
-    yield "moe nvfp4 small", lambda: moe.fused_moe(x, ids, wts, w13_4, w2_4, sw13_4, sw2_4), \
-        int(chosen * nbytes(w13_4, w2_4)) + nbytes(sw13_4, sw2_4)
+    for flag in (False, True):
+        yield f"moe nvfp4 small{' spread-j' if flag else ''}", \
+            spread_j(lambda: moe.fused_moe(x, ids, wts, w13_4, w2_4, sw13_4, sw2_4), flag), \
+            int(chosen * nbytes(w13_4, w2_4)) + nbytes(sw13_4, sw2_4)
     yield "lm head bf16 cuBLAS", lambda: F.linear(x, lm), nbytes(lm)
     yield "argmax V", lambda: F.linear(x, lm).argmax(-1), nbytes(lm)
 

@@ -8,6 +8,7 @@ from flint_backend.config import FlintConfig
 from flint_backend.reference import FlintMoE
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_kernels import nvfp4
 from flint_kernels.moe import fused_moe, fused_moe_torch
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
 from kv_cases import assert_scaled_close
@@ -65,10 +66,19 @@ def test_dense_experts(path, t, e, k, dtype):
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
+@pytest.fixture(params=[False, True], ids=["nibbles", "spread-j"])
+def spread_j(request, monkeypatch):
+    """Both formulations of the small-batch path's NVFP4 decode (nvfp4.fp4_dot_words)."""
+    monkeypatch.setattr(nvfp4, "GEMV_SPREAD_J", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("fmt,dtype", [("nvfp4", torch.float32), ("mixed", torch.float32),
                                        ("nvfp4", torch.bfloat16)])
-def test_nvfp4_experts(path, fmt, dtype):
+def test_nvfp4_experts(path, fmt, dtype, spread_j):
+    if path == "grouped" and spread_j:
+        pytest.skip("the formulation is the small-batch path's")
     t, e, k = 3, 8, 3
     w13, w2, s13, s2 = experts(e, 64, 64, 64, dtype, fmt, seed=1)
     ids, weights = routing(t, e, k, seed=1)
@@ -186,9 +196,11 @@ def test_errors_name_the_argument():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
 @pytest.mark.parametrize("t", [1, 8, 64, 1000])
-def test_real_shapes(path, fmt, t):
+def test_real_shapes(path, fmt, t, spread_j):
     if path == "small" and t > 64:
         pytest.skip("the GEMV path is for decode batches")
+    if spread_j and (path, fmt) != ("small", "nvfp4"):
+        pytest.skip("the formulation is the small-batch path's NVFP4 decode")
     e, k = 256, 6
     w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, fmt)
     ids, weights = routing(t, e, k)

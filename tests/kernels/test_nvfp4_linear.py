@@ -6,6 +6,7 @@ import torch
 
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_kernels import nvfp4
 from flint_kernels.nvfp4 import dequantize_nvfp4
 from flint_kernels.nvfp4_linear import GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch
 from kv_cases import assert_scaled_close
@@ -25,8 +26,15 @@ def weight(n, k, seed=0, per_row=False):
     return quantize_nvfp4(torch.randn(n, k, generator=g)).to(DEVICE)
 
 
-@pytest.mark.parametrize("t", [3, GEMV_MAX_TOKENS + 1, 64])
-def test_one_hot_activations_read_back_the_exact_weights(t):
+@pytest.fixture(params=[False, True], ids=["nibbles", "spread-j"])
+def spread_j(request, monkeypatch):
+    """Both formulations of the GEMV's NVFP4 decode (nvfp4.fp4_dot_words)."""
+    monkeypatch.setattr(nvfp4, "GEMV_SPREAD_J", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("t", [1, 3, GEMV_MAX_TOKENS + 1, 64])
+def test_one_hot_activations_read_back_the_exact_weights(t, spread_j):
     # x = rows of the identity: y[i, n] = W[n, k_i] with no accumulation, bit for bit
     w = weight(40, 64, per_row=True)
     ks = torch.arange(t, device=DEVICE) * 7 % 64
@@ -43,7 +51,7 @@ def test_one_hot_activations_read_back_the_exact_weights(t):
     (5, 70, 64, None),        # GEMM, partial tiles
     (17, 24, 512, 2),         # GEMM split-K
 ])
-def test_matches_dequantise_then_matmul(t, n, k, splits, dtype):
+def test_matches_dequantise_then_matmul(t, n, k, splits, dtype, spread_j):
     w = weight(n, k, seed=t, per_row=t % 2 == 1)
     x = torch.randn(t, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(dtype)
     got = nvfp4_linear(x, w, num_splits=splits)
@@ -74,7 +82,9 @@ def test_empty_batch_and_errors():
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 4, 8, 64, 8192])
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (20480, 2048), (2048, 10240), (151552, 2048)])
-def test_real_shapes(t, n, k):
+def test_real_shapes(t, n, k, spread_j):
+    if spread_j and t > GEMV_MAX_TOKENS:
+        pytest.skip("the formulation is the GEMV's")
     if n == 151552 and t > 64:
         pytest.skip("LM head runs on sampled rows only")
     w = quantize_nvfp4(torch.randn(n, k, device=DEVICE) / k ** 0.5)
