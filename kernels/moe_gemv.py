@@ -39,26 +39,28 @@ NUM_STAGES = 3               # weight tiles in flight per program (cp.async thro
 @triton.jit
 def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
                   stride_wn, stride_sn, stride_gn, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
-                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr, SPREAD_J: tl.constexpr):
-    """-> gate, up [BLOCK_N] fp32 (global scale applied) of one expert's rows `rows` (< n_rows)."""
+                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr, WORDS: tl.constexpr):
+    """-> gate, up [BLOCK_N] fp32 (global scale applied) of one expert's rows `rows` (< n_rows).
+    WORDS: an NVFP4 weight comes as int32 words (nvfp4.fp4_dot_words), else as bytes."""
     row_mask = rows < n_rows
-    if FP4:  # 32-bit words of 8 weights: acc [BLOCK_N, BLOCK_K / 8]
-        acc_g = tl.zeros([rows.shape[0], BLOCK_K // 8], tl.float32)
-        acc_u = tl.zeros([rows.shape[0], BLOCK_K // 8], tl.float32)
+    USE_WORDS: tl.constexpr = WORDS if FP4 else False
+    if USE_WORDS:  # acc [BLOCK_N, BLOCK_K / 16]: one sum per block of 16 weights
+        acc_g = tl.zeros([rows.shape[0], BLOCK_K // 16], tl.float32)
+        acc_u = tl.zeros([rows.shape[0], BLOCK_K // 16], tl.float32)
         for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
             acc_g += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, rows, row_mask, k0 // 8, H // 8, stride_wn,
-                                   stride_sn, BLOCK_K // 8, MASK_K, SPREAD_J)
+                                   stride_sn, BLOCK_K // 8, MASK_K)
             acc_u += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, rows + n_rows, row_mask, k0 // 8, H // 8,
-                                   stride_wn, stride_sn, BLOCK_K // 8, MASK_K, SPREAD_J)
+                                   stride_wn, stride_sn, BLOCK_K // 8, MASK_K)
     else:
         acc_g = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
         acc_u = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
         for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_row_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
-            g = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, H, stride_wn, stride_sn, BLOCK_K, MASK_K, False)
+            g = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, H, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
             u = weight_tile(w_ptr, scales_ptr, rows + n_rows, row_mask, k0, H, stride_wn, stride_sn, BLOCK_K,
-                            MASK_K, False)
+                            MASK_K, FP4)
             acc_g += g * x[None, :]
             acc_u += u * x[None, :]
     gate = tl.sum(acc_g, axis=1)
@@ -81,7 +83,7 @@ def _moe_gate_up_kernel(
     H, I, IS, stride_xt, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
-    SPREAD_J: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     slot = tl.program_id(0)
     nb = tl.program_id(1)
@@ -96,11 +98,11 @@ def _moe_gate_up_kernel(
         e = tl.load(ids_ptr + t * K + k).to(tl.int64)
         gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
                                  w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
-                                 BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, SPREAD_J)
+                                 BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS)
     else:
         gate, up = _gate_up_rows(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
                                  s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
-                                 SPREAD_J)
+                                 WORDS)
     h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
 
@@ -109,12 +111,13 @@ def _moe_gate_up_kernel(
 def _down_rows(a_ptr, stride_a, w_ptr, scales_ptr, scale_ptr, ids_ptr, mix_ptr, rows, row_mask, n_experts, n_k,
                stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, dtype: tl.constexpr,
                BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
-               SPREAD_J: tl.constexpr):
+               WORDS: tl.constexpr):
     """-> [BLOCK_H] fp32: sum over j < n_experts of mix[j] * (rows `rows` of expert ids[j]'s down
     projection applied to row j of A, rounded to `dtype`); ids_ptr None = one expert, weight 1.
     One flat pipelined loop over (expert, k chunk): the next expert's weights stream in while
     this one finishes."""
-    ACC_K: tl.constexpr = BLOCK_K // 8 if FP4 else BLOCK_K  # NVFP4: one sum per 32-bit word
+    USE_WORDS: tl.constexpr = WORDS if FP4 else False
+    ACC_K: tl.constexpr = BLOCK_K // 16 if USE_WORDS else BLOCK_K  # words: one sum per block of 16
     n_chunks = tl.cdiv(n_k, BLOCK_K)
     acc = tl.zeros([rows.shape[0], ACC_K], tl.float32)
     out = tl.zeros([rows.shape[0]], tl.float32)
@@ -122,15 +125,14 @@ def _down_rows(a_ptr, stride_a, w_ptr, scales_ptr, scale_ptr, ids_ptr, mix_ptr, 
         j = it // n_chunks
         k0 = (it % n_chunks) * BLOCK_K
         e = 0 if ids_ptr is None else tl.load(ids_ptr + j).to(tl.int64)
-        if FP4:
+        if USE_WORDS:
             acc += fp4_dot_words(a_ptr + j * stride_a, w_ptr + e * stride_we, scales_ptr + e * stride_se, rows,
-                                 row_mask, k0 // 8, n_k // 8, stride_wn, stride_sn, BLOCK_K // 8, MASK_K,
-                                 SPREAD_J)
+                                 row_mask, k0 // 8, n_k // 8, stride_wn, stride_sn, BLOCK_K // 8, MASK_K)
         else:
             cols = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(a_ptr + j * stride_a + cols, mask=cols < n_k, other=0.0).to(tl.float32)
             w = weight_tile(w_ptr + e * stride_we, scales_ptr + e * stride_se, rows, row_mask, k0, n_k,
-                            stride_wn, stride_sn, BLOCK_K, MASK_K, False)
+                            stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
             acc += w * a[None, :]
         if k0 + BLOCK_K >= n_k:  # the expert's last chunk: its output, rounded, weighted
             y = tl.sum(acc, axis=1)
@@ -155,7 +157,7 @@ def _moe_down_kernel(
     H, I, IS, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_I: tl.constexpr, MASK_IS: tl.constexpr, W2_FP4: tl.constexpr, S2_FP4: tl.constexpr,
-    NUM_STAGES: tl.constexpr, SPREAD_J: tl.constexpr,
+    NUM_STAGES: tl.constexpr, WORDS: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -164,12 +166,12 @@ def _moe_down_kernel(
     a_row = inter_ptr + t * SLOTS * stride_inter
     routed = _down_rows(a_row, stride_inter, w2_ptr, w2_scales_ptr, w2_scale_ptr, ids_ptr + t * K,
                         topk_weights_ptr + t * K, rows, row_mask, K, I, w2_se, w2_sn, w2_sse, w2_ssn, w2_sge,
-                        w2_sgn, dtype, BLOCK_K, MASK_I, W2_FP4, NUM_STAGES, SPREAD_J)
+                        w2_sgn, dtype, BLOCK_K, MASK_I, W2_FP4, NUM_STAGES, WORDS)
     out = routed.to(dtype)
     if SLOTS > K:  # the shared expert: no expert index, weight 1
         shared = _down_rows(a_row + K * stride_inter, stride_inter, s2_ptr, s2_scales_ptr, s2_scale_ptr, None, None,
                             rows, row_mask, 1, IS, 0, s2_sn, 0, s2_ssn, 0, s2_sgn, dtype, BLOCK_K, MASK_IS, S2_FP4,
-                            NUM_STAGES, SPREAD_J)
+                            NUM_STAGES, WORDS)
         out = (out.to(tl.float32) + shared).to(dtype)
     tl.store(out_ptr + t * H + rows, out, mask=row_mask)
 
@@ -193,21 +195,21 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     block_n = _rows_per_program(t * slots, i_max, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
     _moe_gate_up_kernel[(t * slots, triton.cdiv(i_max, block_n))](
-        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=True),
-        **weight_args("s13", shared13, words=True),
+        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=nvfp4.GEMV_WORDS),
+        **weight_args("s13", shared13, words=nvfp4.GEMV_WORDS),
         H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
         W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
-        SPREAD_J=nvfp4.GEMV_SPREAD_J, num_warps=4)
+        WORDS=nvfp4.GEMV_WORDS, num_warps=4)
     block_h = _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))
     _moe_down_kernel[(t, triton.cdiv(h, block_h))](
         inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
-        **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
+        **weight_args("w2", w2, words=nvfp4.GEMV_WORDS), **weight_args("s2", shared2, words=nvfp4.GEMV_WORDS),
         H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_H=block_h, BLOCK_K=block_k,
         MASK_I=i % block_k != 0, MASK_IS=i_s % block_k != 0, W2_FP4=is_nvfp4(w2), S2_FP4=is_nvfp4(shared2),
-        NUM_STAGES=NUM_STAGES, SPREAD_J=nvfp4.GEMV_SPREAD_J, num_warps=4)
+        NUM_STAGES=NUM_STAGES, WORDS=nvfp4.GEMV_WORDS, num_warps=4)
     return out
 
 

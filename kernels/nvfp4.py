@@ -112,51 +112,44 @@ def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
 # block scale each by 2**63 to cancel it: products stay normal for |x| > 2**-60.
 E2M1_F32_MASK = tl.constexpr(-2118123520)  # 0x81C00000 as an int32
 F32_E2M1_HALF_UNIT = tl.constexpr(9223372036854775808.0)  # 2**63
-# fp4_dot_words's formulation, read by the GEMV launchers at each launch (a benchmark knob:
-# the two differ in how the compiler spreads words and x over threads; same results)
-GEMV_SPREAD_J = os.environ.get("FLINT_FP4_GEMV_SPREAD_J", "0") == "1"
+# The GEMV kernels' NVFP4 decode, read by their launchers at each launch (a benchmark knob; same
+# results): bytes and a nibble join (weight_tile), or 32-bit words (fp4_dot_words)
+GEMV_WORDS = os.environ.get("FLINT_FP4_GEMV_WORDS", "0") == "1"
 
 
 @triton.jit
 def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
-                  KW: tl.constexpr, MASK_K: tl.constexpr, SPREAD_J: tl.constexpr):
+                  KW: tl.constexpr, MASK_K: tl.constexpr):
     """GEMV step of an NVFP4 matrix read as 32-bit words (8 weights each, k = 8 w + j in nibble
-    j): -> [BLOCK_N, KW] fp32, for rows `rows` and words [kw0, kw0 + KW), the sums over the
-    word's 8 weights of E2M1 * block scale * x[k]; the global scale is not applied. Sum over
-    axis 1 (and over steps) for the dot product.
+    j): -> [BLOCK_N, KW / 2] fp32, for rows `rows` and words [kw0, kw0 + KW), the sums over
+    each 16-weight block of E2M1 * block scale * x[k]; the global scale is not applied. Sum
+    over axis 1 (and over steps) for the dot product.
 
     x_ptr: x[0] of one token (any float dtype); words_ptr: the packed bytes viewed as int32
-    [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs a
-    few integer ops and one FMA (no per-weight conversion instruction: on sm_90 those run
-    at 1/8 the FMA rate); the block scale multiplies each word's sum once. SPREAD_J picks
-    between two formulations of the same sum (GEMV_SPREAD_J below; both are tested)."""
+    [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs two
+    shifts, a mask and one FMA (no per-weight conversion instruction); the block scale
+    multiplies each block's sum once."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
     mask = row_mask[:, None]
     if MASK_K:
         mask = mask & k_mask[None, :]
     words = tl.load(words_ptr + rows[:, None] * stride_wn + kw[None, :], mask=mask, other=0)  # int32
-    s = tl.load(scales_ptr + rows[:, None] * stride_sn + kw[None, :] // 2, mask=mask, other=0.0)
-    if SPREAD_J:  # [BLOCK_N, KW, 8] at once: x read as each word's 8 contiguous values
-        j = tl.arange(0, 8)
-        x_offs = kw[:, None] * 8 + j[None, :]  # [KW, 8]
+    groups = kw0 // 2 + tl.arange(0, KW // 2)
+    s_mask = row_mask[:, None]
+    if MASK_K:
+        s_mask = s_mask & (groups[None, :] < n_words // 2)
+    s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
+    part = tl.zeros([rows.shape[0], KW], tl.float32)
+    for j in tl.static_range(8):  # nibble by nibble, x read with stride 8
         if MASK_K:
-            x = tl.load(x_ptr + x_offs, mask=k_mask[:, None], other=0.0)
+            x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
         else:
-            x = tl.load(x_ptr + x_offs)
-        x = x.to(tl.float32) * F32_E2M1_HALF_UNIT
-        bits = ((words[:, :, None] << (28 - 4 * j)[None, None, :]) >> 6) & E2M1_F32_MASK
-        part = tl.sum(bits.to(tl.float32, bitcast=True) * x[None, :, :], axis=2)
-    else:  # nibble by nibble: [BLOCK_N, KW] eight times, x read with stride 8
-        part = tl.zeros([rows.shape[0], KW], tl.float32)
-        for jj in tl.static_range(8):
-            if MASK_K:
-                x = tl.load(x_ptr + kw * 8 + jj, mask=k_mask, other=0.0)
-            else:
-                x = tl.load(x_ptr + kw * 8 + jj)
-            bits = ((words << (28 - 4 * jj)) >> 6) & E2M1_F32_MASK  # nibble jj -> fp32 E2M1 * 2**-126
-            part += bits.to(tl.float32, bitcast=True) * (x.to(tl.float32) * F32_E2M1_HALF_UNIT)[None, :]
-    return part * (s.to(tl.float32) * F32_E2M1_HALF_UNIT)
+            x = tl.load(x_ptr + kw * 8 + j)
+        bits = ((words << (28 - 4 * j)) >> 6) & E2M1_F32_MASK  # nibble j -> fp32 E2M1 * 2**-126
+        part += bits.to(tl.float32, bitcast=True) * (x.to(tl.float32) * F32_E2M1_HALF_UNIT)[None, :]
+    block = tl.sum(tl.reshape(part, [rows.shape[0], KW // 2, 2]), axis=2)  # the two words of a block
+    return block * (s.to(tl.float32) * F32_E2M1_HALF_UNIT)
 
 
 def packed_words(w) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """W4A16 linear: y = x @ W.T with W in NVFP4 (layout in nvfp4.py), x bf16 (or fp16/fp32).
 
 Two kernels behind one launcher, picked by the token count T:
-  T <= GEMV_MAX_TOKENS  GEMV: program (token, BLOCK_N rows, K split) streams its rows once as
-                        32-bit words with FMA (nvfp4.fp4_dot_words; no tensor cores: a decode
+  T <= GEMV_MAX_TOKENS  GEMV: program (token, BLOCK_N rows, K split) streams its rows once with
+                        FMA (bytes, or 32-bit words: nvfp4.GEMV_WORDS; no tensor cores: a decode
                         token would fill 1 of 16 MMA rows); the
                         token axis varies fastest, so programs sharing a weight tile run together
                         and all but the first read it from L2.
@@ -40,7 +40,7 @@ GROUP_M = 8
 @triton.jit
 def _nvfp4_gemv_kernel(
     x_ptr,         # [T, K]
-    words_ptr,     # int32 [N, K/8]: the packed bytes, 8 weights a word
+    w_ptr,         # the packed bytes: uint8 [N, K/2], or int32 [N, K/8] (8 weights a word) with WORDS
     scales_ptr,    # float8_e4m3fn [N, K/16]
     scale_ptr,     # fp32 [] or [N]
     out_ptr,       # [T, N], contiguous
@@ -48,7 +48,7 @@ def _nvfp4_gemv_kernel(
     counter_ptr,   # [T, cdiv(N, BLOCK_N)] int32, zero between launches
     T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr, SPREAD_J: tl.constexpr,
+    NUM_STAGES: tl.constexpr, WORDS: tl.constexpr,
 ):
     t = tl.program_id(0)
     nb = tl.program_id(1)
@@ -57,10 +57,21 @@ def _nvfp4_gemv_kernel(
     row_mask = rows < N
     k_lo = s * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K // 8], tl.float32)  # one sum per 32-bit word of 8 weights
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-        acc += fp4_dot_words(x_ptr + t * stride_xt, words_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8,
-                             stride_wn, stride_sn, BLOCK_K // 8, MASK_K, SPREAD_J)
+    if WORDS:
+        acc = tl.zeros([BLOCK_N, BLOCK_K // 16], tl.float32)  # one sum per block of 16 weights
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            acc += fp4_dot_words(x_ptr + t * stride_xt, w_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8,
+                                 stride_wn, stride_sn, BLOCK_K // 8, MASK_K)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            if MASK_K:
+                x = tl.load(x_ptr + t * stride_xt + cols, mask=cols < K, other=0.0).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + t * stride_xt + cols).to(tl.float32)
+            w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, True)
+            acc += w * x[None, :]
     y = tl.sum(acc, axis=1)  # [BLOCK_N]
     scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
     finish_split(y, scale, out_ptr + t * N + rows, part_ptr, t * N + rows, row_mask, s, T * N,
@@ -140,10 +151,11 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
                   stride_sn=w.scales.stride(0), stride_gn=stride_gn,
                   k_per_split=k_per_split, SPLIT=splits, MASK_K=k % block_k != 0)
     if t <= GEMV_MAX_TOKENS:
-        words = packed_words(w)
+        words = nvfp4.GEMV_WORDS
+        data = packed_words(w) if words else w.packed
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
-            **common, words_ptr=words, stride_wn=words.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
-            NUM_STAGES=GEMV_STAGES, SPREAD_J=nvfp4.GEMV_SPREAD_J, num_warps=4)
+            **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
+            NUM_STAGES=GEMV_STAGES, WORDS=words, num_warps=4)
     else:
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=w.packed, stride_pn=w.packed.stride(0),

@@ -47,14 +47,14 @@ def graph_us(fn) -> float:
     return statistics.median(times[1:])
 
 
-def spread_j(fn, flag: bool):
-    """fn with nvfp4.GEMV_SPREAD_J set to `flag` for its launches (the two NVFP4 GEMV decodes)."""
+def words(fn, flag: bool):
+    """fn with nvfp4.GEMV_WORDS set to `flag` for its launches (bytes or 32-bit words)."""
     def call():
-        saved, nvfp4.GEMV_SPREAD_J = nvfp4.GEMV_SPREAD_J, flag
+        saved, nvfp4.GEMV_WORDS = nvfp4.GEMV_WORDS, flag
         try:
             return fn()
         finally:
-            nvfp4.GEMV_SPREAD_J = saved
+            nvfp4.GEMV_WORDS = saved
     return call
 
 
@@ -93,7 +93,7 @@ def cases(context: int):
     yield "rms_norm +residual", lambda: rms_norm.rms_norm(x, norm_w, 1e-5, residual=res), nbytes(x, res, res)
     yield "qkv bf16 cuBLAS", lambda: F.linear(x, qkv), nbytes(qkv)
     for flag in (False, True):
-        yield f"qkv nvfp4{' spread-j' if flag else ''}", spread_j(lambda: nvfp4_linear.nvfp4_linear(x, qkv4), flag), \
+        yield f"qkv nvfp4{' words' if flag else ''}", words(lambda: nvfp4_linear.nvfp4_linear(x, qkv4), flag), \
             nbytes(qkv4)
     yield "qk_norm_rope +write", lambda: qk_norm_rope.qk_norm_rope(
         F.linear(x, qkv), dw, dw, pos, cos_sin, 1e-5, HQ, HK, ring[0], ring[1], slot), 0
@@ -105,19 +105,19 @@ def cases(context: int):
             lambda s=splits: decode_attention.decode_attention(q, k, v, paged[0], paged[1], lens, sinks, D ** -0.5,
                                                                0, block_tables=tables, num_splits=s), \
             2 * context * HK * D * 2
+    ring_len, ring_row = torch.tensor([512], device=dev, dtype=torch.int32), torch.zeros(1, device=dev, dtype=torch.int32)
     yield "decode attn ring 513", lambda: decode_attention.decode_attention(
-        q, k, v, ring[0], ring[1], torch.tensor([512], device=dev, dtype=torch.int32), sinks, D ** -0.5, 513,
-        ring_rows=torch.zeros(1, device=dev, dtype=torch.int32)), 2 * 513 * HK * D * 2
+        q, k, v, ring[0], ring[1], ring_len, sinks, D ** -0.5, 513, ring_rows=ring_row), 2 * 513 * HK * D * 2
     yield "o_proj bf16 cuBLAS", lambda: F.linear(q.view(1, -1), o), nbytes(o)
     for flag in (False, True):
-        yield f"o_proj nvfp4{' spread-j' if flag else ''}", \
-            spread_j(lambda: nvfp4_linear.nvfp4_linear(q.view(1, -1), o4), flag), nbytes(o4)
+        yield f"o_proj nvfp4{' words' if flag else ''}", \
+            words(lambda: nvfp4_linear.nvfp4_linear(q.view(1, -1), o4), flag), nbytes(o4)
     yield "router", lambda: router.router_topk(x, router_w, bias, K, 2.5, True), nbytes(router_w)
     yield "moe bf16 small", lambda: moe.fused_moe(x, ids, wts, w13, w2, sw13, sw2), \
         int(chosen * nbytes(w13, w2)) + nbytes(sw13, sw2)
     for flag in (False, True):
-        yield f"moe nvfp4 small{' spread-j' if flag else ''}", \
-            spread_j(lambda: moe.fused_moe(x, ids, wts, w13_4, w2_4, sw13_4, sw2_4), flag), \
+        yield f"moe nvfp4 small{' words' if flag else ''}", \
+            words(lambda: moe.fused_moe(x, ids, wts, w13_4, w2_4, sw13_4, sw2_4), flag), \
             int(chosen * nbytes(w13_4, w2_4)) + nbytes(sw13_4, sw2_4)
     yield "lm head bf16 cuBLAS", lambda: F.linear(x, lm), nbytes(lm)
     yield "argmax V", lambda: F.linear(x, lm).argmax(-1), nbytes(lm)
@@ -130,8 +130,15 @@ def main() -> None:
     args = parser.parse_args()
     src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    copy_us = graph_us(lambda: dst.copy_(src))
-    bandwidth = 2 * src.nbytes / copy_us * 1e6
+    times = []  # one 2 GiB copy (read + write) per timing: a graph of 20 would measure the copy engine's queue
+    for _ in range(8):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    bandwidth = 2 * src.nbytes / statistics.median(times[2:]) * 1e6
     del src, dst
     rows = []
     for name, fn, moved in cases(args.context):

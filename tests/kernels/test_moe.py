@@ -66,19 +66,19 @@ def test_dense_experts(path, t, e, k, dtype):
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
-@pytest.fixture(params=[False, True], ids=["nibbles", "spread-j"])
-def spread_j(request, monkeypatch):
-    """Both formulations of the small-batch path's NVFP4 decode (nvfp4.fp4_dot_words)."""
-    monkeypatch.setattr(nvfp4, "GEMV_SPREAD_J", request.param)
+@pytest.fixture(params=[False, True], ids=["bytes", "words"])
+def words(request, monkeypatch):
+    """Both NVFP4 decodes of the small-batch path (nvfp4.GEMV_WORDS)."""
+    monkeypatch.setattr(nvfp4, "GEMV_WORDS", request.param)
     return request.param
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("fmt,dtype", [("nvfp4", torch.float32), ("mixed", torch.float32),
                                        ("nvfp4", torch.bfloat16)])
-def test_nvfp4_experts(path, fmt, dtype, spread_j):
-    if path == "grouped" and spread_j:
-        pytest.skip("the formulation is the small-batch path's")
+def test_nvfp4_experts(path, fmt, dtype, words):
+    if path == "grouped" and words:
+        pytest.skip("the NVFP4 decode is the small-batch path's")
     t, e, k = 3, 8, 3
     w13, w2, s13, s2 = experts(e, 64, 64, 64, dtype, fmt, seed=1)
     ids, weights = routing(t, e, k, seed=1)
@@ -196,11 +196,11 @@ def test_errors_name_the_argument():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
 @pytest.mark.parametrize("t", [1, 8, 64, 1000])
-def test_real_shapes(path, fmt, t, spread_j):
+def test_real_shapes(path, fmt, t, words):
     if path == "small" and t > 64:
         pytest.skip("the GEMV path is for decode batches")
-    if spread_j and (path, fmt) != ("small", "nvfp4"):
-        pytest.skip("the formulation is the small-batch path's NVFP4 decode")
+    if words and (path, fmt) != ("small", "nvfp4"):
+        pytest.skip("the NVFP4 decode is the small-batch path's NVFP4 decode")
     e, k = 256, 6
     w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, fmt)
     ids, weights = routing(t, e, k)

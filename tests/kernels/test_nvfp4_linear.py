@@ -26,15 +26,15 @@ def weight(n, k, seed=0, per_row=False):
     return quantize_nvfp4(torch.randn(n, k, generator=g)).to(DEVICE)
 
 
-@pytest.fixture(params=[False, True], ids=["nibbles", "spread-j"])
-def spread_j(request, monkeypatch):
-    """Both formulations of the GEMV's NVFP4 decode (nvfp4.fp4_dot_words)."""
-    monkeypatch.setattr(nvfp4, "GEMV_SPREAD_J", request.param)
+@pytest.fixture(params=[False, True], ids=["bytes", "words"])
+def words(request, monkeypatch):
+    """Both NVFP4 decodes of the GEMV kernels (nvfp4.GEMV_WORDS)."""
+    monkeypatch.setattr(nvfp4, "GEMV_WORDS", request.param)
     return request.param
 
 
 @pytest.mark.parametrize("t", [1, 3, GEMV_MAX_TOKENS + 1, 64])
-def test_one_hot_activations_read_back_the_exact_weights(t, spread_j):
+def test_one_hot_activations_read_back_the_exact_weights(t, words):
     # x = rows of the identity: y[i, n] = W[n, k_i] with no accumulation, bit for bit
     w = weight(40, 64, per_row=True)
     ks = torch.arange(t, device=DEVICE) * 7 % 64
@@ -51,7 +51,7 @@ def test_one_hot_activations_read_back_the_exact_weights(t, spread_j):
     (5, 70, 64, None),        # GEMM, partial tiles
     (17, 24, 512, 2),         # GEMM split-K
 ])
-def test_matches_dequantise_then_matmul(t, n, k, splits, dtype, spread_j):
+def test_matches_dequantise_then_matmul(t, n, k, splits, dtype, words):
     w = weight(n, k, seed=t, per_row=t % 2 == 1)
     x = torch.randn(t, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(dtype)
     got = nvfp4_linear(x, w, num_splits=splits)
@@ -82,9 +82,9 @@ def test_empty_batch_and_errors():
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 4, 8, 64, 8192])
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (20480, 2048), (2048, 10240), (151552, 2048)])
-def test_real_shapes(t, n, k, spread_j):
-    if spread_j and t > GEMV_MAX_TOKENS:
-        pytest.skip("the formulation is the GEMV's")
+def test_real_shapes(t, n, k, words):
+    if words and t > GEMV_MAX_TOKENS:
+        pytest.skip("the NVFP4 decode is the GEMV's")
     if n == 151552 and t > 64:
         pytest.skip("LM head runs on sampled rows only")
     w = quantize_nvfp4(torch.randn(n, k, device=DEVICE) / k ** 0.5)
