@@ -7,6 +7,13 @@ reference's `apply_rope`). `cos_sin [max_pos, D]` fp32 holds cos in its first D/
 and sin in the last D/2; None means no RoPE (NoPE full-attention layers). V passes through.
 With caches, k (normed, roped) and v are also written to `cache.view(-1, Hk, D)[slot]`
 for every token whose slot is not -1.
+
+Grid (token, head block): the blocks of a token are ceil(Hq / BLOCK_Q) Q blocks, then
+ceil(Hk / BLOCK_K) K blocks, then (with caches) as many V-copy blocks. At decode a block is
+one head (40 programs for 32 + 4 + 4 heads at batch 1, each a few hundred bytes: the kernel
+costs its launch and two dependent loads, position then cos/sin row); at prefill a block
+holds all of a token's Q heads, as one program per token did before. The grid depends only
+on N and the head counts, so a captured CUDA graph replays it.
 """
 
 from __future__ import annotations
@@ -15,22 +22,26 @@ import torch
 import triton
 import triton.language as tl
 
+# programs a launch aims for (decode: one head each); prefill widens blocks to whole tokens
+TARGET_PROGRAMS = 1024
+ELEMS_PER_WARP = 512  # [heads, D] elements per warp (16 a thread): one warp per 4 heads of D=128
+
 
 @triton.jit
 def _norm_rope_heads(
-    src_ptr,      # [heads, D] of one token (row of qkv)
-    dst_ptr,      # [heads, D] of one token (row of q or k), contiguous
+    src_ptr,      # [heads, D] from this block's first head (row of qkv)
+    dst_ptr,      # [heads, D] from this block's first head (row of q or k), contiguous
     weight_ptr,   # [D]
     cos_ptr,      # [D] fp32: cos | sin at this token's position (read when USE_ROPE)
-    cache_ptr,    # [heads, D] this token's cache row (written when WRITE_CACHE and write)
-    write, eps,
-    HEADS: tl.constexpr, D: tl.constexpr, BLOCK_HEADS: tl.constexpr,
+    cache_ptr,    # [heads, D] this block's cache rows (written when WRITE_CACHE and write)
+    n_heads, write, eps,
+    D: tl.constexpr, BLOCK_HEADS: tl.constexpr,
     USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
 ):
     HALF: tl.constexpr = D // 2
     heads = tl.arange(0, BLOCK_HEADS)[:, None]
     cols = tl.arange(0, HALF)[None, :]
-    mask = heads < HEADS
+    mask = heads < n_heads
     off = heads * D + cols  # first half of each head; + HALF for the second
     x1 = tl.load(src_ptr + off, mask=mask, other=0.0)
     x2 = tl.load(src_ptr + off + HALF, mask=mask, other=0.0)
@@ -69,37 +80,50 @@ def _qk_norm_rope_kernel(
     v_cache_ptr,    # [num_slots, Hk, D] contiguous
     stride_qkv, eps,
     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
 ):
+    Q_BLOCKS: tl.constexpr = (HQ + BLOCK_Q - 1) // BLOCK_Q
+    K_BLOCKS: tl.constexpr = (HK + BLOCK_K - 1) // BLOCK_K
     tok = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
     row = qkv_ptr + tok * stride_qkv
-    cos_row = cos_sin_ptr
-    if USE_ROPE:
-        cos_row = cos_sin_ptr + tl.load(positions_ptr + tok).to(tl.int64) * D
-    slot = tl.load(slots_ptr + tok).to(tl.int64) if WRITE_CACHE else tok
-    write = slot >= 0
-    slot = tl.maximum(slot, 0)
-    _norm_rope_heads(row, q_ptr + tok * HQ * D, q_weight_ptr, cos_row, q_ptr, write, eps,
-                     HEADS=HQ, D=D, BLOCK_HEADS=BLOCK_HQ, USE_ROPE=USE_ROPE, WRITE_CACHE=False)
-    _norm_rope_heads(row + HQ * D, k_ptr + tok * HK * D, k_weight_ptr, cos_row,
-                     k_cache_ptr + slot * HK * D, write, eps,
-                     HEADS=HK, D=D, BLOCK_HEADS=BLOCK_HK, USE_ROPE=USE_ROPE, WRITE_CACHE=WRITE_CACHE)
-    if WRITE_CACHE:
-        heads = tl.arange(0, BLOCK_HK)[:, None]
+    if blk < Q_BLOCKS + K_BLOCKS:
+        cos_row = cos_sin_ptr
+        if USE_ROPE:
+            cos_row = cos_sin_ptr + tl.load(positions_ptr + tok).to(tl.int64) * D
+        if blk < Q_BLOCKS:
+            h0 = blk * BLOCK_Q
+            _norm_rope_heads(row + h0 * D, q_ptr + (tok * HQ + h0) * D, q_weight_ptr, cos_row, q_ptr,
+                             HQ - h0, False, eps,
+                             D=D, BLOCK_HEADS=BLOCK_Q, USE_ROPE=USE_ROPE, WRITE_CACHE=False)
+        else:
+            h0 = (blk - Q_BLOCKS) * BLOCK_K
+            slot = tl.load(slots_ptr + tok).to(tl.int64) if WRITE_CACHE else tok
+            _norm_rope_heads(row + (HQ + h0) * D, k_ptr + (tok * HK + h0) * D, k_weight_ptr, cos_row,
+                             k_cache_ptr + (tl.maximum(slot, 0) * HK + h0) * D, HK - h0, slot >= 0, eps,
+                             D=D, BLOCK_HEADS=BLOCK_K, USE_ROPE=USE_ROPE, WRITE_CACHE=WRITE_CACHE)
+    elif WRITE_CACHE:  # V block: a copy into the cache
+        h0 = (blk - Q_BLOCKS - K_BLOCKS) * BLOCK_K
+        slot = tl.load(slots_ptr + tok).to(tl.int64)
+        heads = tl.arange(0, BLOCK_K)[:, None]
         off = heads * D + tl.arange(0, D)[None, :]
-        v = tl.load(row + (HQ + HK) * D + off, mask=(heads < HK) & write)
-        tl.store(v_cache_ptr + slot * HK * D + off, v.to(v_cache_ptr.dtype.element_ty),
-                 mask=(heads < HK) & write)
+        mask = (heads < HK - h0) & (slot >= 0)
+        v = tl.load(row + (HQ + HK + h0) * D + off, mask=mask)
+        tl.store(v_cache_ptr + (tl.maximum(slot, 0) * HK + h0) * D + off,
+                 v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  positions: torch.Tensor, cos_sin: torch.Tensor | None, eps: float,
                  num_q_heads: int, num_kv_heads: int,
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                 slot_mapping: torch.Tensor | None = None,
+                 slot_mapping: torch.Tensor | None = None, *, heads_per_program: int | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """qkv [N, (Hq+2Hk)*D] -> q [N, Hq, D], k [N, Hk, D] (new tensors), v [N, Hk, D] (a view of qkv)."""
+    """qkv [N, (Hq+2Hk)*D] -> q [N, Hq, D], k [N, Hk, D] (new tensors), v [N, Hk, D] (a view of qkv).
+
+    heads_per_program: Q heads per program, a power of two (K/V blocks take as many, at most Hk);
+    None: one at decode, wider as N grows (about TARGET_PROGRAMS programs)."""
     n, d, write = _check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
                                 num_kv_heads, k_cache, v_cache, slot_mapping)
     q = torch.empty((n, num_q_heads, d), dtype=qkv.dtype, device=qkv.device)
@@ -107,19 +131,29 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
     v = qkv[:, (num_q_heads + num_kv_heads) * d:].view(n, num_kv_heads, d)
     if n == 0:
         return q, k, v
-    _qk_norm_rope_kernel[(n,)](
+    block_q = _heads_per_program(n, num_q_heads, heads_per_program)
+    block_k = min(block_q, triton.next_power_of_2(num_kv_heads))
+    blocks = triton.cdiv(num_q_heads, block_q) + triton.cdiv(num_kv_heads, block_k) * (2 if write else 1)
+    _qk_norm_rope_kernel[(n, blocks)](
         qkv_ptr=qkv, q_weight_ptr=q_weight, k_weight_ptr=k_weight, positions_ptr=positions,
         cos_sin_ptr=cos_sin if cos_sin is not None else qkv,
         slots_ptr=slot_mapping if write else positions,
         q_ptr=q, k_ptr=k,
         k_cache_ptr=k_cache if write else k, v_cache_ptr=v_cache if write else k,
         stride_qkv=qkv.stride(0), eps=eps,
-        HQ=num_q_heads, HK=num_kv_heads, D=d,
-        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads),
+        HQ=num_q_heads, HK=num_kv_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k,
         USE_ROPE=cos_sin is not None, WRITE_CACHE=write,
-        num_warps=4,
+        num_warps=min(4, triton.next_power_of_2(triton.cdiv(block_q * d, ELEMS_PER_WARP))),
     )
     return q, k, v
+
+
+def _heads_per_program(n: int, hq: int, asked: int | None) -> int:
+    if asked is None:
+        return min(triton.next_power_of_2(triton.cdiv(n * hq, TARGET_PROGRAMS)), triton.next_power_of_2(hq))
+    if asked < 1 or asked & (asked - 1):
+        raise ValueError(f"qk_norm_rope: heads_per_program {asked}, expected a power of two >= 1")
+    return min(asked, triton.next_power_of_2(hq))
 
 
 def qk_norm_rope_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,

@@ -1,13 +1,17 @@
 """MoE routing: fp32 router logits, sigmoid scores, top-k on scores + correction bias,
 weights = chosen scores (no bias), optionally renormalised to sum 1, times the scaling factor.
 
-One launch. Program (token tile, expert block, H split) computes a [BLOCK_T, BLOCK_E] tile of
-fp32 logits with tl.dot (bf16 x bf16 products are exact in fp32; fp32 inputs use IEEE fp32)
-and stores it; the last program of a token tile to arrive (split_k.py) sums the partial
-logits in a fixed order and does sigmoid, biased top-k and the weights for its tokens. At
-decode the router weight (E x H = 1 MB in bf16) is spread over ~2 programs per SM instead of
-being streamed by one program per token, and no second launch is needed for the top-k.
-Ties in the biased scores go to the lower expert id.
+One launch. Program (token tile, expert block) computes the [BLOCK_T, BLOCK_E] fp32 logits over
+all of H and stores them; the last program of a token tile to arrive (split_k.py) reads the
+tile's [BLOCK_T, E] logits back and does sigmoid, biased top-k and the weights. Two tile shapes:
+- decode (T <= GEMV_MAX_T): one token x GEMV_BLOCK_E experts, products summed with tl.sum, so
+  the router weight (E x H = 1 MB in bf16) is spread over ~one program per SM, each issuing
+  its rows' loads at once, and every token's top-k runs in its own program;
+- prefill: 16 tokens x 16-64 experts with tl.dot over H chunks.
+Both give exact bf16 products in fp32 (fp32 inputs: IEEE fp32); sums differ in order only.
+Top-k: each expert's key is the order-preserving int of its biased score's fp32 bits in the high
+half and the reversed expert id in the low half, so one int64 max per pick finds the best expert
+and the lowest id among ties; the weights are gathered from the unbiased scores.
 """
 
 from __future__ import annotations
@@ -18,12 +22,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .split_k import arrival_counters, last_to_arrive, pick_splits
+from .split_k import arrival_counters, last_to_arrive, num_sms
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
-BLOCK_T = 16           # tokens per tile (tl.dot's smallest M); the top-k stage holds [BLOCK_T, E]
+BLOCK_T = 16           # tokens per tl.dot tile (its smallest M); the top-k stage holds [BLOCK_T, E]
 BLOCK_H = 32 if INTERPRET else 128
+GEMV_MAX_T = 8         # decode batches up to here read W once per token (8 MB of L2 reads at 8)
+GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
+GEMV_TILE = 4096       # [BLOCK_E, H chunk] elements a decode program loads at once (128 a thread)
+GEMV_WARPS = 1         # one warp: the top-k's reductions are shuffles, with no barriers between warps
+NO_KEY = tl.constexpr(-(2 ** 63 - 1))  # below every expert's key: masked or already chosen
 
 
 @triton.jit
@@ -33,66 +42,87 @@ def _router_kernel(
     bias_ptr,     # [E] fp32
     ids_ptr,      # [T, TOP_K] int32
     weights_ptr,  # [T, TOP_K] fp32
-    part_ptr,     # [SPLIT, T, E] fp32 partial logits
+    logits_ptr,   # [T, E] fp32 scratch
     counter_ptr,  # [cdiv(T, BLOCK_T)] int32, zero between launches
-    T, E, H, stride_xt, stride_we, h_per_split, scaling,
+    T, E, H, stride_xt, stride_we, scaling,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
-    K_POW2: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tt = tl.program_id(0)
-    eb = tl.program_id(1)
-    s = tl.program_id(2)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
-    experts = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = tokens < T
     e_mask = experts < E
+    if USE_DOT:
+        logits = _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
+                             BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION)
+    else:
+        logits = _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
+                             BLOCK_E, BLOCK_H)
+    tl.store(logits_ptr + tokens[:, None] * E + experts[None, :], logits,
+             mask=t_mask[:, None] & e_mask[None, :])
+    if last_to_arrive(counter_ptr + tt, tl.num_programs(1)):
+        _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scaling,
+               TOP_K, RENORMALIZE, E_POW2, K_POW2)
+
+
+@triton.jit
+def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
+                BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """[BLOCK_T, BLOCK_E] fp32 logits with tl.dot over H chunks."""
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
-    h_lo = s * h_per_split
-    h_hi = tl.minimum(h_lo + h_per_split, H)
-    for h0 in range(h_lo, h_hi, BLOCK_H):
+    for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
         a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
-                    mask=t_mask[:, None] & (cols[None, :] < h_hi), other=0.0)  # [BLOCK_T, BLOCK_H]
+                    mask=t_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_T, BLOCK_H]
         w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
-                    mask=e_mask[:, None] & (cols[None, :] < h_hi), other=0.0)  # [BLOCK_E, BLOCK_H]
+                    mask=e_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_E, BLOCK_H]
         if DOT_FP32 or a.dtype != w.dtype:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
-    offs = tokens[:, None] * E + experts[None, :]
-    tl.store(part_ptr + s * T * E + offs, acc, mask=t_mask[:, None] & e_mask[None, :])
-    if last_to_arrive(counter_ptr + tt, tl.num_programs(1) * SPLIT):
-        _top_k(part_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, T, E, scaling,
-               TOP_K, RENORMALIZE, E_POW2, K_POW2, SPLIT)
+    return acc
 
 
 @triton.jit
-def _top_k(part_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, T, E, scaling,
-           TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr,
-           SPLIT: tl.constexpr):
-    """Sums the SPLIT partial logits of `tokens` (in split order) and writes their top-k."""
+def _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
+                BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    """[1, BLOCK_E] fp32 logits of one token (tokens: [1]): fp32 products summed along H chunks."""
+    acc = tl.zeros([BLOCK_E], tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
+                    mask=t_mask[:, None] & (cols[None, :] < H), other=0.0)  # [1, BLOCK_H]
+        w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
+                    mask=e_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_E, BLOCK_H]
+        acc += tl.sum(a.to(tl.float32) * w.to(tl.float32), axis=1)
+    return acc[None, :]
+
+
+@triton.jit
+def _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scaling,
+           TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr):
+    """Writes the top-k of `tokens` from their [len(tokens), E] logits (stored by every program)."""
     experts = tl.arange(0, E_POW2)
     e_mask = experts < E
-    mask = t_mask[:, None] & e_mask[None, :]
-    offs = tokens[:, None] * E + experts[None, :]
-    logits = tl.zeros([tokens.shape[0], E_POW2], tl.float32)
-    for i in range(SPLIT):
-        logits += tl.load(part_ptr + i * T * E + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    scores = tl.sigmoid(logits)
+    logits = tl.load(logits_ptr + tokens[:, None] * E + experts[None, :],
+                     mask=t_mask[:, None] & e_mask[None, :], other=0.0, cache_modifier=".cg")
+    scores = tl.sigmoid(logits)  # [BLOCK_T, E_POW2]
     bias = tl.load(bias_ptr + experts, mask=e_mask, other=0.0)
-    biased = tl.where(e_mask[None, :], scores + bias[None, :], float("-inf"))  # [BLOCK_T, E_POW2]
+    bits = (scores + bias[None, :]).to(tl.int32, bitcast=True)
+    order = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # int order = float order
+    key = (order.to(tl.int64) << 32) | (E_POW2 - 1 - experts)[None, :]
+    key = tl.where(e_mask[None, :], key, NO_KEY)
     slots = tl.arange(0, K_POW2)
     ids = tl.zeros([tokens.shape[0], K_POW2], tl.int32)
-    chosen = tl.zeros([tokens.shape[0], K_POW2], tl.float32)
     for k in tl.static_range(TOP_K):
-        best = tl.max(biased, axis=1)
-        pick = tl.min(tl.where(biased == best[:, None], experts[None, :], E_POW2), axis=1)  # lowest id on ties
-        hit = experts[None, :] == pick[:, None]
-        score = tl.sum(tl.where(hit, scores, 0.0), axis=1)
-        biased = tl.where(hit, float("-inf"), biased)
+        best = tl.max(key, axis=1)
+        pick = E_POW2 - 1 - (best & (E_POW2 - 1)).to(tl.int32)
+        key = tl.where(experts[None, :] == pick[:, None], NO_KEY, key)
         ids = tl.where(slots[None, :] == k, pick[:, None], ids)
-        chosen = tl.where(slots[None, :] == k, score[:, None], chosen)
+    chosen = tl.where(slots[None, :] < TOP_K, tl.gather(scores, ids, axis=1), 0.0)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=1)[:, None]
     out = tokens[:, None] * TOP_K + slots[None, :]
@@ -102,8 +132,12 @@ def _top_k(part_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, T, E, scali
 
 
 def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,
-                scaling: float, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H], weight [E, H] (bf16/fp16/fp32), bias [E] fp32 -> ids [T, K] int32, weights [T, K] fp32."""
+                scaling: float, renormalize: bool, *, tile: tuple[int, int] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H], weight [E, H] (bf16/fp16/fp32), bias [E] fp32 -> ids [T, K] int32, weights [T, K] fp32.
+
+    tile: (tokens, experts) per program, powers of two: (1, any) sums products, (16, >= 16) uses
+    tl.dot; None: (1, GEMV_BLOCK_E) up to GEMV_MAX_T tokens, else (16, 16-64 by the SM count)."""
     _check_inputs(x, weight, bias, top_k)
     t, h = x.shape
     e = weight.shape[0]
@@ -111,27 +145,42 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
     weights = torch.empty((t, top_k), dtype=torch.float32, device=x.device)
     if t == 0:
         return ids, weights
-    block_e = min(32 if t <= BLOCK_T else 64, max(16, triton.next_power_of_2(e)))
-    tiles = (triton.cdiv(t, BLOCK_T), triton.cdiv(e, block_e))
-    h_blocks = triton.cdiv(h, BLOCK_H)
-    # decode: 4 splits measured fastest on an H200 (9.4 us vs 11.6 us for the ~2-waves choice of 16,
-    # benchmarks/decode-ops-h200.json): fewer partials for the last program to sum
-    splits = min(4, h_blocks) if t <= BLOCK_T else pick_splits(tiles[0] * tiles[1], h_blocks, x.device)
-    h_per_split = triton.cdiv(h_blocks, splits) * BLOCK_H
-    splits = triton.cdiv(h, h_per_split)
-    part = torch.empty((splits, t, e), dtype=torch.float32, device=x.device)
+    block_t, block_e = _tile(t, e, x.device, tile)
+    tiles = (triton.cdiv(t, block_t), triton.cdiv(e, block_e))
+    use_dot = block_t > 1
+    if use_dot:  # narrow expert blocks (decode batches, few programs): half the H steps, 16 KB a stage
+        block_h = BLOCK_H * (2 if block_e <= 32 else 1)
+    else:
+        block_h = min(triton.next_power_of_2(h), max(GEMV_TILE // block_e, 16))
+    logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     fp32 = torch.float32 in (x.dtype, weight.dtype)
-    _router_kernel[(tiles[0], tiles[1], splits)](
-        x_ptr=x, w_ptr=weight, bias_ptr=bias, ids_ptr=ids, weights_ptr=weights, part_ptr=part,
+    _router_kernel[tiles](
+        x_ptr=x, w_ptr=weight, bias_ptr=bias, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
         counter_ptr=arrival_counters(tiles[0], x.device),
-        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), h_per_split=h_per_split,
-        scaling=float(scaling),
-        TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_H=BLOCK_H,
-        E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), SPLIT=splits,
+        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), scaling=float(scaling),
+        TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
+        E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32",
-        num_warps=4,
+        num_warps=4 if use_dot else GEMV_WARPS,
     )
     return ids, weights
+
+
+def _tile(t: int, e: int, device: torch.device, asked: tuple[int, int] | None) -> tuple[int, int]:
+    if asked is not None:
+        block_t, block_e = asked
+        pow2 = all(b >= 1 and not b & (b - 1) for b in asked)
+        if not pow2 or block_t not in (1, BLOCK_T) or (block_t == BLOCK_T and block_e < 16):
+            raise ValueError(f"router_topk: tile {asked}, expected (1, a power of two) or "
+                             f"({BLOCK_T}, a power of two >= 16)")
+        return asked
+    if t <= GEMV_MAX_T:
+        return 1, GEMV_BLOCK_E
+    # 16-token tiles: the widest expert block that still gives every SM a program
+    block_e = min(64, max(16, triton.next_power_of_2(e)))
+    while block_e > 16 and triton.cdiv(t, BLOCK_T) * triton.cdiv(e, block_e) < num_sms(device):
+        block_e //= 2
+    return BLOCK_T, block_e
 
 
 def router_topk_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,

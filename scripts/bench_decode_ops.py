@@ -95,8 +95,16 @@ def cases(context: int):
     for flag in (False, True):
         yield f"qkv nvfp4{' words' if flag else ''}", words(lambda: nvfp4_linear.nvfp4_linear(x, qkv4), flag), \
             nbytes(qkv4)
-    yield "qk_norm_rope +write", lambda: qk_norm_rope.qk_norm_rope(
-        F.linear(x, qkv), dw, dw, pos, cos_sin, 1e-5, HQ, HK, ring[0], ring[1], slot), 0
+    # the qkv projection's output, made once: the op alone (this row once timed F.linear with it)
+    qkv_out = F.linear(x, qkv)
+    for heads in (None, 2, 4, HQ):  # HQ: all of a token's Q heads in one program, as before
+        yield f"qk_norm_rope +write heads/program={heads or 'default'}", \
+            lambda heads=heads: qk_norm_rope.qk_norm_rope(qkv_out, dw, dw, pos, cos_sin, 1e-5, HQ, HK, ring[0],
+                                                          ring[1], slot, heads_per_program=heads), 0
+    qkv64 = F.linear(r(64, H), qkv)
+    pos64 = torch.arange(100, 164, device=dev)
+    yield "qk_norm_rope +write N=64", lambda: qk_norm_rope.qk_norm_rope(
+        qkv64, dw, dw, pos64, cos_sin, 1e-5, HQ, HK, ring[0], ring[1], pos64), 0
     for split_note, w in (("bf16", qkv), ("nvfp4", qkv4)):
         yield f"norm_qkv_rope {split_note} (fused)", lambda w=w: norm_qkv_rope.norm_qkv_rope(
             x, res, norm_w, 1e-5, w, dw, dw, pos, cos_sin, HQ, HK, ring[0], ring[1], slot), nbytes(w)
@@ -113,6 +121,12 @@ def cases(context: int):
         yield f"o_proj nvfp4{' words' if flag else ''}", \
             words(lambda: nvfp4_linear.nvfp4_linear(q.view(1, -1), o4), flag), nbytes(o4)
     yield "router", lambda: router.router_topk(x, router_w, bias, K, 2.5, True), nbytes(router_w)
+    for tile in ((1, 1), (1, 4), (1, 8), (16, 16)):  # (tokens, experts) a program; default (1, 2)
+        yield f"router tile={tile}", \
+            lambda tile=tile: router.router_topk(x, router_w, bias, K, 2.5, True, tile=tile), nbytes(router_w)
+    x8, x64 = r(8, H), r(64, H)
+    yield "router T=8", lambda: router.router_topk(x8, router_w, bias, K, 2.5, True), nbytes(router_w)
+    yield "router T=64", lambda: router.router_topk(x64, router_w, bias, K, 2.5, True), nbytes(router_w)
     yield "moe bf16 small", lambda: moe.fused_moe(x, ids, wts, w13, w2, sw13, sw2), \
         int(chosen * nbytes(w13, w2)) + nbytes(sw13, sw2)
     for flag in (False, True):

@@ -136,6 +136,8 @@ def launches() -> list[tuple[str, object, object]]:
         ("qk_norm_rope rope+cache", qk_norm_rope,
          lambda: qk_norm_rope.qk_norm_rope(qkv, dw, dw, slots, cos_sin, 1e-5, hq, hk, paged, paged, slots)),
         ("qk_norm_rope nope", qk_norm_rope, lambda: qk_norm_rope.qk_norm_rope(qkv, dw, dw, slots, None, 1e-5, hq, hk)),
+        ("qk_norm_rope prefill blocks", qk_norm_rope, lambda: qk_norm_rope.qk_norm_rope(
+            qkv, dw, dw, slots, cos_sin, 1e-5, hq, hk, paged, paged, slots, heads_per_program=hq)),
         ("decode paged", decode_attention, lambda: decode_attention.decode_attention(
             q, k, v_view, paged, paged, lens, sinks, scale, 0, block_tables=tables)),
         ("decode ring", decode_attention, lambda: decode_attention.decode_attention(

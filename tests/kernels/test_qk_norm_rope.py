@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from flint_backend import reference
+from flint_kernels import qk_norm_rope as qk_module
 from flint_kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,6 +71,26 @@ def test_kernel_matches_torch_and_writes_cache(n, hq, hk, d, dtype, rope):
     assert int((flat_k == 7.0).all(-1).all(-1).sum()) == 4 * n * 1 - (n - 1)  # nothing else touched
 
 
+@pytest.mark.parametrize("heads_per_program,target", [(1, None), (2, None), (4, None), (16, None), (None, 4)])
+def test_head_blocks_cover_every_head_once(heads_per_program, target, monkeypatch):
+    """Blocks that straddle the last Q head (6 = 4 + 2) and K head (3 = 2 + 1) write nothing past
+    them; target: a small TARGET_PROGRAMS, so the default widens blocks as at prefill."""
+    if target is not None:
+        monkeypatch.setattr(qk_module, "TARGET_PROGRAMS", target)
+    n, hq, hk, d, dtype = 3, 6, 3, 16, torch.bfloat16
+    qkv, qw, kw, pos, cs = _inputs(n, hq, hk, d, dtype, seed=11)
+    slots = torch.tensor([5, -1, 0], device=DEVICE)
+    out = []
+    for fn, extra in ((qk_norm_rope, dict(heads_per_program=heads_per_program)), (qk_norm_rope_torch, {})):
+        kc = torch.full((2, 4, hk, d), 7.0, dtype=dtype, device=DEVICE)
+        vc = torch.full_like(kc, 7.0)
+        out.append((*fn(qkv, qw, kw, pos, cs, 1e-5, hq, hk, kc, vc, slots, **extra), kc, vc))
+    for got, expected in zip(*out):
+        torch.testing.assert_close(got, expected, **TOL[dtype])
+    flat_v = out[0][4].view(-1, hk, d)
+    assert int((flat_v == 7.0).all(-1).all(-1).sum()) == 8 - 2  # slots 5 and 0 written, no others
+
+
 def test_kernel_without_cache_and_errors():
     qkv, qw, kw, pos, cs = _inputs(4, 8, 2, 16, torch.float32)
     q, k, _ = qk_norm_rope(qkv, qw, kw, pos, cs, 1e-5, 8, 2)
@@ -80,6 +101,8 @@ def test_kernel_without_cache_and_errors():
         qk_norm_rope(qkv, qw, kw, pos, cs, 1e-5, 7, 2)
     with pytest.raises(ValueError, match="slot_mapping"):
         qk_norm_rope(qkv, qw, kw, pos, cs, 1e-5, 8, 2, k_cache=torch.zeros(4, 4, 2, 16))
+    with pytest.raises(ValueError, match="heads_per_program"):
+        qk_norm_rope(qkv, qw, kw, pos, cs, 1e-5, 8, 2, heads_per_program=3)
 
 
 @pytest.mark.gpu

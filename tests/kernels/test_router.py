@@ -1,4 +1,4 @@
-"""router_topk (one launch: split logits GEMV + top-k by the last program) vs router_topk_torch,
+"""router_topk (one launch: logits per expert block + top-k by the last program) vs router_topk_torch,
 and the torch twin vs the reference's FlintRouter."""
 
 import pytest
@@ -40,6 +40,28 @@ def test_matches_torch(t, e, h, k, renorm, dtype):
     assert_same_routing(got, router_topk_torch(x, w, bias, k, 2.5, renorm))
 
 
+@pytest.mark.parametrize("tile", [(1, 1), (1, 4), (1, 64), (16, 16), (16, 64)])
+@pytest.mark.parametrize("t", [1, 5, 17])
+def test_every_tile_shape(t, tile):
+    """Expert blocks wider than E = 40 or not dividing it; one-token programs or 16-token dot tiles."""
+    x, w, bias = inputs(t, 40, 96, torch.bfloat16, seed=t + tile[1])
+    got = router_topk(x, w, bias, 6, 2.5, True, tile=tile)
+    assert_same_routing(got, router_topk_torch(x, w, bias, 6, 2.5, True))
+
+
+@pytest.mark.parametrize("t", [2, 17])
+def test_ties_go_to_the_lower_expert_and_negative_scores_order(t):
+    x, w, _ = inputs(t, 16, 64, torch.float32)
+    w[8:] = w[0]  # experts 8..15 score exactly as expert 0
+    bias = torch.zeros(16, device=DEVICE)
+    ids, _ = router_topk(x, w, bias, 16, 1.0, False)
+    for row in ids.tolist():
+        assert row.index(0) < row.index(8) < row.index(9) < row.index(15)
+    bias = -3.0 - torch.arange(16, device=DEVICE) / 32  # every biased score negative
+    assert_same_routing(router_topk(x, w[:8].contiguous(), bias[:8], 3, 1.0, True),
+                        router_topk_torch(x, w[:8].contiguous(), bias[:8], 3, 1.0, True))
+
+
 def test_fp32_router_weight_with_bf16_activations():
     x, _, bias = inputs(3, 16, 64, torch.bfloat16)
     w = torch.randn(16, 64, device=DEVICE) / 8
@@ -75,6 +97,9 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="bias"):
         router_topk(x, w, bias.double(), 4, 1.0, True)
     assert router_topk(x[:0], w, bias, 4, 1.0, True)[0].shape == (0, 4)
+    for tile in [(2, 16), (16, 8), (1, 3)]:
+        with pytest.raises(ValueError, match="tile"):
+            router_topk(x, w, bias, 4, 1.0, True, tile=tile)
 
 
 @pytest.mark.gpu
