@@ -2,6 +2,7 @@
 """Configure the model repository from a vLLM-style command line (the announcement's flags).
 
     python scripts/configure_repository.py [MODEL] [--model PATH|ORG/NAME] [--hf-config-path P] [--tokenizer P]
+        [--preset flint-40b [--seed S] [--quantization nvfp4]]     (no MODEL: random weights)
         [--enable-auto-tool-choice] [--tool-call-parser glm47] [--reasoning-parser glm47]
         [--exclude-tools-when-tool-choice-none] [--default-max-tokens N]
         [--kernel-backend triton] [--device cuda] [--max-num-seqs N] [--max-num-batched-tokens N] ...
@@ -14,6 +15,8 @@ parameters. The result depends on the flags only (anything not given takes its d
 as a server command line does. Unknown flags are errors. MODEL may be a path or a Hugging
 Face repo id already in the local cache (a GGUF repo resolves to its .gguf file); a relative
 path is stored relative to engine_args.json, so the repository can move with the project.
+Without a model the engine builds random weights of `--preset` on its device at load time
+(`--seed S`, `--quantization nvfp4` for W4A16): the full-size flint-40b served with nothing on disk.
 
 Scale-out is flint_model's instance_group (config.pbtxt): `--gpus 0,1` runs one engine per
 GPU (KIND_GPU; `all`: every GPU this machine shows, e.g. a pod's), `--instances N` runs N CPU
@@ -151,8 +154,14 @@ def main(argv: list[str] | None = None) -> None:
     json_path.write_text(json.dumps(engine.to_dict(), indent=2) + "\n")
     config_path.write_text(pbtxt)
     (args.repository / ENGINE_CONFIG).write_text(engine_config)
-    print(f"configured {args.repository}: model={engine.model} device={engine.device} "
+    print(f"configured {args.repository}: model={describe_model(engine)} device={engine.device} "
           f"kernel_backend={engine.kernel_backend}; {group}; chat: {options}")
+
+
+def describe_model(engine: EngineArgs) -> str:
+    if engine.model is not None:
+        return engine.model
+    return f"random {engine.preset} (seed {engine.seed}{', ' + engine.quantization if engine.quantization else ''})"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from flint_backend.config import PRESETS
 from flint_backend.ops import BACKENDS
 
 DTYPES = ("bfloat16", "float32")
@@ -17,7 +18,8 @@ class EngineArgsError(ValueError):
 
 @dataclass
 class EngineArgs:
-    model: str | None = None              # HF checkpoint dir or .gguf file; None -> random weights of `preset`
+    model: str | None = None              # HF checkpoint dir or .gguf file; None -> random weights of `preset`,
+                                          #   built on the device (flint-40b: 80 GB bf16, never on disk)
     preset: str = "flint-tiny"            # used only when model is None
     quantization: str | None = None       # random weights only: "nvfp4" quantises them as an NVFP4 GGUF would
     hf_config_path: str | None = None     # config.json (dir) for a GGUF model
@@ -43,6 +45,13 @@ class EngineArgs:
             raise EngineArgsError(f"dtype: got {self.dtype!r}, expected one of {DTYPES}")
         if self.quantization not in (None, "nvfp4"):
             raise EngineArgsError(f"quantization: got {self.quantization!r}, expected null or 'nvfp4'")
+        if self.quantization is not None and self.model is not None:
+            raise EngineArgsError(f"quantization: {self.quantization!r} applies to random weights (model null); "
+                                  f"model {self.model!r} is stored as it is (an NVFP4 GGUF is NVFP4 already)")
+        if self.preset not in PRESETS:
+            raise EngineArgsError(f"preset: got {self.preset!r}, expected one of {sorted(PRESETS)}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise EngineArgsError(f"seed: got {self.seed!r}, expected an integer >= 0")
         if self.kernel_backend not in BACKENDS:
             raise EngineArgsError(f"kernel_backend: got {self.kernel_backend!r}, expected one of {BACKENDS}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_graph_batch"):

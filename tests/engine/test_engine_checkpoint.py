@@ -33,3 +33,21 @@ def test_triton_kernels_give_the_reference_tokens(greedy_oracle, fair_prompts):
     run_to_completion(engine)
     for prompt, seq in zip(prompts, seqs):
         assert seq.output_ids == greedy_oracle(prompt, 10)[:6]
+
+
+def test_random_weights_of_a_preset_follow_the_seed():
+    """model null: the engine builds its weights from (preset, seed[, quantization]); a served model
+    and an in-process engine with the same arguments give the same tokens."""
+    prompts = random_prompts(3, 2, 20, seed=6)
+
+    def greedy(**args):
+        engine = make_engine(dtype="bfloat16", **args)
+        seqs = [engine.add_request(p, GREEDY) for p in prompts]
+        run_to_completion(engine)
+        return [s.output_ids for s in seqs]
+
+    assert greedy(seed=3) == greedy(seed=3)
+    assert greedy(seed=3) != greedy(seed=4)
+    nvfp4 = greedy(seed=3, quantization="nvfp4")
+    assert nvfp4 == greedy(seed=3, quantization="nvfp4")
+    assert nvfp4 != greedy(seed=3)  # the quantised weights are used (W4A16), not the bf16 ones

@@ -73,6 +73,29 @@ def test_configure_writes_engine_args_and_chat_parameters(repo_copy, tiny_checkp
     assert re.search(r'key: "reasoning_parser" value: \{ string_value: "glm47" \}', pbtxt)
 
 
+def test_configure_without_a_model_serves_random_weights_of_a_preset(repo_copy, tiny_checkpoint, capsys):
+    """No MODEL: the engine builds flint-40b's weights on its device (80 GB bf16 cannot go to disk)."""
+    from flint_backend.serving.repository import engine_args_path, load_engine_args, tokenizer_dir
+    from flint_backend.tokenizer import TOKENIZER_DIR
+
+    configure(["--preset", "flint-40b", "--quantization", "nvfp4", "--seed", "7", "--device", "cuda",
+               "--kernel-backend", "triton", "--repository", str(repo_copy)])
+    assert "model=random flint-40b (seed 7, nvfp4)" in capsys.readouterr().out
+    raw = json.loads(engine_args_path(repo_copy).read_text())
+    assert raw["model"] is None and (raw["preset"], raw["quantization"], raw["seed"]) == ("flint-40b", "nvfp4", 7)
+    args = load_engine_args(engine_args_path(repo_copy))
+    assert (args.model, args.preset, args.quantization, args.seed) == (None, "flint-40b", "nvfp4", 7)
+    assert tokenizer_dir(args) == TOKENIZER_DIR
+    before = engine_args_path(repo_copy).read_text()
+    for flags, message in [(["--preset", "flint-1t"], "preset: got 'flint-1t'"),
+                           (["--seed", "-1"], "seed: got -1"),
+                           (["--model", str(tiny_checkpoint), "--quantization", "nvfp4"], "applies to random weights")]:
+        with pytest.raises(SystemExit) as exit_info:
+            configure([*flags, "--repository", str(repo_copy)])
+        assert message in str(exit_info.value.code)
+    assert engine_args_path(repo_copy).read_text() == before
+
+
 def instance_groups(repo: Path) -> list:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
