@@ -1,14 +1,26 @@
 #!/usr/bin/env python3
-"""Serving overhead at batch 1: inter-token latency through tritonserver vs the engine's own step.
+"""Serving overhead at batch 1: inter-token latency through tritonserver vs the engine's own decode
+step, and the served greedy tokens vs the in-process engine's (scripts/gpu_serve_check.sh runs it).
 
-    gpu_serve_check.py engine --repository R --out engine.json       # LLMEngine in-process, no server
-    gpu_serve_check.py client --url 127.0.0.1:18000 --metrics-url 127.0.0.1:18002 --out client.json
-    gpu_serve_check.py report engine.json client.json --out gpu_serve_check.json
+    gpu_serve_check.py engine --repository R --out engine.json        # LLMEngine in-process, no server
+    gpu_serve_check.py client --url 127.0.0.1:18000 --metrics-url 127.0.0.1:18002 --engine engine.json --out client.json
+    gpu_serve_check.py report --case NAME engine.json client.json --into gpu_serve_check.json
+    gpu_serve_check.py summary gpu_serve_check.json
 
-`engine` times each engine step of one greedy request (the first is the prefill); `client` streams
-the same request through the `flint` ensemble with HTTP generate_stream (standard library only) and
-times the gap between events per token, and reads the engine's own time per output token inside
-the server from /metrics; `report` prints the table and writes the JSON.
+`engine` builds the engine from the repository's engine_args.json (the server's own settings),
+tokenises a prompt of about --prompt-tokens tokens as flint_tokenizer does, and times each
+engine step of greedy requests (the first step is the prefill). `client` sends the same
+request through tritonserver twice over (HTTP generate_stream, standard library only):
+to `flint_model` with the engine's prompt ids (one event per engine step, token ids: Triton and
+the Python backend) and to the `flint` ensemble with the prompt text (tokenizer, engine and
+postprocessor: what clients use), and reads the engine's own time per output token inside the
+server from /metrics. `report` compares the served tokens and text with the engine's, prints
+the case's table and adds it to the JSON file; it exits 1 when they differ.
+
+Random weights over the 8192-id project tokenizer: a model with a larger vocabulary (flint-40b
+has 151552) mostly emits ids that decode to nothing, and the postprocessor sends no empty
+text, so ensemble events carry several tokens each; their per-token ITL is the event gap over
+its tokens, and `mean` (first event to last, per token) is exact either way.
 """
 
 from __future__ import annotations
@@ -17,11 +29,12 @@ import argparse
 import http.client
 import json
 import statistics
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
-WORDS = "the quick brown fox jumps over the lazy dog".split()
+CORPUS = Path(__file__).resolve().parent / "tokenizer_corpus.txt"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -34,41 +47,76 @@ def summary(seconds: list[float]) -> dict:
     return {"median_ms": statistics.median(ms), "p90_ms": pct(ms, 0.9), "mean_ms": statistics.fmean(ms), "n": len(ms)}
 
 
+def make_prompt(tokenizer, n_tokens: int) -> str:
+    """The longest run of corpus words that tokenises to at most n_tokens tokens."""
+    from flint_backend.chat.request import encode_text_input
+
+    words = " ".join(line for line in CORPUS.read_text().splitlines() if not line.startswith("#")).split()
+    text = lambda k: " ".join(words[i % len(words)] for i in range(k))  # noqa: E731
+    count = lambda k: len(encode_text_input(tokenizer, text(k)))  # noqa: E731
+    k = max(1, n_tokens * n_tokens // count(n_tokens))
+    while k > 1 and count(k) > n_tokens:
+        k -= 1
+    while count(k + 1) <= n_tokens:
+        k += 1
+    return text(k)
+
+
+# ---------------------------------------------------------------------------------------- engine
 def run_engine(args) -> dict:
     import torch
 
+    from flint_backend.chat.request import encode_text_input
     from flint_backend.engine.engine import LLMEngine
     from flint_backend.engine.sampling_params import SamplingParams
-    from flint_backend.serving.repository import engine_args_path, load_engine_args
+    from flint_backend.serving.repository import engine_args_path, load_engine_args, tokenizer_dir
+    from flint_backend.tokenizer import load_tokenizer
 
     engine_args = load_engine_args(engine_args_path(args.repository))
-    engine = LLMEngine(engine_args)
-    prompt = [100 + i % 5000 for i in range(args.prompt_tokens)]
+    start = time.perf_counter()
+    engine = LLMEngine(engine_args)  # weights (loaded, or random on the device), KV cache, CUDA graphs
+    build_s = time.perf_counter() - start
+    cuda = engine.device.type == "cuda"
+    tokenizer = load_tokenizer(tokenizer_dir(engine_args))
+    prompt = make_prompt(tokenizer, args.prompt_tokens)
+    prompt_ids = encode_text_input(tokenizer, prompt)
 
-    def one(max_tokens: int) -> list[float]:
-        engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    def one(max_tokens: int) -> tuple[list[float], list[int]]:
+        seq = engine.add_request(prompt_ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
         times = []
         while engine.has_work():
             start = time.perf_counter()
             engine.step()
-            if engine.device.type == "cuda":
+            if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-        return times
+        return times, seq.output_ids
 
     one(16)  # warm-up: kernel compilation, allocator
-    steps = [one(args.tokens) for _ in range(args.runs)]
-    decode = [t for run in steps for t in run[1:]]
-    return {"device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
-            "engine_args": engine_args.to_dict(), "prefill": summary([run[0] for run in steps]),
-            "decode_step": summary(decode)}
+    runs = [one(args.tokens) for _ in range(args.runs)]
+    tokens = runs[0][1]
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "engine_args": engine_args.to_dict(),
+              "build_s": build_s, "prompt": prompt, "prompt_ids": prompt_ids, "tokens": tokens,
+              "text": tokenizer.decode(tokens, skip_special_tokens=True),
+              "runs_repeat_tokens": all(t == tokens for _, t in runs),
+              "prefill": summary([times[0] for times, _ in runs]),
+              "decode_step": summary([t for times, _ in runs for t in times[1:]])}
+    if cuda:
+        free, total = torch.cuda.mem_get_info()
+        result["gpu_gib"] = {"allocated": torch.cuda.memory_allocated() / 2**30,
+                             "peak": torch.cuda.max_memory_allocated() / 2**30, "used": (total - free) / 2**30}
+    return result
 
 
-def stream(url: str, body: dict) -> list[tuple[float, dict]]:
+# ---------------------------------------------------------------------------------------- client
+def stream(url: str, model: str, body: dict) -> list[tuple[float, dict]]:
+    """(arrival time, event) of each server-sent event of one generate_stream request."""
     host, port = url.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=600)
-    conn.request("POST", "/v2/models/flint/generate_stream", json.dumps(body), {"Content-Type": "application/json"})
+    conn.request("POST", f"/v2/models/{model}/generate_stream", json.dumps(body), {"Content-Type": "application/json"})
     response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"{model}: HTTP {response.status}: {response.read()[:2000]!r}")
     events = []
     while True:
         line = response.readline()
@@ -77,61 +125,131 @@ def stream(url: str, body: dict) -> list[tuple[float, dict]]:
         if line.startswith(b"data: "):
             events.append((time.perf_counter(), json.loads(line[6:])))
     conn.close()
+    for _, event in events:
+        if event.get("error"):  # Triton's error event, or flint_model's error output
+            raise RuntimeError(f"{model}: {event}")
     return events
+
+
+def listed(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def timed_runs(url: str, model: str, body: dict, runs: int) -> dict:
+    """ITL per token (an event's gap over its new tokens), TTFT, and what the first run streamed."""
+    itl, ttft, mean, events_per_run, outputs = [], [], [], [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        events = stream(url, model, body)
+        if not events or events[-1][1].get("finish_reason") != "length":
+            raise RuntimeError(f"{model}: the stream did not end at max_tokens: {events[-1:]}")
+        counts = [int(e["num_output_tokens"]) for _, e in events]
+        ttft.append(events[0][0] - start)
+        events_per_run.append(len(events))
+        for (t0, _), (t1, _), n0, n1 in zip(events, events[1:], counts, counts[1:]):
+            itl += [(t1 - t0) / (n1 - n0)] * (n1 - n0)
+        if counts[-1] > counts[0]:
+            mean.append((events[-1][0] - events[0][0]) / (counts[-1] - counts[0]))
+        if model == "flint_model":
+            outputs.append([int(t) for _, e in events for t in listed(e.get("token_ids", []))])
+        else:
+            outputs.append("".join(e.get("text_output", "") for _, e in events))
+    return {"itl": summary(itl), "itl_mean_ms": statistics.fmean(mean) * 1e3, "ttft": summary(ttft),
+            "events_per_run": events_per_run, "output": outputs[0],
+            "runs_repeat_output": all(o == outputs[0] for o in outputs),
+            "num_input_tokens": int(events[0][1].get("num_input_tokens", -1)), "num_output_tokens": counts[-1]}
 
 
 def engine_tpot(metrics_url: str) -> tuple[float, float]:
     text = urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10).read().decode()
-    values = {}
+    values = {"sum": 0.0, "count": 0.0}
     for line in text.splitlines():
-        for key in ("sum", "count"):
+        for key in values:
             if line.startswith(f"flint:time_per_output_token_seconds_{key}"):
-                values[key] = float(line.split()[-1])
-    return values.get("sum", 0.0), values.get("count", 0.0)
+                values[key] += float(line.split()[-1])
+    return values["sum"], values["count"]
 
 
 def run_client(args) -> dict:
-    prompt = " ".join(WORDS[i % len(WORDS)] for i in range(args.prompt_tokens))
-    body = {"text_input": prompt, "max_tokens": args.tokens, "temperature": 0.0, "ignore_eos": True, "stream": True}
-    stream(args.url, {**body, "max_tokens": 16})  # warm-up
+    engine = json.loads(Path(args.engine).read_text())
+    n = len(engine["tokens"])
+    direct = {"prompt_ids": engine["prompt_ids"],
+              "sampling_params": json.dumps({"temperature": 0.0, "max_tokens": n, "ignore_eos": True})}
+    ensemble = {"text_input": engine["prompt"], "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+                "stream": True, "exclude_input_in_output": True}
+    stream(args.url, "flint_model", {**direct, "sampling_params": json.dumps({"temperature": 0.0, "max_tokens": 16})})
+    stream(args.url, "flint", {**ensemble, "max_tokens": 16})  # warm-ups
     before = engine_tpot(args.metrics_url)
-    itl, ttft, e2e, events_per_run = [], [], [], []
-    for _ in range(args.runs):
-        start = time.perf_counter()
-        events = stream(args.url, body)
-        if not events or events[-1][1].get("finish_reason") != "length":
-            raise RuntimeError(f"stream did not finish normally: {events[-1:]}")
-        ttft.append(events[0][0] - start)
-        e2e.append(events[-1][0] - start)
-        events_per_run.append(len(events))
-        for (t0, a), (t1, b) in zip(events, events[1:]):
-            tokens = b["num_output_tokens"] - a["num_output_tokens"]
-            itl += [(t1 - t0) / tokens] * tokens if tokens > 0 else []
+    result = {"flint_model": timed_runs(args.url, "flint_model", direct, args.runs),
+              "flint": timed_runs(args.url, "flint", ensemble, args.runs)}
     after = engine_tpot(args.metrics_url)
-    tpot = (after[0] - before[0]) / max(1.0, after[1] - before[1])
-    return {"itl": summary(itl), "ttft": summary(ttft), "e2e": summary(e2e), "events_per_run": events_per_run,
-            "engine_tpot_in_server_ms": tpot * 1e3, "tokens": args.tokens, "prompt_words": args.prompt_tokens}
+    result["engine_tpot_in_server_ms"] = (after[0] - before[0]) / max(1.0, after[1] - before[1]) * 1e3
+    return result
 
 
-def report(args) -> dict:
+# ---------------------------------------------------------------------------------------- report
+def compare(engine: dict, client: dict) -> dict:
+    tokens, served = engine["tokens"], client["flint_model"]["output"]
+    first_diff = next((i for i, (a, b) in enumerate(zip(tokens, served)) if a != b), None)
+    if first_diff is None and len(tokens) != len(served):
+        first_diff = min(len(tokens), len(served))
+    checks = {"tokens_equal": served == tokens, "first_token_difference": first_diff,
+              "text_equal": client["flint"]["output"] == engine["text"],
+              "prompt_tokens_equal": client["flint"]["num_input_tokens"] == len(engine["prompt_ids"]),
+              "repeatable": engine["runs_repeat_tokens"] and all(client[m]["runs_repeat_output"]
+                                                                 for m in ("flint_model", "flint"))}
+    checks["ok"] = checks["tokens_equal"] and checks["text_equal"] and checks["prompt_tokens_equal"]
+    return checks
+
+
+def report(args) -> int:
     engine = json.loads(Path(args.engine).read_text())
     client = json.loads(Path(args.client).read_text())
-    step, itl = engine["decode_step"], client["itl"]
-    rows = [("engine decode step, in-process (no server)", step["median_ms"], step["p90_ms"]),
-            ("engine time per output token inside tritonserver", client["engine_tpot_in_server_ms"], None),
-            ("inter-token latency through tritonserver (HTTP SSE)", itl["median_ms"], itl["p90_ms"]),
-            ("serving overhead per token (ITL - step)", itl["median_ms"] - step["median_ms"], None),
-            ("time to first token through tritonserver", client["ttft"]["median_ms"], client["ttft"]["p90_ms"])]
-    print(f"GPU: {engine['device']}; batch 1, {client['tokens']} greedy tokens, "
-          f"kernel_backend={engine['engine_args']['kernel_backend']}")
-    print(f"| {'measure':<52} | median ms | p90 ms |\n|{'-' * 54}|-----------|--------|")
-    for name, median, p90 in rows:
-        print(f"| {name:<52} | {median:9.3f} | {'' if p90 is None else f'{p90:6.3f}':>6} |")
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "engine": engine, "client": client,
-              "overhead_ms": itl["median_ms"] - step["median_ms"]}
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
-    return result
+    step, direct, ensemble = engine["decode_step"], client["flint_model"], client["flint"]
+    checks = compare(engine, client)
+    e = engine["engine_args"]
+    weights = e["model"] or f"random {e['preset']} seed {e['seed']}" + (f" {e['quantization']}" if e["quantization"] else "")
+    print(f"\n{args.case}: {engine['device']}; {weights}; batch 1, prompt {len(engine['prompt_ids'])} tokens, "
+          f"{len(engine['tokens'])} greedy tokens; kernel_backend={e['kernel_backend']}, "
+          f"CUDA graphs {'off' if e['enforce_eager'] or engine['device'] == 'cpu' else 'on'}, "
+          f"low_latency_max_batch={e['low_latency_max_batch']}; "
+          f"engine built in {engine['build_s']:.1f} s")
+    rows = [("engine decode step, in-process (no server)", step["median_ms"], step["p90_ms"], step["mean_ms"]),
+            ("engine time per output token inside tritonserver", None, None, client["engine_tpot_in_server_ms"]),
+            ("ITL, flint_model stream (token ids)", direct["itl"]["median_ms"], direct["itl"]["p90_ms"],
+             direct["itl_mean_ms"]),
+            ("ITL, flint ensemble stream (text)", ensemble["itl"]["median_ms"], ensemble["itl"]["p90_ms"],
+             ensemble["itl_mean_ms"]),
+            ("TTFT, flint ensemble", ensemble["ttft"]["median_ms"], ensemble["ttft"]["p90_ms"], None)]
+    cell = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"| {'measure':<50} | median ms | p90 ms | mean ms |\n|{'-' * 52}|-----------|--------|---------|")
+    for name, median, p90, mean in rows:
+        print(f"| {name:<50} | {cell(median):>9} | {cell(p90):>6} | {cell(mean):>7} |")
+    ratio = direct["itl"]["median_ms"] / step["median_ms"]
+    print(f"served ITL / engine step (medians, flint_model): {ratio:.3f}; ensemble events per run "
+          f"{ensemble['events_per_run']}; served tokens {'==' if checks['tokens_equal'] else '!='} engine tokens"
+          + ("" if checks["tokens_equal"] else f" (first difference at {checks['first_token_difference']})")
+          + f"; ensemble text {'==' if checks['text_equal'] else '!='} engine text")
+    case = {"case": args.case, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "checks": checks,
+            "itl_over_step": ratio, "engine": {k: v for k, v in engine.items() if k not in ("prompt", "prompt_ids")},
+            "client": client}
+    into = Path(args.into)
+    cases = json.loads(into.read_text())["cases"] if into.exists() else []
+    into.write_text(json.dumps({"cases": [c for c in cases if c["case"] != args.case] + [case]}, indent=2))
+    print(f"added {args.case} to {into}")
+    return 0 if checks["ok"] else 1
+
+
+def print_summary(args) -> int:
+    cases = json.loads(Path(args.results).read_text())["cases"]
+    print("\n| case | engine step ms (median / p90) | flint_model ITL ms (median / p90) | ITL / step | "
+          "flint ITL ms (median / p90 / mean) | tokens equal |\n|---|---|---|---|---|---|")
+    for c in cases:
+        s, d, f = c["engine"]["decode_step"], c["client"]["flint_model"]["itl"], c["client"]["flint"]
+        print(f"| {c['case']} | {s['median_ms']:.3f} / {s['p90_ms']:.3f} | {d['median_ms']:.3f} / {d['p90_ms']:.3f} | "
+              f"{c['itl_over_step']:.3f} | {f['itl']['median_ms']:.3f} / {f['itl']['p90_ms']:.3f} / "
+              f"{f['itl_mean_ms']:.3f} | {'yes' if c['checks']['tokens_equal'] else 'NO'} |")
+    return 0 if all(c["checks"]["ok"] for c in cases) else 1
 
 
 def main() -> None:
@@ -139,21 +257,27 @@ def main() -> None:
     sub = parser.add_subparsers(dest="phase", required=True)
     for name in ("engine", "client"):
         p = sub.add_parser(name)
-        p.add_argument("--prompt-tokens", type=int, default=32)
-        p.add_argument("--tokens", type=int, default=128)
         p.add_argument("--runs", type=int, default=3)
         p.add_argument("--out", required=True)
-    sub.choices["engine"].add_argument("--repository", required=True)
-    sub.choices["client"].add_argument("--url", required=True)
-    sub.choices["client"].add_argument("--metrics-url", required=True)
+    p = sub.choices["engine"]
+    p.add_argument("--repository", required=True)
+    p.add_argument("--prompt-tokens", type=int, default=1000)
+    p.add_argument("--tokens", type=int, default=128)
+    p = sub.choices["client"]
+    p.add_argument("--url", required=True)
+    p.add_argument("--metrics-url", required=True)
+    p.add_argument("--engine", required=True, help="the engine phase's JSON: prompt, tokens to compare")
     p = sub.add_parser("report")
     p.add_argument("engine")
     p.add_argument("client")
-    p.add_argument("--out", required=True)
+    p.add_argument("--case", required=True)
+    p.add_argument("--into", required=True, help="JSON file of all cases; this case is added (or replaced)")
+    sub.add_parser("summary").add_argument("results")
     args = parser.parse_args()
     if args.phase == "report":
-        report(args)
-        return
+        sys.exit(report(args))
+    if args.phase == "summary":
+        sys.exit(print_summary(args))
     result = run_engine(args) if args.phase == "engine" else run_client(args)
     Path(args.out).write_text(json.dumps(result, indent=2))
 

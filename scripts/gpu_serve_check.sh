@@ -1,60 +1,137 @@
 #!/usr/bin/env bash
-# The one GPU check of serving (an H200 with no internet; the lead runs it once):
+# The GPU check of serving at batch 1 (an H200 with no internet; the lead runs it):
 #   1. here: bash scripts/pack_gpu_bundle.sh            -> .device/flint_gpu_bundle.tar.xz (41 MiB)
-#   2. there: bash scripts/gpu_serve_check.sh [--preset flint-small|flint-tiny] [--tokens 128]
-#             [--kernel-backend triton|torch] [--bundle .device/flint_gpu_bundle.tar.xz]
+#   2. there: bash scripts/gpu_serve_check.sh [--cases ckpt:flint-tiny,random:flint-40b,random:flint-40b:nvfp4]
+#             [--tokens 128] [--prompt-tokens 1000] [--max-model-len 8192] [--max-num-seqs 4] [--runs 3]
+#             [--kernel-backend triton] [--device cuda] [--bundle .device/flint_gpu_bundle.tar.xz | --no-bundle]
+#             [--deadline-s 530]
 #      (device tool: carry=[".device/flint_gpu_bundle.tar.xz"]; results land in $OUT)
-# It unpacks the bundle (tritonserver 2.51 + the Python 3.12 stub, numpy 1.26.4 and gguf wheels),
-# makes a venv that sees the image's torch / triton / transformers with numpy 1.26 in front (the
-# 2.51 stub needs numpy<2; the image has 2.5.2), writes a random-weight checkpoint, times the
-# engine's decode step in-process at batch 1, then serves the same repository with the engine on
-# cuda and times the inter-token latency of a greedy stream through tritonserver. Prints a table,
-# writes $OUT/gpu_serve_check.json (or build/gpu_serve_check/).
+# It unpacks the bundle (tritonserver 2.51 + the Python 3.12 stub, numpy 1.26.4 and gguf wheels) into
+# a venv that sees the image's torch / triton / transformers with numpy 1.26 in front (the 2.51 stub
+# needs numpy<2; the image has 2.5.2). Then, per case:
+#   ckpt:PRESET              writes a random-weight checkpoint of PRESET and serves it from disk;
+#   random:PRESET[:nvfp4]    no checkpoint: the engine builds random weights of PRESET on the GPU at
+#                            load (the full-size flint-40b is 80 GB in bf16, more than the disk takes);
+#                            nvfp4 quantises them as it goes (W4A16, ~23 GB);
+# configures a copy of model_repository (CUDA graphs and the low-latency decode path as the engine
+# defaults have them), times the engine's decode step in-process at batch 1 (its own process, which
+# exits first: one 80 GB model on the GPU at a time), serves the same repository and streams the
+# same greedy request through tritonserver (flint_model with token ids, and the flint ensemble with
+# text), and compares the served tokens and text with the engine's. Prints a table per case and a
+# summary, writes $OUT/gpu_serve_check.json (or build/gpu_serve_check/), the run's log and each
+# server's log. A case is skipped when fewer than 150 s are left before --deadline-s; a failed case
+# does not stop the next. Exit status 1 if a case failed, was skipped, or served other tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUNDLE=.device/flint_gpu_bundle.tar.xz PRESET=flint-small TOKENS=128 BACKEND=triton
+BUNDLE=.device/flint_gpu_bundle.tar.xz CASES=ckpt:flint-tiny,random:flint-40b,random:flint-40b:nvfp4
+TOKENS=128 PROMPT=1000 MAXLEN=8192 SEQS=4 RUNS=3 BACKEND=triton DEVICE=cuda DEADLINE=530
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
-    --preset) PRESET=$2; shift 2 ;;
+    --no-bundle) BUNDLE=; shift ;;
+    --cases) CASES=$2; shift 2 ;;
     --tokens) TOKENS=$2; shift 2 ;;
+    --prompt-tokens) PROMPT=$2; shift 2 ;;
+    --max-model-len) MAXLEN=$2; shift 2 ;;
+    --max-num-seqs) SEQS=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
     --kernel-backend) BACKEND=$2; shift 2 ;;
+    --device) DEVICE=$2; shift 2 ;;
+    --deadline-s) DEADLINE=$2; shift 2 ;;
     *) echo "gpu_serve_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 RESULTS=${OUT:-build/gpu_serve_check}
-mkdir -p "$RESULTS"
-step() { echo; echo "== $*"; }
+WORK=build/gpu_serve_check_work
+mkdir -p "$RESULTS" "$WORK"
+exec > >(tee "$RESULTS/gpu_serve_check.log") 2>&1
+step() { echo; echo "== [$SECONDS s] $*"; }
+export PYTHONUNBUFFERED=1
 
-# shellcheck source=scripts/gpu_bundle_venv.sh
-source scripts/gpu_bundle_venv.sh "$BUNDLE"
+if [ -n "$BUNDLE" ]; then
+  # shellcheck source=scripts/gpu_bundle_venv.sh
+  source scripts/gpu_bundle_venv.sh "$BUNDLE" "$DEVICE"
+else  # the current environment (the Docker image, or a dev venv: PYTHON=.venv/bin/python)
+  VPY=$(command -v "${PYTHON:-python3}")
+  mkdir -p .shim && ln -sfn ../kernels .shim/flint_kernels
+  export PYTHONPATH=$PWD/.shim:$PWD
+fi
+[ "$DEVICE" = cpu ] || nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+rm -f "$RESULTS/gpu_serve_check.json"
 
-CKPT=build/gpu_ckpt/$PRESET
-step "checkpoint $CKPT"
-[ -f "$CKPT/config.json" ] || "$VPY" scripts/make_checkpoint.py --preset "$PRESET" --out "$CKPT" --shard-size 2GB
+gpu_memory_free() {  # wait (up to 120 s) until the GPU holds under 2 GiB: the last server's stubs are gone
+  [ "$DEVICE" = cpu ] && return 0
+  local used
+  for _ in $(seq 120); do
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+    [ "$used" -lt 2048 ] && return 0
+    sleep 1
+  done
+  echo "GPU memory still in use: $used MiB" >&2
+  return 1
+}
 
-REPO=build/gpu_repo
-step "configure $REPO (cuda, $BACKEND kernels)"
-rm -rf "$REPO" && cp -r model_repository "$REPO"
-"$VPY" scripts/configure_repository.py --repository "$REPO" --model "$CKPT" --device cuda --dtype bfloat16 \
-  --kernel-backend "$BACKEND" --max-num-seqs 8 --max-model-len 4096 --kv-cache-memory-fraction 0.5
+run_case() {  # SPEC, in a subshell of its own (set -e holds; the EXIT trap stops this case's server)
+  local spec=$1 kind preset quant name repo log server=
+  IFS=: read -r kind preset quant <<< "$spec"
+  name=${preset}_${quant:-bf16}_$kind
+  repo=$WORK/repo_$name
+  log=$RESULTS/tritonserver_$name.log
+  local weights=()
+  case "$kind:$quant" in
+    ckpt:)   local ckpt=build/gpu_ckpt/$preset
+             step "$name: checkpoint $ckpt"
+             [ -f "$ckpt/config.json" ] || "$VPY" scripts/make_checkpoint.py --preset "$preset" --out "$ckpt" --shard-size 2GB
+             weights=(--model "$ckpt") ;;
+    random:|random:nvfp4) weights=(--preset "$preset" --seed 0 ${quant:+--quantization "$quant"}) ;;
+    *) echo "--cases: $spec is not ckpt:PRESET or random:PRESET[:nvfp4]" >&2; return 2 ;;
+  esac
+  step "$name: configure $repo ($DEVICE, $BACKEND kernels, ${weights[*]})"
+  rm -rf "$repo" && cp -r model_repository "$repo"
+  "$VPY" scripts/configure_repository.py --repository "$repo" "${weights[@]}" --device "$DEVICE" \
+    --dtype bfloat16 --kernel-backend "$BACKEND" --max-num-seqs "$SEQS" --max-model-len "$MAXLEN" \
+    --block-size 64 --num-kv-blocks $((SEQS * (MAXLEN / 64)))
 
-step "engine alone, batch 1"
-"$VPY" scripts/gpu_serve_check.py engine --repository "$REPO" --tokens "$TOKENS" --out "$RESULTS/engine.json"
+  step "$name: engine alone, batch 1"
+  gpu_memory_free
+  "$VPY" scripts/gpu_serve_check.py engine --repository "$repo" --prompt-tokens "$PROMPT" --tokens "$TOKENS" \
+    --runs "$RUNS" --out "$WORK/$name.engine.json"
 
-step "tritonserver"
-"$VPY" -m flint_backend.serving.launch --model-repository "$REPO" --http-port 18000 --grpc-port 18001 \
-  --metrics-port 18002 -- --exit-timeout-secs=10 > "$RESULTS/tritonserver.log" 2>&1 &
-SERVER=$!
-trap 'kill -INT $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-  "$VPY" -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:18000/v2/health/ready", timeout=2)' \
-    2>/dev/null && break
-  kill -0 "$SERVER" 2>/dev/null || { tail -50 "$RESULTS/tritonserver.log"; exit 1; }
-  sleep 1
+  step "$name: tritonserver"
+  gpu_memory_free
+  setsid "$VPY" -m flint_backend.serving.launch --model-repository "$repo" --http-port 18000 --grpc-port 18001 \
+    --metrics-port 18002 -- --exit-timeout-secs=10 --allow-gpu-metrics=false > "$log" 2>&1 &
+  server=$!
+  # shellcheck disable=SC2064  # this case's server, now
+  trap "kill -INT $server 2>/dev/null || true; wait $server 2>/dev/null || true; kill -KILL -- -$server 2>/dev/null || true" EXIT
+  for _ in $(seq 400); do
+    "$VPY" -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:18000/v2/health/ready", timeout=2)' \
+      2>/dev/null && break
+    kill -0 "$server" 2>/dev/null || { tail -50 "$log"; return 1; }
+    sleep 1
+  done
+  grep -o "flint_model: instance .*" "$log" | cut -c1-400 || true
+  step "$name: client"
+  "$VPY" scripts/gpu_serve_check.py client --url 127.0.0.1:18000 --metrics-url 127.0.0.1:18002 \
+    --engine "$WORK/$name.engine.json" --runs "$RUNS" --out "$WORK/$name.client.json"
+  "$VPY" scripts/gpu_serve_check.py report "$WORK/$name.engine.json" "$WORK/$name.client.json" --case "$name" \
+    --into "$RESULTS/gpu_serve_check.json"
+}
+
+FAILED=
+IFS=, read -r -a SPECS <<< "$CASES"
+for spec in "${SPECS[@]}"; do
+  if [ $((DEADLINE - SECONDS)) -lt 150 ]; then
+    echo "== [$SECONDS s] $spec: skipped, fewer than 150 s left before the ${DEADLINE} s deadline"
+    FAILED="$FAILED $spec(skipped)"
+    continue
+  fi
+  # a background subshell keeps set -e in force inside it (in `( ... ) || x` bash would ignore it)
+  ( set -e; run_case "$spec" ) &
+  wait $! || FAILED="$FAILED $spec"
 done
-"$VPY" scripts/gpu_serve_check.py client --url 127.0.0.1:18000 --metrics-url 127.0.0.1:18002 \
-  --tokens "$TOKENS" --out "$RESULTS/client.json"
 
-step "result"
-"$VPY" scripts/gpu_serve_check.py report "$RESULTS/engine.json" "$RESULTS/client.json" --out "$RESULTS/gpu_serve_check.json"
+step "summary"
+[ -f "$RESULTS/gpu_serve_check.json" ] && "$VPY" scripts/gpu_serve_check.py summary "$RESULTS/gpu_serve_check.json" || true
+[ -z "$FAILED" ] || { echo "failed:$FAILED"; exit 1; }
+echo "all cases served the engine's tokens"

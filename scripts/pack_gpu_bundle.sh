@@ -10,6 +10,7 @@
 #     generate_stream), so no tritonclient / python-rapidjson / grpcio is needed there.
 #
 #   scripts/pack_gpu_bundle.sh [--arch x86_64|aarch64] [--out .device/flint_gpu_bundle.tar.xz]
+#                              [--python-version 3.12]   (the GPU image's; another one for CPU dry runs)
 # then:  run(command="bash scripts/gpu_serve_check.sh", carry=[".device/flint_gpu_bundle.tar.xz"])
 set -euo pipefail
 ARCH=x86_64 OUT=.device/flint_gpu_bundle.tar.xz PYVER=3.12
@@ -17,6 +18,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --arch) ARCH=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --python-version) PYVER=$2; shift 2 ;;
     *) echo "pack_gpu_bundle.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +44,7 @@ find "$W/nvidia_pytriton.libs" -name '*.so*' ! -name 'libpython3*' -exec cp {} "
 chmod +x "$B/pytriton/tritonserver/bin/tritonserver" "$B/pytriton/tritonserver/python_backend_stubs/$PYVER/triton_python_backend_stub"
 echo "# tritonserver from nvidia-pytriton 0.7.0, repacked by scripts/pack_gpu_bundle.sh ($ARCH)" > "$B/pytriton/__init__.py"
 echo "$ARCH" > "$B/ARCH"
+echo "$PYVER" > "$B/PYVER"
 mkdir -p "$(dirname "$OUT")"
 tar -C "$B" -cf - . | xz -T0 -9 > "$OUT"
 ls -l "$OUT"

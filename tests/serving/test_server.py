@@ -226,3 +226,32 @@ def test_perf_analyzer_streaming_run_has_no_errors(server, tmp_path):
     assert "Concurrency: 2" in run.stdout
     rows = (tmp_path / "perf_analyzer_c2.csv").read_text().splitlines()
     assert len(rows) >= 2
+
+
+def test_gpu_serve_check_phases_agree_with_the_server(server, tmp_path):
+    """scripts/gpu_serve_check.py on the CPU (its GPU run is scripts/gpu_serve_check.sh): the engine
+    phase on the server's own repository, the client phase's flint_model and flint streams, and the
+    report, which finds the served tokens and text equal to the in-process engine's."""
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_serve_check.py"
+    files = {name: str(tmp_path / f"{name}.json") for name in ("engine", "client", "all")}
+
+    def phase(*args):
+        run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return run.stdout
+
+    phase("engine", "--repository", str(server.repository), "--prompt-tokens", "40", "--tokens", "6",
+          "--runs", "2", "--out", files["engine"])
+    phase("client", "--url", server.http_url, "--metrics-url", f"127.0.0.1:{server.metrics_port}",
+          "--engine", files["engine"], "--runs", "2", "--out", files["client"])
+    out = phase("report", files["engine"], files["client"], "--case", "tiny", "--into", files["all"])
+    assert "served tokens == engine tokens; ensemble text == engine text" in out
+    (case,) = json.loads(Path(files["all"]).read_text())["cases"]
+    engine, client = json.loads(Path(files["engine"]).read_text()), case["client"]
+    assert 30 < len(engine["prompt_ids"]) <= 40 and len(engine["tokens"]) == 6
+    assert client["flint_model"]["num_output_tokens"] == client["flint"]["num_output_tokens"] == 6
+    assert case["checks"] == {"tokens_equal": True, "first_token_difference": None, "text_equal": True,
+                              "prompt_tokens_equal": True, "repeatable": True, "ok": True}
+    assert "| tiny |" in phase("summary", files["all"])
