@@ -2,7 +2,7 @@
 # The GPU check of serving at batch 1 (an H200 with no internet; the lead runs it):
 #   1. here: bash scripts/pack_gpu_bundle.sh            -> .device/flint_gpu_bundle.tar.xz (41 MiB)
 #   2. there: bash scripts/gpu_serve_check.sh [--cases ckpt:flint-tiny,random:flint-40b,random:flint-40b:nvfp4]
-#             [--tokens 128] [--prompt-tokens 1000] [--max-model-len 8192] [--max-num-seqs 4] [--runs 3]
+#             [--tokens 128] [--prompt-tokens 1000] [--max-model-len 8192] [--max-num-seqs 1] [--runs 3]
 #             [--kernel-backend triton] [--device cuda] [--bundle .device/flint_gpu_bundle.tar.xz | --no-bundle]
 #             [--deadline-s 530]
 #      (device tool: carry=[".device/flint_gpu_bundle.tar.xz"]; results land in $OUT)
@@ -14,17 +14,19 @@
 #                            load (the full-size flint-40b is 80 GB in bf16, more than the disk takes);
 #                            nvfp4 quantises them as it goes (W4A16, ~23 GB);
 # configures a copy of model_repository (CUDA graphs and the low-latency decode path as the engine
-# defaults have them), times the engine's decode step in-process at batch 1 (its own process, which
-# exits first: one 80 GB model on the GPU at a time), serves the same repository and streams the
-# same greedy request through tritonserver (flint_model with token ids, and the flint ensemble with
-# text), and compares the served tokens and text with the engine's. Prints a table per case and a
-# summary, writes $OUT/gpu_serve_check.json (or build/gpu_serve_check/), the run's log and each
-# server's log. A case is skipped when fewer than 150 s are left before --deadline-s; a failed case
-# does not stop the next. Exit status 1 if a case failed, was skipped, or served other tokens.
+# defaults have them; max-num-seqs 1: the check runs batch 1 only, and each larger CUDA-graph
+# bucket would add capture and kernel-compile time), times the engine's decode step in-process at
+# batch 1 (its own process, which exits first: one 80 GB model on the GPU at a time), serves the
+# same repository and streams the same greedy request through tritonserver (flint_model with token
+# ids, and the flint ensemble with text), and compares the served tokens and text with the engine's.
+# Prints a table per case and a summary, writes $OUT/gpu_serve_check.json (or build/gpu_serve_check/),
+# the run's log and each server's log. A case is skipped when fewer than 150 s are left before
+# --deadline-s; a failed case does not stop the next. Exit status 1 if a case failed, was skipped,
+# or served other tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=.device/flint_gpu_bundle.tar.xz CASES=ckpt:flint-tiny,random:flint-40b,random:flint-40b:nvfp4
-TOKENS=128 PROMPT=1000 MAXLEN=8192 SEQS=4 RUNS=3 BACKEND=triton DEVICE=cuda DEADLINE=530
+TOKENS=128 PROMPT=1000 MAXLEN=8192 SEQS=1 RUNS=3 BACKEND=triton DEVICE=cuda DEADLINE=530
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
@@ -56,18 +58,23 @@ else  # the current environment (the Docker image, or a dev venv: PYTHON=.venv/b
   mkdir -p .shim && ln -sfn ../kernels .shim/flint_kernels
   export PYTHONPATH=$PWD/.shim:$PWD
 fi
-[ "$DEVICE" = cpu ] || nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+gpu_used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+BASE_MIB=0
+if [ "$DEVICE" != cpu ]; then
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+  BASE_MIB=$(gpu_used_mib)
+fi
 rm -f "$RESULTS/gpu_serve_check.json"
 
-gpu_memory_free() {  # wait (up to 120 s) until the GPU holds under 2 GiB: the last server's stubs are gone
+gpu_memory_free() {  # wait (up to 120 s) until the GPU is back to within 2 GiB of its use at the start
   [ "$DEVICE" = cpu ] && return 0
   local used
   for _ in $(seq 120); do
-    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
-    [ "$used" -lt 2048 ] && return 0
+    used=$(gpu_used_mib)
+    [ "$used" -lt $((BASE_MIB + 2048)) ] && return 0
     sleep 1
   done
-  echo "GPU memory still in use: $used MiB" >&2
+  echo "GPU memory still in use: $used MiB (at the start: $BASE_MIB MiB)" >&2
   return 1
 }
 
