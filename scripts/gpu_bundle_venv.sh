@@ -20,6 +20,9 @@ VPY=$PWD/$W/venv/bin/python
 SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 python3 -c 'import sys; print("\n".join(f"import site; site.addsitedir({p!r})" for p in sys.path
                                        if p.endswith(("site-packages", "dist-packages"))))' > "$SITE/zz_image_site.pth"
+# the image's scipy / scikit-learn are built for numpy 2, and transformers imports scikit-learn
+# (generation utils) when it is installed: hidden here, so numpy 1.26 can stay in front
+echo "import sys; sys.modules.setdefault('sklearn', None)" > "$SITE/zz_hide_sklearn.pth"
 python3 -m pip install -q --no-index --no-deps --target "$SITE" "$W"/wheels/*.whl
 cp -r "$W/pytriton" "$W/nvidia_pytriton.libs" "$SITE/"
 ln -sfn "$PWD/kernels" "$SITE/flint_kernels"
@@ -27,6 +30,7 @@ export PYTHONPATH=$PWD
 "$VPY" - "$(cat "$W/PYVER" 2>/dev/null || echo 3.12)" "$BUNDLE_DEVICE" <<'PY'
 import sys, sysconfig, os
 import numpy, torch, triton, transformers
+from transformers import AutoTokenizer  # noqa: F401  (imports the generation utils)
 v = f"{sys.version_info[0]}.{sys.version_info[1]}"
 lib = os.path.join(sysconfig.get_config_var("LIBDIR") or "", f"libpython{v}.so.1.0")
 print(f"python {sys.version.split()[0]} numpy {numpy.__version__} torch {torch.__version__} triton {triton.__version__} "
