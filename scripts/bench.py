@@ -272,7 +272,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=262144)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--kernel-backend", default="triton")
-    parser.add_argument("--low-latency-max-batch", type=int, default=8,
+    parser.add_argument("--low-latency-max-batch", type=int, default=0,
                         help="decode batches up to this size take the fused low-latency path (0: the regular one)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
     args = parser.parse_args()

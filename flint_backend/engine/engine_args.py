@@ -37,7 +37,11 @@ class EngineArgs:
     kv_cache_memory_bytes: int = 1 << 30  # CPU: KV budget in bytes
     enforce_eager: bool = False           # True: no CUDA graphs / static decode buffers
     max_graph_batch: int = 64             # largest decode batch replayed from a CUDA graph
-    low_latency_max_batch: int = 8        # decode batches up to this size take the low-latency path (0: never)
+    # decode batches up to this size take the model's low-latency path (0: never). Off by default:
+    # on an H200 its fused norm + QKV + Q/K-norm kernel (14.7 us bf16, 18.5 us NVFP4 at batch 1)
+    # lost to the regular path's RMSNorm + GEMV + Q/K-norm (10.4 / 10.7 us) once the Q/K-norm
+    # kernel went head-parallel (benchmarks/NOTES.md, section 6)
+    low_latency_max_batch: int = 0
     cpu_threads: int | None = None        # CPU: torch intra-op threads; None -> torch's default
 
     def __post_init__(self):
