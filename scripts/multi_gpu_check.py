@@ -50,6 +50,17 @@ def stream(url: str, body: dict) -> tuple[float | None, str, dict]:
     return first, "".join(text), last
 
 
+def counted_tokens(metrics_url: str, before: Counter, expected: int, wait_s: float = 10.0) -> Counter:
+    """Per-instance token counts since `before`, read until they add up to `expected`: a stream's
+    last response can reach the client before its instance has counted the tokens."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        delta = instance_tokens(metrics_url) - before
+        if sum(delta.values()) >= expected or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.1)
+
+
 def instance_tokens(metrics_url: str) -> Counter:
     text = urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10).read().decode()
     tokens = Counter()
@@ -117,7 +128,7 @@ def run_load(args) -> dict:
     return {"label": args.label, "streams": args.streams, "tokens_per_stream": args.tokens, "wall_s": wall,
             "output_tokens": tokens, "tokens_per_s": tokens / wall,
             "ttft_median_s": statistics.median(r[0] for r in results),
-            "instance_tokens": dict(instance_tokens(args.metrics_url) - before),
+            "instance_tokens": dict(counted_tokens(args.metrics_url, before, tokens)),
             "gpu_memory_after_load": loaded, "gpu_memory_peak": peak,
             # greedy: one text per prompt, whatever instance or batch served it
             "texts_per_prompt": {p: len(c) for p, c in texts.items()},
