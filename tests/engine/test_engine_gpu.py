@@ -90,9 +90,12 @@ def test_graph_replay_equals_eager(small):
 def test_low_latency_path_is_bf16_close_to_the_regular_path(small):
     fmt, config, weights = small
     eng = engine(weights, config, enforce_eager=True)
-    seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)) for p in PROMPTS]
+    # max_tokens well past the prefill steps: a short prompt's sequence keeps decoding while the
+    # long ones prefill, and must still hold its KV blocks when the batch below is built
+    seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)) for p in PROMPTS]
     while any(s.num_output_tokens == 0 for s in seqs):
         eng.step()
+    assert not any(s.finished for s in seqs)
     batch = build_step_batch([(s, 1) for s in seqs], eng.blocks.block_size, config.sliding_window, eng.device)
     model, kv = eng.runner.model, eng.runner.kv
     regular = model.forward(batch, kv).float()
