@@ -13,7 +13,11 @@ export PYTHONPATH=${PYTHONPATH:-$PWD/.shim:$PWD} PYTHONUNBUFFERED=1
 what=${1:-tests}; shift || true
 case "$what" in
   tests)    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
-            timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -x "$@" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+            # SIGINT at the deadline: pytest stops like on ^C and still prints its failures and summary
+            # (a KILL would cut the log before them); -v: the log names every test that ran
+            timeout -s INT -k 20 "${TEST_TIMEOUT:-480}" python3 -m pytest -m gpu -v -rfE -p no:cacheprovider \
+              --durations=10 "$@" tests > "$OUT/gpu_tests.log" 2>&1
+            grep -E "FAILED|ERROR|^E  " "$OUT/gpu_tests.log" | head -40; tail -15 "$OUT/gpu_tests.log" ;;
   kernels)  timeout "${BENCH_TIMEOUT:-400}" python3 scripts/bench_kernels.py --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench_kernels.log" | tail -60 ;;
   ops)      python3 scripts/bench_decode_ops.py --out "$OUT/decode-ops-h200.json" "$@" 2>&1 | tee "$OUT/ops.log" | tail -30 ;;
   bench)    python3 scripts/bench.py --out "$OUT/results.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
