@@ -192,24 +192,25 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         return out
     shared13 = shared_w13 if has_shared else w13[0]
     shared2 = shared_w2 if has_shared else w2[0]
+    words = nvfp4.GEMV_WORDS  # the NVFP4 decode of both launches (nvfp4.py)
     block_n = _rows_per_program(t * slots, i_max, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
     _moe_gate_up_kernel[(t * slots, triton.cdiv(i_max, block_n))](
-        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=nvfp4.GEMV_WORDS),
-        **weight_args("s13", shared13, words=nvfp4.GEMV_WORDS),
+        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=words),
+        **weight_args("s13", shared13, words=words),
         H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
         W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
-        WORDS=nvfp4.GEMV_WORDS, num_warps=4)
+        WORDS=words, num_warps=4)
     block_h = _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))
     _moe_down_kernel[(t, triton.cdiv(h, block_h))](
         inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
-        **weight_args("w2", w2, words=nvfp4.GEMV_WORDS), **weight_args("s2", shared2, words=nvfp4.GEMV_WORDS),
+        **weight_args("w2", w2, words=words), **weight_args("s2", shared2, words=words),
         H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_H=block_h, BLOCK_K=block_k,
         MASK_I=i % block_k != 0, MASK_IS=i_s % block_k != 0, W2_FP4=is_nvfp4(w2), S2_FP4=is_nvfp4(shared2),
-        NUM_STAGES=NUM_STAGES, WORDS=nvfp4.GEMV_WORDS, num_warps=4)
+        NUM_STAGES=NUM_STAGES, WORDS=words, num_warps=4)
     return out
 
 

@@ -13,8 +13,8 @@
 #   random:PRESET[:nvfp4]    no checkpoint: the engine builds random weights of PRESET on the GPU at
 #                            load (the full-size flint-40b is 80 GB in bf16, more than the disk takes);
 #                            nvfp4 quantises them as it goes (W4A16, ~23 GB);
-# configures a copy of model_repository (CUDA graphs and the low-latency decode path as the engine
-# defaults have them; max-num-seqs 1: the check runs batch 1 only, and each larger CUDA-graph
+# configures a copy of model_repository (CUDA graphs and the decode path the engine defaults pick,
+# both reported; max-num-seqs 1: the check runs batch 1 only, and each larger CUDA-graph
 # bucket would add capture and kernel-compile time), times the engine's decode step in-process at
 # batch 1 (its own process, which exits first: one 80 GB model on the GPU at a time), serves the
 # same repository and streams the same greedy request through tritonserver (flint_model with token
