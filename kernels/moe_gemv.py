@@ -34,6 +34,12 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_BLOCK_K, TILE, MIN_ROWS, MAX_ROWS = (256, 1 << 16, 4, 256) if INTERPRET else (512, 4096, 4, 32)
 WAVES = 2
 NUM_STAGES = 3               # weight tiles in flight per program (cp.async through shared memory)
+# NVFP4 as 32-bit words (nvfp4.GEMV_WORDS): a thread's x values must serve many rows, since each
+# costs a load, a conversion and a scaling. gate/up: a step spans all of H (up to WORDS_MAX_K),
+# so with 4 warps a thread holds 8 of the 2 x BLOCK_N interleaved rows; down: one warp a
+# program, DOWN_WORDS_ROWS rows, so a thread holds 4 rows of each expert's 512-weight rows.
+WORDS_MAX_K, WORDS_TILE = (256, 1 << 16) if INTERPRET else (2048, 1 << 15)
+DOWN_WORDS_ROWS, DOWN_WORDS_WARPS, DOWN_WORDS_STAGES = (64, 4, 1) if INTERPRET else (8, 1, 4)
 
 
 @triton.jit
@@ -44,14 +50,16 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
     WORDS: an NVFP4 weight comes as int32 words (nvfp4.fp4_dot_words), else as bytes."""
     row_mask = rows < n_rows
     USE_WORDS: tl.constexpr = WORDS if FP4 else False
-    if USE_WORDS:  # acc [BLOCK_N, BLOCK_K / 16]: one sum per block of 16 weights
-        acc_g = tl.zeros([rows.shape[0], BLOCK_K // 16], tl.float32)
-        acc_u = tl.zeros([rows.shape[0], BLOCK_K // 16], tl.float32)
+    if USE_WORDS:
+        # gate and up rows interleaved in one tile [2 BLOCK_N] (even: gate, odd: up): each x value
+        # a thread loads serves twice the rows; acc [2 BLOCK_N, BLOCK_K / 16], a sum per 16 weights
+        both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
+        both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
+        acc = tl.zeros([2 * rows.shape[0], BLOCK_K // 16], tl.float32)
         for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
-            acc_g += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, rows, row_mask, k0 // 8, H // 8, stride_wn,
-                                   stride_sn, BLOCK_K // 8, MASK_K)
-            acc_u += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, rows + n_rows, row_mask, k0 // 8, H // 8,
-                                   stride_wn, stride_sn, BLOCK_K // 8, MASK_K)
+            acc += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, both, both_mask, k0 // 8, H // 8, stride_wn,
+                                 stride_sn, BLOCK_K // 8, MASK_K)
+        gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
     else:
         acc_g = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
         acc_u = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
@@ -63,8 +71,8 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
                             MASK_K, FP4)
             acc_g += g * x[None, :]
             acc_u += u * x[None, :]
-    gate = tl.sum(acc_g, axis=1)
-    up = tl.sum(acc_u, axis=1)
+        gate = tl.sum(acc_g, axis=1)
+        up = tl.sum(acc_u, axis=1)
     if FP4:  # the global scale, once per output
         gate *= tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
         up *= tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
@@ -193,8 +201,13 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     shared13 = shared_w13 if has_shared else w13[0]
     shared2 = shared_w2 if has_shared else w2[0]
     words = nvfp4.GEMV_WORDS  # the NVFP4 decode of both launches (nvfp4.py)
+    # the word tiles when both weights of a launch are NVFP4 (dense rows would not fit them)
+    words13 = words and is_nvfp4(w13) and is_nvfp4(shared13)
+    words2 = words and is_nvfp4(w2) and is_nvfp4(shared2)
     block_n = _rows_per_program(t * slots, i_max, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
+    if words13:
+        block_k = min(WORDS_MAX_K, WORDS_TILE // (2 * block_n), triton.next_power_of_2(h))
     _moe_gate_up_kernel[(t * slots, triton.cdiv(i_max, block_n))](
         x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=words),
         **weight_args("s13", shared13, words=words),
@@ -204,13 +217,17 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         WORDS=words, num_warps=4)
     block_h = _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))
+    warps, stages = 4, NUM_STAGES
+    if words2:
+        block_h, warps, stages = DOWN_WORDS_ROWS, DOWN_WORDS_WARPS, DOWN_WORDS_STAGES
+        block_k = min(WORDS_MAX_K, triton.next_power_of_2(i_max))
     _moe_down_kernel[(t, triton.cdiv(h, block_h))](
         inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
         **weight_args("w2", w2, words=words), **weight_args("s2", shared2, words=words),
         H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_H=block_h, BLOCK_K=block_k,
         MASK_I=i % block_k != 0, MASK_IS=i_s % block_k != 0, W2_FP4=is_nvfp4(w2), S2_FP4=is_nvfp4(shared2),
-        NUM_STAGES=NUM_STAGES, WORDS=words, num_warps=4)
+        NUM_STAGES=stages, WORDS=words, num_warps=warps)
     return out
 
 

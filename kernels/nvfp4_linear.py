@@ -33,6 +33,9 @@ GEMV_MAX_TOKENS = 4
 # interpreter's cost is per op: few, large programs there
 GEMV_BLOCK_N, GEMV_BLOCK_K = (128, 256) if INTERPRET else (16, 256)
 GEMV_STAGES = 4  # tiles in flight per program (cp.async): a GEMV step is only ~2.3 KB
+# NVFP4 as 32-bit words: a step spans up to 2048 weights, so a thread holds 8 of the 16 rows and
+# each x value it loads (and converts and scales) serves 8 weights, not 2
+GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 2048
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
 
@@ -133,8 +136,10 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
     if t == 0 or n == 0:
         return out
     _, stride_gn = scale_strides(w)
+    words = nvfp4.GEMV_WORDS
     if t <= GEMV_MAX_TOKENS:
-        tiles, block_k = t * triton.cdiv(n, GEMV_BLOCK_N), min(GEMV_BLOCK_K, triton.next_power_of_2(k))
+        tiles = t * triton.cdiv(n, GEMV_BLOCK_N)
+        block_k = min(GEMV_WORDS_BLOCK_K if words else GEMV_BLOCK_K, triton.next_power_of_2(k))
     else:
         block_m, block_n, warps, stages = _gemm_tiles(t, n)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
@@ -151,7 +156,6 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
                   stride_sn=w.scales.stride(0), stride_gn=stride_gn,
                   k_per_split=k_per_split, SPLIT=splits, MASK_K=k % block_k != 0)
     if t <= GEMV_MAX_TOKENS:
-        words = nvfp4.GEMV_WORDS
         data = packed_words(w) if words else w.packed
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
