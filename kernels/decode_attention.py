@@ -11,7 +11,6 @@ splits past a sequence's length exit at once.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -19,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .attention import attention_torch, check_attention_inputs
+from .split_k import num_sms
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
 DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
@@ -214,16 +214,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: keep the grid small
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
     """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
-    splits = triton.cdiv(WAVES * _num_sms(torch.device(device)), batch * num_kv_heads)
+    splits = triton.cdiv(WAVES * num_sms(torch.device(device)), batch * num_kv_heads)
     if window:
         splits = min(splits, triton.cdiv(window, TILE_N))
     return max(1, min(MAX_SPLITS, splits))
