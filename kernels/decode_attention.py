@@ -1,17 +1,19 @@
 """Decode attention with sinks: one new token per sequence (N == B); semantics in attention.py.
 
-Split-KV (flash-decoding): program (b, kv head, split) streams one contiguous range of the
-visible cached positions [lo, ctx) and keeps unnormalised partial results for the G query
-heads of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot). The
-reduce program (b, query head) rescales the partials to a common max and adds the new token
-(read from k/v) and the sink, each exactly once. The grid and scratch depend only on
-(B, num_splits), never on context lengths, so a captured CUDA graph replays for any lengths:
-splits past a sequence's length exit at once.
+Split-KV (flash-decoding) in one launch: program (b, kv head, split) streams one contiguous range
+of the visible cached positions [lo, ctx) and keeps unnormalised partial results for the G query
+heads of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot). It stores them
+to fp32 scratch and takes a ticket on the (b, kv head) arrival counter (split_k.last_to_arrive);
+the last of the non-empty splits to arrive rescales every partial to a common max, adds the new
+token (read from k/v) and the sink, each exactly once, writes the G output rows and resets the
+counter to 0. A single non-empty split (short or empty context) writes the output from its
+registers: no scratch, no counter. The grid and scratch depend only on (B, num_splits), never on
+context lengths, so a captured CUDA graph replays for any lengths: splits past a sequence's
+length exit at once, without arriving.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -19,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .attention import attention_torch, check_attention_inputs
+from .split_k import arrival_counters, last_to_arrive, num_sms
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
 DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
@@ -26,6 +29,7 @@ LOG2E = 1.4426950408889634
 TILE_N = 64            # cached positions per tile
 MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
 WAVES = 2              # default splits aim at this many programs per SM
+FINISH_STAGES = 8      # the last split's loop over the partials keeps FINISH_STAGES - 1 loads in flight
 
 
 @triton.jit
@@ -40,26 +44,42 @@ def _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N: tl.constex
 
 
 @triton.jit
+def _merge(m, l, acc, m2, l2, acc2):
+    """Two softmax partials (max in log2 units [BLOCK_G], sum of p, sum of p * v) rescaled to their common max."""
+    m_new = tl.maximum(m, m2)
+    a = tl.exp2(m - m_new)
+    a2 = tl.exp2(m2 - m_new)
+    return m_new, l * a + l2 * a2, acc * a[:, None] + acc2 * a2[:, None]
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,             # [B, Hq, D]
+    k_ptr,             # [B, Hk, D] this step's keys
+    v_ptr,             # [B, Hk, D] this step's values
     k_cache_ptr,       # [num_slots, Hk, D] contiguous
     v_cache_ptr,       # [num_slots, Hk, D] contiguous
     context_lens_ptr,  # [B] int32
     block_tables_ptr,  # [B, max_blocks] int32 (read when PAGED)
     ring_rows_ptr,     # [B] int32 (read when not PAGED)
+    sinks_ptr,         # [Hq] fp32 (read when USE_SINKS)
     part_acc_ptr,      # [B, Hq, num_splits, D] fp32: unnormalised sum of p * v
     part_ml_ptr,       # [B, Hq, num_splits, 2] fp32: running max (log2 units), sum of p
-    stride_qb, stride_qh, stride_bt,
+    counter_ptr,       # [B, Hk] int32 arrivals, zero between launches
+    out_ptr,           # [B, Hq, D]
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_bt,
     qk_scale, window, num_splits,
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FINISH_STAGES: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    start, end, _ = _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N)
-    if start >= end:
+    start, end, n_splits = _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N)
+    n_splits = tl.maximum(n_splits, 1)  # no cached position: split 0 still adds the new token and sink
+    if s >= n_splits:
         return
     rows = tl.arange(0, BLOCK_G)  # query heads h*G + rows
     cols = tl.arange(0, D)
@@ -101,60 +121,49 @@ def _decode_split_kernel(
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
-    part = (b * (HK * G) + h * G + rows) * num_splits + s  # [BLOCK_G] (b, head, split)
-    tl.store(part_acc_ptr + part[:, None] * D + cols[None, :], acc, mask=rows[:, None] < G)
-    tl.store(part_ml_ptr + part * 2, m, mask=rows < G)
-    tl.store(part_ml_ptr + part * 2 + 1, l, mask=rows < G)
+    head_ok = rows < G
+    part = (b * (HK * G) + h * G + rows) * num_splits  # [BLOCK_G] (b, head, split 0)
+    last = n_splits == 1  # one split: its registers are the only partial, no scratch, no counter
+    if n_splits > 1:
+        tl.store(part_acc_ptr + (part + s)[:, None] * D + cols[None, :], acc, mask=head_ok[:, None])
+        tl.store(part_ml_ptr + (part + s) * 2, m, mask=head_ok)
+        tl.store(part_ml_ptr + (part + s) * 2 + 1, l, mask=head_ok)
+        last = last_to_arrive(counter_ptr + b * HK + h, n_splits)
+    if not last:  # only the last non-empty split to arrive goes on
+        return
+    out = _combine(q, m, l, acc, k_ptr + b * stride_kb + h * stride_kh, v_ptr + b * stride_vb + h * stride_vh,
+                   sinks_ptr + h * G + rows, part_acc_ptr, part_ml_ptr, part, head_ok, n_splits, qk_scale,
+                   D, USE_SINKS, FINISH_STAGES)
+    tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
 
 
 @triton.jit
-def _decode_reduce_kernel(
-    q_ptr,             # [B, Hq, D]
-    k_ptr,             # [B, Hk, D] this step's keys
-    v_ptr,             # [B, Hk, D] this step's values
-    context_lens_ptr,  # [B] int32
-    sinks_ptr,         # [Hq] fp32 (read when USE_SINKS)
-    part_acc_ptr,      # [B, Hq, num_splits, D] fp32
-    part_ml_ptr,       # [B, Hq, num_splits, 2] fp32
-    out_ptr,           # [B, Hq, D]
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
-    qk_scale, window, num_splits,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_SINKS: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    hq = tl.program_id(1)
-    hk = hq // G
-    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)
+def _combine(q, m, l, acc, k_new_ptr, v_new_ptr, sink_ptrs, part_acc_ptr, part_ml_ptr, part, head_ok, n_splits,
+             qk_scale, D: tl.constexpr, USE_SINKS: tl.constexpr, FINISH_STAGES: tl.constexpr):
+    """Normalised output [BLOCK_G, D] of a KV head's G query heads: the new token (which always sees
+    itself), the sink and the splits' partials: m, l, acc when this is the only split, else all of them
+    from scratch, where `part` [BLOCK_G] indexes each head's split 0."""
     cols = tl.arange(0, D)
-    q = tl.load(q_ptr + b * stride_qb + hq * stride_qh + cols).to(tl.float32)
-    k = tl.load(k_ptr + b * stride_kb + hk * stride_kh + cols).to(tl.float32)
-    v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
-    s_new = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself
-    m = s_new
-    if USE_SINKS:
-        sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
-        m = tl.maximum(m, sink)
-    splits = tl.arange(0, BLOCK_S)
-    part = (b * tl.num_programs(1) + hq) * num_splits
-    for s0 in range(0, n_splits, BLOCK_S):
-        ms = tl.load(part_ml_ptr + (part + s0 + splits) * 2, mask=s0 + splits < n_splits, other=-1e30)
-        m = tl.maximum(m, tl.max(ms, axis=0))
-    w_new = tl.exp2(s_new - m)
-    l = w_new
-    if USE_SINKS:
-        l += tl.exp2(sink - m)
-    acc = w_new * v
-    for s0 in range(0, n_splits, BLOCK_S):
-        idx = part + s0 + splits
-        live = s0 + splits < n_splits
-        ms = tl.load(part_ml_ptr + idx * 2, mask=live, other=-1e30)
-        ls = tl.load(part_ml_ptr + idx * 2 + 1, mask=live, other=0.0)
-        accs = tl.load(part_acc_ptr + idx[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
-        w = tl.exp2(ms - m)  # [BLOCK_S]
-        l += tl.sum(w * ls, axis=0)
-        acc += tl.sum(w[:, None] * accs, axis=0)
-    tl.store(out_ptr + b * stride_ob + hq * stride_oh + cols, (acc / l).to(out_ptr.dtype.element_ty))
+    k_new = tl.load(k_new_ptr + cols).to(tl.float32)  # [D]
+    v_new = tl.load(v_new_ptr + cols).to(tl.float32)
+    m_out = tl.sum(q.to(tl.float32) * k_new[None, :], axis=1) * qk_scale  # the new token's score, p = 1
+    l_out = tl.full(m_out.shape, 1.0, tl.float32)
+    acc_out = tl.zeros(acc.shape, tl.float32) + v_new[None, :]
+    if USE_SINKS:  # the sink: a score with no value
+        sink = tl.load(sink_ptrs, mask=head_ok, other=0.0) * 1.4426950408889634
+        m_out, l_out, acc_out = _merge(m_out, l_out, acc_out, sink, 1.0, 0.0)
+    if n_splits == 1:
+        m_out, l_out, acc_out = _merge(m_out, l_out, acc_out, m, l, acc)
+    else:
+        for i in tl.range(0, n_splits, num_stages=FINISH_STAGES):
+            m_out, l_out, acc_out = _merge(
+                m_out, l_out, acc_out,
+                tl.load(part_ml_ptr + (part + i) * 2, mask=head_ok, other=-1e30, cache_modifier=".cg"),
+                tl.load(part_ml_ptr + (part + i) * 2 + 1, mask=head_ok, other=0.0, cache_modifier=".cg"),
+                tl.load(part_acc_ptr + (part + i)[:, None] * D + cols[None, :], mask=head_ok[:, None],
+                        other=0.0, cache_modifier=".cg"))
+    return acc_out / l_out[:, None]
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -185,45 +194,31 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"decode_attention: num_splits {splits}, expected 1..{MAX_SPLITS}")
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, hq, splits, 2), dtype=torch.float32, device=q.device)
-    qk_scale = sm_scale * LOG2E
     paged = block_tables is not None
     _decode_split_kernel[(batch, hk, splits)](
-        q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, context_lens_ptr=context_lens,
+        q_ptr=q, k_ptr=k, v_ptr=v, k_cache_ptr=k_cache, v_cache_ptr=v_cache, context_lens_ptr=context_lens,
         block_tables_ptr=block_tables if paged else context_lens,
         ring_rows_ptr=context_lens if paged else ring_rows,
-        part_acc_ptr=part_acc, part_ml_ptr=part_ml,
-        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_bt=block_tables.stride(0) if paged else 0,
-        qk_scale=qk_scale, window=window, num_splits=splits,
-        HK=hk, G=hq // hk, D=d, ROWS_PER=k_cache.shape[1],
-        BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
-        PAGED=paged, DOT_FP32=DOT_FP32,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
-    )
-    _decode_reduce_kernel[(batch, hq)](
-        q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
         sinks_ptr=sinks if sinks is not None else part_ml,
-        part_acc_ptr=part_acc, part_ml_ptr=part_ml, out_ptr=out,
+        part_acc_ptr=part_acc, part_ml_ptr=part_ml, counter_ptr=arrival_counters(batch * hk, q.device),
+        out_ptr=out,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
-        qk_scale=qk_scale, window=window, num_splits=splits,
-        G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
-        USE_SINKS=sinks is not None,
-        num_warps=4,
+        stride_bt=block_tables.stride(0) if paged else 0,
+        qk_scale=sm_scale * LOG2E, window=window, num_splits=splits,
+        HK=hk, G=hq // hk, D=d, ROWS_PER=k_cache.shape[1],
+        BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
+        PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        FINISH_STAGES=FINISH_STAGES,
+        num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
     )
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: keep the grid small
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
     """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
-    splits = triton.cdiv(WAVES * _num_sms(torch.device(device)), batch * num_kv_heads)
+    splits = triton.cdiv(WAVES * num_sms(torch.device(device)), batch * num_kv_heads)
     if window:
         splits = min(splits, triton.cdiv(window, TILE_N))
     return max(1, min(MAX_SPLITS, splits))

@@ -148,6 +148,8 @@ def launches() -> list[tuple[str, object, object]]:
             q, k, v_view, qsl, lens, ring, ring, sinks, scale, 513, 4096, ring_rows=rows)),
         ("prefill decode-rows", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 1, block_tables=tables)),
+        ("decode B=1", decode_attention, lambda: decode_attention.decode_attention(  # 66 splits: batch-1 decode
+            q[:1], k[:1], v_view[:1], paged, paged, lens[:1], sinks, scale, 0, block_tables=tables[:1])),
         # ints equal to 1 become constexprs: one sequence, one split, one-block tables
         ("decode B=1 one split", decode_attention, lambda: decode_attention.decode_attention(
             q[:1], k[:1], v_view[:1], paged, paged, lens[:1], None, scale, 0, block_tables=tables[:1, :1].contiguous(),

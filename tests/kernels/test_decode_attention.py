@@ -1,5 +1,5 @@
-"""decode_attention (split-KV kernel + reduce) vs decode_attention_torch (= attention_torch,
-itself checked against flint_backend.reference in test_attention.py)."""
+"""decode_attention (split-KV kernel, reduce by the last split to arrive) vs decode_attention_torch
+(= attention_torch, itself checked against flint_backend.reference in test_attention.py)."""
 
 import math
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from flint_kernels.decode_attention import decode_attention, decode_attention_torch
+from flint_kernels.split_k import arrival_counters
 from kv_cases import assert_scaled_close, make_step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,6 +49,25 @@ def test_sliding_window(layout, rows_per, write_current, dtype):
     for splits in (1, 2):
         got, expected = run_both(step, WINDOW, splits)
         torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hk", [(16, 2), (12, 4)])  # G = 8; G = 3 padded to 16 rows
+def test_consecutive_calls_reuse_counters(hq, hk, dtype):
+    # 8 splits of 64 positions: 0 to 5 of them non-empty (empty splits must not arrive), so each call
+    # finds the counters the one before left; a counter not reset would leave rows unwritten (NaN)
+    calls = [([130, 0, 70, 1, 257], 0, "paged"), ([70, 300, 5, 129, 64], 100, "paged"),
+             ([300, 64, 0, 65, 129], 100, "ring"), ([130, 0, 70, 1, 257], 0, "paged")]
+    for i, (contexts, window, layout) in enumerate(calls):
+        step = make_step([(c, 1) for c in contexts], hq=hq, hk=hk, dtype=dtype, layout=layout,
+                         rows_per=16 if layout == "paged" else 128, write_current=i % 2 == 1, seed=i,
+                         device=DEVICE)
+        args = (step.q, step.k, step.v, step.k_cache, step.v_cache, step.context_lens, step.sinks,
+                1 / math.sqrt(step.q.shape[-1]), window)
+        out = torch.full_like(step.q, float("nan"))
+        decode_attention(*args, **step.cache_kwargs(), out=out, num_splits=8)
+        torch.testing.assert_close(out, decode_attention_torch(*args, **step.cache_kwargs()), **TOL[dtype])
+        assert not arrival_counters(len(contexts) * hk, out.device).any(), f"call {i} left a counter set"
 
 
 def test_huge_sink_and_no_sink():
