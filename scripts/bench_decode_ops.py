@@ -58,6 +58,17 @@ def words(fn, flag: bool):
     return call
 
 
+def cycled(fns):
+    """One callable that calls fns[0], fns[1], ... in turn: captured REPS times in a graph, each
+    call reads other weights, so no call finds its weights in L2 (50 MB) from the call before."""
+    state = {"i": 0}
+
+    def call():
+        state["i"] += 1
+        return fns[(state["i"] - 1) % len(fns)]()
+    return call
+
+
 def nbytes(*tensors) -> int:
     total = 0
     for t in tensors:
@@ -133,6 +144,22 @@ def cases(context: int):
         yield f"moe nvfp4 small{' words' if flag else ''}", \
             words(lambda: moe.fused_moe(x, ids, wts, w13_4, w2_4, sw13_4, sw2_4), flag), \
             int(chosen * nbytes(w13_4, w2_4)) + nbytes(sw13_4, sw2_4)
+    # L2-cold rows: COPIES weight sets (or expert choices) taken in turn, as the layers of a step do
+    copies = 12
+    qkv4s = [quantize_nvfp4(r((HQ + 2 * HK) * D, H, scale=H ** -0.5)) for _ in range(copies)]
+    o4s = [quantize_nvfp4(r(H, HQ * D, scale=(HQ * D) ** -0.5)) for _ in range(copies)]
+    choices = [router.router_topk(r(1, H), router_w, bias, K, 2.5, True) for _ in range(copies)]
+    for flag in (False, True):
+        name = " words" if flag else ""
+        yield f"qkv nvfp4{name} L2-cold", words(cycled([lambda w=w: nvfp4_linear.nvfp4_linear(x, w)
+                                                         for w in qkv4s]), flag), nbytes(qkv4)
+        yield f"o_proj nvfp4{name} L2-cold", words(cycled([lambda w=w: nvfp4_linear.nvfp4_linear(q.view(1, -1), w)
+                                                            for w in o4s]), flag), nbytes(o4)
+        yield f"moe nvfp4 small{name} L2-cold", words(cycled(
+            [lambda c=c: moe.fused_moe(x, c[0], c[1], w13_4, w2_4, sw13_4, sw2_4) for c in choices]), flag), \
+            int(chosen * nbytes(w13_4, w2_4)) + nbytes(sw13_4, sw2_4)
+    yield "moe bf16 small L2-cold", cycled([lambda c=c: moe.fused_moe(x, c[0], c[1], w13, w2, sw13, sw2)
+                                           for c in choices]), int(chosen * nbytes(w13, w2)) + nbytes(sw13, sw2)
     yield "lm head bf16 cuBLAS", lambda: F.linear(x, lm), nbytes(lm)
     yield "argmax V", lambda: F.linear(x, lm).argmax(-1), nbytes(lm)
 
