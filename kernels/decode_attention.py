@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .attention import attention_torch, check_attention_inputs
+from .pdl import launch_args, pdl_prologue
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
 DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
@@ -54,7 +55,9 @@ def _decode_split_kernel(
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -121,7 +124,9 @@ def _decode_reduce_kernel(
     qk_scale, window, num_splits,
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
@@ -198,6 +203,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
         PAGED=paged, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **launch_args(q.device),
         num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
     )
     _decode_reduce_kernel[(batch, hq)](
@@ -209,6 +215,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         qk_scale=qk_scale, window=window, num_splits=splits,
         G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
         USE_SINKS=sinks is not None,
+        **launch_args(q.device),
         num_warps=4,
     )
     return out

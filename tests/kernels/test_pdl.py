@@ -1,4 +1,5 @@
-"""kernels/pdl.py: when programmatic dependent launch is on; the interpreter never sees its PTX."""
+"""kernels/pdl.py: when programmatic dependent launch is on, the interpreter never sees its PTX,
+and (GPU) a CUDA graph of PDL kernels replays to the same bits as one without."""
 
 import os
 import subprocess
@@ -69,3 +70,72 @@ def test_interpreter_never_traces_the_prologue():
     with pytest.raises(Exception, match="_semantic"):  # what the branch keeps away: inline PTX
         _add_one_kernel[(4,)](src_ptr=src, dst_ptr=dst, N=100, BLOCK=32, PDL=True)
 
+
+# ----------------------------------------------------------------------------- GPU
+def _decode_chain(x, res, p):
+    """Batch-1 decode-shaped chain: every kernel reads what the one before wrote; torch ops
+    (launched without PDL) in between. -> (sampled tokens [1], final hidden [1, H])."""
+    from flint_kernels.moe_gemv import moe_gemv
+    from flint_kernels.nvfp4_linear import nvfp4_linear
+    from flint_kernels.rms_norm import rms_norm
+    from flint_kernels.router import router_topk
+    from flint_kernels.sampling import sample
+    from flint_kernels.swiglu import silu_mul
+
+    res = res.clone()
+    for _ in range(p["layers"]):
+        h = rms_norm(x, p["norm"], 1e-5, residual=res)
+        ids, weights = router_topk(h, p["router"], p["bias"], 6, 2.5, True)
+        x = moe_gemv(h, ids, weights, p["w13"], p["w2"])
+        x = x + nvfp4_linear(silu_mul(nvfp4_linear(h, p["up"])), p["down"])
+    logits = nvfp4_linear(rms_norm(x, p["norm"], 1e-5, residual=res), p["head"]).float()
+    return sample(logits, *p["sampling"]), x
+
+
+def _chain_weights(h=2048, i=512, experts=32, vocab=4096):
+    from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape, scale=0.05):
+        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(DEVICE)
+
+    def fp4(n, k):
+        return quantize_nvfp4(torch.randn(n, k, generator=g) * k ** -0.5).to(DEVICE)
+
+    ones, zeros = torch.ones(1, device=DEVICE), torch.zeros(1, device=DEVICE)
+    sampling = (ones, torch.full((1,), 50, dtype=torch.int32, device=DEVICE), 0.9 * ones, zeros,
+                torch.full((1,), 7, dtype=torch.int64, device=DEVICE), torch.zeros(1, dtype=torch.int64, device=DEVICE))
+    return dict(layers=4, norm=1 + rand(h), router=rand(experts, h), bias=torch.zeros(experts, device=DEVICE),
+                w13=rand(experts, 2 * i, h), w2=rand(experts, h, i), up=fp4(2 * i, h), down=fp4(h, i),
+                head=fp4(vocab, h), sampling=sampling)
+
+
+def _replays(p, x, res, replays=20):
+    """Eager result, then `replays` replays of the chain captured in a CUDA graph."""
+    eager = _decode_chain(x, res, p)  # also compiles this PDL variant before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _decode_chain(x, res, p)
+    outs = []
+    for _ in range(replays):
+        graph.replay()
+        outs.append(tuple(t.clone() for t in captured))
+    torch.cuda.synchronize()
+    return eager, outs
+
+
+@pytest.mark.gpu
+def test_graph_replay_with_pdl_equals_without(monkeypatch):
+    if not pdl.enabled(torch.device(DEVICE)):
+        pytest.skip("PDL needs compute capability 9.0+ (and FLINT_PDL not 0)")
+    p = _chain_weights()
+    x, res = (torch.randn(1, 2048, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(pdl, "ENABLED", on)
+        eager, outs = _replays(p, x, res)
+        for i, out in enumerate(outs):
+            assert all(torch.equal(a, b) for a, b in zip(out, eager)), f"PDL {on}: replay {i} differs from eager"
+        results[on] = eager
+    assert all(torch.equal(a, b) for a, b in zip(results[True], results[False]))
