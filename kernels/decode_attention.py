@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .attention import attention_torch, check_attention_inputs
 from .split_k import arrival_counters, last_to_arrive, num_sms
+from .pdl import launch_args, pdl_prologue
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
 DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
@@ -73,7 +74,9 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FINISH_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -211,6 +214,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FINISH_STAGES=FINISH_STAGES,
+        **launch_args(q.device),
         num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
     )
     return out

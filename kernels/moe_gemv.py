@@ -25,6 +25,7 @@ import triton.language as tl
 
 from . import nvfp4
 from .nvfp4 import fp4_dot_words, is_nvfp4, weight_args, weight_tile
+from .pdl import launch_args, pdl_prologue
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
 
@@ -92,7 +93,9 @@ def _moe_gate_up_kernel(
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
     WORDS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     slot = tl.program_id(0)
     nb = tl.program_id(1)
     t = slot // SLOTS
@@ -166,7 +169,9 @@ def _moe_down_kernel(
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_I: tl.constexpr, MASK_IS: tl.constexpr, W2_FP4: tl.constexpr, S2_FP4: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
@@ -214,6 +219,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
         W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
+        **launch_args(x.device),
         WORDS=words, num_warps=4)
     block_h = _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))
@@ -227,6 +233,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_H=block_h, BLOCK_K=block_k,
         MASK_I=i % block_k != 0, MASK_IS=i_s % block_k != 0, W2_FP4=is_nvfp4(w2), S2_FP4=is_nvfp4(shared2),
+        **launch_args(x.device),
         NUM_STAGES=stages, WORDS=words, num_warps=warps)
     return out
 

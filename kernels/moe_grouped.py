@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .moe_sort import sort_pairs
 from .nvfp4 import is_nvfp4, weight_args, weight_tile
+from .pdl import launch_args, pdl_prologue
 from .swiglu import silu_mul_rounded
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -83,7 +84,9 @@ def _moe_grouped_kernel(
     SLOTS: tl.constexpr, GATE_UP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
     W_FP4: tl.constexpr, S_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
     if e >= N_EXP:
@@ -123,7 +126,9 @@ def _moe_combine_kernel(
     out_ptr,              # [T, H]
     H,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < H
@@ -159,7 +164,8 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
     common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, P=p, E=e, N_EXP=e + has_shared,
                   H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
-                  DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
+                  DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
+                  **launch_args(x.device))
     for stage, (w, s, a, dst, n_max, block_n, n_ks) in enumerate([
             (w13, shared_w13, x, inter, max(i, i_s), block_n13, (h,)),
             (w2, shared_w2, inter, ys, h, block_n2, (i, i_s))]):
@@ -170,7 +176,7 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s), **common)
     _moe_combine_kernel[(t, triton.cdiv(h, COMBINE_BLOCK_H))](
         ys_ptr=ys, topk_weights_ptr=topk_weights, out_ptr=out, H=h, K=k, SLOTS=slots,
-        BLOCK_H=min(COMBINE_BLOCK_H, triton.next_power_of_2(h)), num_warps=4)
+        BLOCK_H=min(COMBINE_BLOCK_H, triton.next_power_of_2(h)), **launch_args(x.device), num_warps=4)
     return out
 
 

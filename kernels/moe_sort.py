@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_args, pdl_prologue
 from .split_k import arrival_counters
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -38,7 +39,9 @@ def _moe_sort_kernel(
     P, E, N_EXP, num_blocks,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_B: tl.constexpr, E_POW2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     c = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
     total = tl.zeros([E_POW2], tl.int32)   # pairs per expert
@@ -99,7 +102,7 @@ def sort_pairs(topk_ids: torch.Tensor, num_experts: int, has_shared: bool,
         cursor_ptr=arrival_counters(programs * e_pow2, device),
         P=p, E=num_experts, N_EXP=n_exp, num_blocks=blocks,
         K=k, SLOTS=slots, BLOCK_M=block_m, BLOCK_P=BLOCK_P, BLOCK_B=BLOCK_B, E_POW2=e_pow2,
-        num_warps=4 if INTERPRET else 8,
+        **launch_args(device), num_warps=4 if INTERPRET else 8,
     )
     return sorted_pairs, block_expert
 

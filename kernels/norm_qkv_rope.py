@@ -24,6 +24,7 @@ import triton.language as tl
 
 from .nvfp4 import check_nvfp4, is_nvfp4, weight_args, weight_tile
 from .nvfp4_linear import nvfp4_linear_torch
+from .pdl import launch_args, pdl_prologue
 from .qk_norm_rope import qk_norm_rope_torch
 from .rms_norm import residual_norm_tile, residual_rstd, rms_norm_torch
 from .split_k import arrival_counters, last_to_arrive, pick_splits
@@ -59,7 +60,9 @@ def _norm_qkv_rope_kernel(
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr, FP4: tl.constexpr,
     DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     head = tl.program_id(0)
     s = tl.program_id(1)
     HALF: tl.constexpr = D // 2
@@ -194,7 +197,7 @@ def norm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.
         stride_wn=w["w_sn"], stride_sn=w["w_ssn"], stride_gn=w["w_sgn"],
         HQ=hq, HK=hk, D=d, BLOCK_T=16, BLOCK_K=block_k, SPLIT=split, MASK_K=h % block_k != 0,
         HAS_RESIDUAL=residual is not None, USE_ROPE=cos_sin is not None, WRITE_CACHE=write, FP4=fp4,
-        DOT_FP32=DOT_FP32, NUM_STAGES=3, num_warps=4,
+        DOT_FP32=DOT_FP32, NUM_STAGES=3, **launch_args(x.device), num_warps=4,
     )
     return q, k, v, res_out
 

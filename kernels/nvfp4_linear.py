@@ -24,6 +24,7 @@ import triton.language as tl
 
 from . import nvfp4
 from .nvfp4 import check_nvfp4, dequantize_nvfp4, fp4_dot_words, packed_words, scale_strides, weight_tile
+from .pdl import launch_args, pdl_prologue
 from .split_k import arrival_counters, finish_split, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -52,7 +53,9 @@ def _nvfp4_gemv_kernel(
     T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     t = tl.program_id(0)
     nb = tl.program_id(1)
     s = tl.program_id(2)
@@ -93,7 +96,9 @@ def _nvfp4_matmul_kernel(
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     tile = tl.program_id(0)
     s = tl.program_id(1)
     num_m = tl.cdiv(T, BLOCK_M)
@@ -159,12 +164,14 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
         data = packed_words(w) if words else w.packed
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
+            **launch_args(x.device),
             NUM_STAGES=GEMV_STAGES, WORDS=words, num_warps=4)
     else:
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=w.packed, stride_pn=w.packed.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            **launch_args(x.device),
             num_warps=warps, num_stages=stages)
     return out
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .attention import attention_torch, check_attention_inputs
+from .pdl import launch_args, pdl_prologue
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
@@ -106,7 +107,9 @@ def _prefill_kernel(
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # last tiles see the most keys: start them first
     h = tl.program_id(1)
     b = _find_sequence(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
@@ -215,7 +218,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         HK=hk, G=g, D=d, ROWS_PER=k_cache.shape[1], G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=TILE_N,
         PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=8 if block_m >= 128 else 4, num_stages=3,
+        **launch_args(q.device), num_warps=8 if block_m >= 128 else 4, num_stages=3,
     )
     return out
 

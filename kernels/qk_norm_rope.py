@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_args, pdl_prologue
+
 # programs a launch aims for (decode: one head each); prefill widens blocks to whole tokens
 TARGET_PROGRAMS = 1024
 ELEMS_PER_WARP = 512  # [heads, D] elements per warp (16 a thread): one warp per 4 heads of D=128
@@ -82,7 +84,9 @@ def _qk_norm_rope_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     Q_BLOCKS: tl.constexpr = (HQ + BLOCK_Q - 1) // BLOCK_Q
     K_BLOCKS: tl.constexpr = (HK + BLOCK_K - 1) // BLOCK_K
     tok = tl.program_id(0).to(tl.int64)
@@ -142,7 +146,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
         k_cache_ptr=k_cache if write else k, v_cache_ptr=v_cache if write else k,
         stride_qkv=qkv.stride(0), eps=eps,
         HQ=num_q_heads, HK=num_kv_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k,
-        USE_ROPE=cos_sin is not None, WRITE_CACHE=write,
+        USE_ROPE=cos_sin is not None, WRITE_CACHE=write, **launch_args(qkv.device),
         num_warps=min(4, triton.next_power_of_2(triton.cdiv(block_q * d, ELEMS_PER_WARP))),
     )
     return q, k, v

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_args, pdl_prologue
+
 MAX_HIDDEN = 16384  # one program holds a whole row in registers
 
 
@@ -25,7 +27,9 @@ def _rms_norm_kernel(
     H, eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
@@ -87,7 +91,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         x_ptr=x, weight_ptr=weight, residual_ptr=x if residual is None else residual, out_ptr=out,
         stride_x=x.stride(0), stride_res=0 if residual is None else residual.stride(0),
         H=h, eps=eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h,
+        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, **launch_args(x.device),
         num_warps=min(16, max(1, block_h // 256)),
     )
     return out

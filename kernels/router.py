@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_args, pdl_prologue
 from .split_k import arrival_counters, last_to_arrive, num_sms
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -48,7 +49,9 @@ def _router_kernel(
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     tt = tl.program_id(0)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -161,7 +164,7 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32",
-        num_warps=4 if use_dot else GEMV_WARPS,
+        **launch_args(x.device), num_warps=4 if use_dot else GEMV_WARPS,
     )
     return ids, weights
 

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_args, pdl_prologue
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK_V = 1024 if INTERPRET else 4096  # logits per chunk of a pass
 MAX_ROUNDS = 64                       # top-p rejection rounds before falling back to the argmax
@@ -159,7 +161,9 @@ def _sample_kernel(
     out_ptr,          # [S] int64
     V, stride_s,
     BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     s = tl.program_id(0)
     row = logits_ptr + s.to(tl.int64) * stride_s
     temperature = tl.load(temperature_ptr + s)
@@ -212,7 +216,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
         logits_ptr=logits, temperature_ptr=temperature, top_k_ptr=top_k, top_p_ptr=top_p, min_p_ptr=min_p,
         seeds_ptr=seeds, offsets_ptr=offsets, out_ptr=out, V=vocab, stride_s=logits.stride(0),
         BLOCK_V=min(BLOCK_V, triton.next_power_of_2(vocab)), MAX_ROUNDS=MAX_ROUNDS,
-        num_warps=1 if INTERPRET else 8,
+        **launch_args(logits.device), num_warps=1 if INTERPRET else 8,
     )
     return out
 

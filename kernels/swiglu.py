@@ -8,6 +8,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .pdl import launch_args, pdl_prologue
+
 BLOCK = 1024
 
 
@@ -27,7 +29,9 @@ def _silu_mul_kernel(
     out_ptr,      # [T, I], contiguous
     I, stride_t,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -45,7 +49,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     block = min(BLOCK, triton.next_power_of_2(two_i // 2))
     _silu_mul_kernel[(t, triton.cdiv(two_i // 2, block))](
-        gate_up_ptr=gate_up, out_ptr=out, I=two_i // 2, stride_t=gate_up.stride(0), BLOCK=block, num_warps=4)
+        gate_up_ptr=gate_up, out_ptr=out, I=two_i // 2, stride_t=gate_up.stride(0), BLOCK=block,
+        **launch_args(gate_up.device), num_warps=4)
     return out
 
 

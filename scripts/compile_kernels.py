@@ -10,6 +10,9 @@ compiled by Triton's NVIDIA backend (the same path as a first launch on the GPU,
 16-byte alignment specialisation) and assembled with the bundled ptxas for registers and
 spills. This catches what the CPU interpreter cannot: compiled-mode typing, shared-memory
 overflow, register spills, and whether loads are vectorised and dots use tensor cores.
+Launches use programmatic dependent launch as on an H200 (kernels/pdl.py; --no-pdl: without):
+a kernel fails unless its PTX waits (griddepcontrol.wait) before its first global memory access
+when PDL is on, and has no griddepcontrol instruction when it is off.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def record(modules, call) -> list:
 
 def compile_launch(fn, kwargs, arch: int):
     signature, constexprs, attrs = {}, {}, {}
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     for i, param in enumerate(fn.params):
         value = kwargs[param.name]
         if param.is_constexpr or (type(value) is int and value == 1):  # the JIT specialises 1 too
@@ -106,7 +109,17 @@ def ptx_counts(ptx: str) -> dict:
         mma=len(re.findall(r"\bmma\.sync", ptx)), wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
         ld_v4=len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
         ld_scalar=len(re.findall(r"ld\.global(?:\.(?:nc|L1::\w+|L2::\w+|b16|b32|u16|u32))+\s", ptx)),
-        cp_async=len(re.findall(r"cp\.async\.(?:cg|ca)", ptx)))
+        cp_async=len(re.findall(r"cp\.async\.(?:cg|ca)", ptx)),
+        griddep=len(re.findall(r"griddepcontrol\.(?:wait|launch_dependents)", ptx)))
+
+
+def pdl_prologue_ok(ptx: str, on: bool) -> bool:
+    """PDL on: griddepcontrol.wait, then launch_dependents, precede every global memory access; off: neither."""
+    if not on:
+        return "griddepcontrol" not in ptx
+    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    first = re.search(r"\b(?:ld|st|atom|red)\.global|\bcp\.async", ptx)
+    return 0 <= wait < launch and (first is None or launch < first.start())
 
 
 # ----------------------------------------------------------------------------- launches
@@ -249,13 +262,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     parser.add_argument("--only", default="", help="substring of the case names to compile")
+    parser.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
+                        help="launch with programmatic dependent launch, as on sm_90+ (default on)")
     args = parser.parse_args(argv)
-    from flint_kernels import split_k
+    from flint_kernels import pdl, split_k
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
+    pdl.ON_HOST = args.pdl
     failures = 0
     print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
-          "cp.async |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "cp.async | griddep |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, module, call in launches():
         if args.only not in name:
             continue
@@ -270,10 +286,12 @@ def main(argv=None) -> int:
             shared = compiled.metadata.shared
             c = ptx_counts(compiled.asm["ptx"])
             bad = shared > MAX_SHARED or stats["regs"] < 0
-            failures += bad
+            bad_pdl = not pdl_prologue_ok(compiled.asm["ptx"], kwargs["PDL"])
+            failures += bad or bad_pdl
             print(f"| {name} | {fn.__name__} | {tiles(kwargs)} | {kwargs.get('num_warps', 4)} | {kwargs.get('num_stages', '')} | "
                   f"{shared} | {stats['regs']} | {stats['spills']} | {c['mma']} | {c['wgmma']} | {c['ld_v4']} | "
-                  f"{c['ld_scalar']} | {c['cp_async']} |" + (" **over limits**" if bad else ""), flush=True)
+                  f"{c['ld_scalar']} | {c['cp_async']} | {c['griddep']} |" + (" **over limits**" if bad else "") +
+                  (" **PDL prologue missing or misplaced**" if bad_pdl else ""), flush=True)
     return 1 if failures else 0
 
 

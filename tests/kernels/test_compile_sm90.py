@@ -1,5 +1,6 @@
 """Every kernel launch of the real shapes compiles for sm_90 (H200) without a GPU: Triton's
-NVIDIA backend plus the bundled ptxas, within shared-memory limits (scripts/compile_kernels.py)."""
+NVIDIA backend plus the bundled ptxas, within shared-memory limits (scripts/compile_kernels.py);
+with programmatic dependent launch the PTX waits for the previous grid before any global access."""
 
 import os
 import subprocess
@@ -11,12 +12,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_kernels_compile_for_sm90():
+def compile_rows(*args) -> list[list[str]]:
+    """The table rows of scripts/compile_kernels.py --arch 90 ARGS, split into cells (exit 0 asserted)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py"), "--arch", "90"],
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py"), "--arch", "90", *args],
                             capture_output=True, text=True, env=env, timeout=600)
     if "ptxas" in result.stderr and "No such file" in result.stderr:
         pytest.skip("Triton's bundled ptxas is missing")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "_kernel" in line]
-    assert len(rows) >= 55, result.stdout  # attention, norms, MoE, W4A16, sampling launches
+    return [[cell.strip() for cell in line.split("|")[1:-1]]
+            for line in result.stdout.splitlines() if line.startswith("| ") and "_kernel" in line]
+
+
+def test_kernels_compile_for_sm90():
+    rows = compile_rows()
+    assert len(rows) >= 55, rows  # attention, norms, MoE, W4A16, sampling launches
+    assert {row[-1] for row in rows} == {"2"}, rows  # griddepcontrol.wait + launch_dependents in every kernel
+
+
+def test_without_pdl_no_griddepcontrol():
+    rows = compile_rows("--no-pdl", "--only", "rms_norm")
+    assert rows and {row[-1] for row in rows} == {"0"}, rows
