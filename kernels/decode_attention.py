@@ -1,13 +1,14 @@
 """Decode attention with sinks: one new token per sequence (N == B); semantics in attention.py.
 
-Split-KV (flash-decoding) in one launch: program (b, kv head, split) streams one contiguous range
-of the visible cached positions [lo, ctx) and keeps unnormalised partial results for the G query
-heads of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot). It stores them
-to fp32 scratch and takes a ticket on the (b, kv head) arrival counter (split_k.last_to_arrive);
-the last of the non-empty splits to arrive rescales every partial to a common max, adds the new
-token (read from k/v) and the sink, each exactly once, writes the G output rows and resets the
-counter to 0. A single non-empty split (short or empty context) writes the output from its
-registers: no scratch, no counter. The grid and scratch depend only on (B, num_splits), never on
+Split-KV (flash-decoding): program (b, kv head, split) streams one contiguous range of the
+visible cached positions [lo, ctx) and keeps unnormalised partial results for the G query heads
+of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot). It stores them to
+fp32 scratch. With few splits (FOLD_MAX_SPLITS: the sliding layers) it then takes a ticket on the
+(b, kv head) arrival counter (split_k.last_to_arrive); the last of the non-empty splits to arrive
+rescales every partial to a common max, adds the new token (read from k/v) and the sink, each
+exactly once, writes the G output rows and resets the counter to 0. With many splits a second
+launch does that merge, one program per query head. A single non-empty split (short or empty
+context) writes the output from its registers: no scratch, no counter. The grid and scratch depend only on (B, num_splits), never on
 context lengths, so a captured CUDA graph replays for any lengths: splits past a sequence's
 length exit at once, without arriving.
 """
@@ -31,6 +32,10 @@ TILE_N = 64            # cached positions per tile
 MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
 WAVES = 2              # default splits aim at this many programs per SM
 FINISH_STAGES = 8      # the last split's loop over the partials keeps FINISH_STAGES - 1 loads in flight
+# Launches of at most FOLD_MAX_SPLITS splits merge them in the last split to arrive; more splits
+# store partials for _decode_reduce_kernel, a second launch with one program per query head. (One
+# program per KV head reading 66 splits' partials, as at batch 1 and 100K, is a serial tail.)
+FOLD_MAX_SPLITS = int(os.environ.get("FLINT_ATTN_FOLD_MAX_SPLITS", "16"))
 
 
 @triton.jit
@@ -73,7 +78,7 @@ def _decode_split_kernel(
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FINISH_STAGES: tl.constexpr,
+    FINISH_STAGES: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -131,7 +136,9 @@ def _decode_split_kernel(
         tl.store(part_acc_ptr + (part + s)[:, None] * D + cols[None, :], acc, mask=head_ok[:, None])
         tl.store(part_ml_ptr + (part + s) * 2, m, mask=head_ok)
         tl.store(part_ml_ptr + (part + s) * 2 + 1, l, mask=head_ok)
-        last = last_to_arrive(counter_ptr + b * HK + h, n_splits)
+        last = False  # FOLD off: _decode_reduce_kernel merges the splits
+        if FOLD:
+            last = last_to_arrive(counter_ptr + b * HK + h, n_splits)
     if not last:  # only the last non-empty split to arrive goes on
         return
     out = _combine(q, m, l, acc, k_ptr + b * stride_kb + h * stride_kh, v_ptr + b * stride_vb + h * stride_vh,
@@ -169,6 +176,59 @@ def _combine(q, m, l, acc, k_new_ptr, v_new_ptr, sink_ptrs, part_acc_ptr, part_m
     return acc_out / l_out[:, None]
 
 
+@triton.jit
+def _decode_reduce_kernel(
+    q_ptr,             # [B, Hq, D]
+    k_ptr,             # [B, Hk, D] this step's keys
+    v_ptr,             # [B, Hk, D] this step's values
+    context_lens_ptr,  # [B] int32
+    sinks_ptr,         # [Hq] fp32 (read when USE_SINKS)
+    part_acc_ptr,      # [B, Hq, num_splits, D] fp32
+    part_ml_ptr,       # [B, Hq, num_splits, 2] fp32
+    out_ptr,           # [B, Hq, D]
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
+    qk_scale, window, num_splits,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_SINKS: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_prologue(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    hq = tl.program_id(1)
+    hk = hq // G
+    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)
+    if n_splits <= 1:  # split 0 wrote the output from its registers
+        return
+    cols = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + hq * stride_qh + cols).to(tl.float32)
+    k = tl.load(k_ptr + b * stride_kb + hk * stride_kh + cols).to(tl.float32)
+    v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
+    s_new = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself
+    m = s_new
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    splits = tl.arange(0, BLOCK_S)
+    part = (b * tl.num_programs(1) + hq) * num_splits
+    for s0 in range(0, n_splits, BLOCK_S):
+        ms = tl.load(part_ml_ptr + (part + s0 + splits) * 2, mask=s0 + splits < n_splits, other=-1e30)
+        m = tl.maximum(m, tl.max(ms, axis=0))
+    w_new = tl.exp2(s_new - m)
+    l = w_new
+    if USE_SINKS:
+        l += tl.exp2(sink - m)
+    acc = w_new * v
+    for s0 in range(0, n_splits, BLOCK_S):
+        idx = part + s0 + splits
+        live = s0 + splits < n_splits
+        ms = tl.load(part_ml_ptr + idx * 2, mask=live, other=-1e30)
+        ls = tl.load(part_ml_ptr + idx * 2 + 1, mask=live, other=0.0)
+        accs = tl.load(part_acc_ptr + idx[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
+        w = tl.exp2(ms - m)  # [BLOCK_S]
+        l += tl.sum(w * ls, axis=0)
+        acc += tl.sum(w[:, None] * accs, axis=0)
+    tl.store(out_ptr + b * stride_ob + hq * stride_oh + cols, (acc / l).to(out_ptr.dtype.element_ty))
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
                      sinks: torch.Tensor | None, sm_scale: float, window: int,
@@ -198,6 +258,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, hq, splits, 2), dtype=torch.float32, device=q.device)
     paged = block_tables is not None
+    fold = splits <= FOLD_MAX_SPLITS
     _decode_split_kernel[(batch, hk, splits)](
         q_ptr=q, k_ptr=k, v_ptr=v, k_cache_ptr=k_cache, v_cache_ptr=v_cache, context_lens_ptr=context_lens,
         block_tables_ptr=block_tables if paged else context_lens,
@@ -213,10 +274,20 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
         PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FINISH_STAGES=FINISH_STAGES,
+        FINISH_STAGES=FINISH_STAGES, FOLD=fold,
         **launch_args(q.device),
         num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
     )
+    if not fold:
+        _decode_reduce_kernel[(batch, hq)](
+            q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
+            sinks_ptr=sinks if sinks is not None else part_ml,
+            part_acc_ptr=part_acc, part_ml_ptr=part_ml, out_ptr=out,
+            stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
+            stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
+            qk_scale=sm_scale * LOG2E, window=window, num_splits=splits,
+            G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
+            USE_SINKS=sinks is not None, **launch_args(q.device), num_warps=4)
     return out
 
 

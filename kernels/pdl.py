@@ -14,8 +14,8 @@ attribute, e.g. a torch op, waits for the previous kernel to complete as usual; 
 after such a kernel starts at its completion.
 
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
-not under the Triton interpreter (it cannot run inline PTX), and `ENABLED` (FLINT_PDL=0 at
-import clears it; launchers read it at each launch, so a benchmark can flip it between CUDA
+not under the Triton interpreter (it cannot run inline PTX), and `ENABLED` (FLINT_PDL=1 at
+import sets it; off by default, see below; launchers read it at each launch, so a benchmark can flip it between CUDA
 graph captures).
 """
 
@@ -29,7 +29,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-ENABLED = os.environ.get("FLINT_PDL", "1") != "0"
+# Off by default: on the H200 it made a batch-1 NVFP4 decode step at 100K slower (graph replay
+# 3.904 ms with PDL, 3.736 without; benchmarks/NOTES.md §9). FLINT_PDL=1 turns it on.
+ENABLED = os.environ.get("FLINT_PDL", "0") == "1"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # PDL for launches on CPU tensors: scripts/compile_kernels.py sets it to compile what an H200 launches
 ON_HOST = False

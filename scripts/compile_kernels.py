@@ -263,11 +263,11 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     parser.add_argument("--only", default="", help="substring of the case names to compile")
     parser.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
-                        help="launch with programmatic dependent launch, as on sm_90+ (default on)")
+                        help="launch with programmatic dependent launch, as FLINT_PDL=1 does on sm_90+ (default on)")
     args = parser.parse_args(argv)
     from flint_kernels import pdl, split_k
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
-    pdl.ON_HOST = args.pdl
+    pdl.ON_HOST = pdl.ENABLED = args.pdl  # PDL is opt-in at run time (FLINT_PDL=1): compile it anyway
     failures = 0
     print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
           "cp.async | griddep |")

@@ -1,11 +1,13 @@
-"""decode_attention (split-KV kernel, reduce by the last split to arrive) vs decode_attention_torch
-(= attention_torch, itself checked against flint_backend.reference in test_attention.py)."""
+"""decode_attention (split-KV kernel; splits merged by the last split to arrive, or by the
+reduce kernel) vs decode_attention_torch (= attention_torch, itself checked against
+flint_backend.reference in test_attention.py)."""
 
 import math
 
 import pytest
 import torch
 
+from flint_kernels import decode_attention as decode_attention_module
 from flint_kernels.decode_attention import decode_attention, decode_attention_torch
 from flint_kernels.split_k import arrival_counters
 from kv_cases import assert_scaled_close, make_step
@@ -14,6 +16,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: output rounding plus bf16 probabilities in the P.V dot (on a GPU); fp32: summation order
 TOL = {torch.bfloat16: dict(rtol=2e-2, atol=1e-2), torch.float32: dict(rtol=1e-4, atol=1e-5)}
 WINDOW = 9
+
+
+@pytest.fixture(autouse=True, params=[128, 0], ids=["fold", "reduce"])
+def fold_max_splits(request, monkeypatch):
+    """Every test both ways: splits merged by the last to arrive (fold), or by the reduce launch."""
+    monkeypatch.setattr(decode_attention_module, "FOLD_MAX_SPLITS", request.param)
+    return request.param
 
 
 def run_both(step, window, num_splits=None, sinks="step"):

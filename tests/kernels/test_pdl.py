@@ -44,7 +44,8 @@ def test_switches_turn_it_off(flags, switch, value):
     assert launch_args(CUDA0) == {"PDL": False}
 
 
-@pytest.mark.parametrize("env,enabled,interpret", [({}, True, False), ({"FLINT_PDL": "0"}, False, False),
+@pytest.mark.parametrize("env,enabled,interpret", [({}, False, False), ({"FLINT_PDL": "0"}, False, False),
+                                                   ({"FLINT_PDL": "1"}, True, False),
                                                    ({"FLINT_PDL": "1", "TRITON_INTERPRET": "1"}, True, True)])
 def test_environment_read_at_import(env, enabled, interpret):
     base = {k: v for k, v in os.environ.items() if k not in ("FLINT_PDL", "TRITON_INTERPRET")}
@@ -127,8 +128,9 @@ def _replays(p, x, res, replays=20):
 
 @pytest.mark.gpu
 def test_graph_replay_with_pdl_equals_without(monkeypatch):
+    monkeypatch.setattr(pdl, "ENABLED", True)  # off by default
     if not pdl.enabled(torch.device(DEVICE)):
-        pytest.skip("PDL needs compute capability 9.0+ (and FLINT_PDL not 0)")
+        pytest.skip("PDL needs compute capability 9.0+")
     p = _chain_weights()
     x, res = (torch.randn(1, 2048, device=DEVICE).to(torch.bfloat16) for _ in range(2))
     results = {}
