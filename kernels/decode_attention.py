@@ -3,7 +3,7 @@
 Split-KV (flash-decoding): program (b, kv head, split) streams one contiguous range of the
 visible cached positions [lo, ctx) and keeps unnormalised partial results for the G query heads
 of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot). It stores them to
-fp32 scratch. With few splits (FOLD_MAX_SPLITS: the sliding layers) it then takes a ticket on the
+fp32 scratch. With few splits (FOLD_MAX_SPLITS, off by default) it then takes a ticket on the
 (b, kv head) arrival counter (split_k.last_to_arrive); the last of the non-empty splits to arrive
 rescales every partial to a common max, adds the new token (read from k/v) and the sink, each
 exactly once, writes the G output rows and resets the counter to 0. With many splits a second
@@ -33,9 +33,12 @@ MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, 
 WAVES = 2              # default splits aim at this many programs per SM
 FINISH_STAGES = 8      # the last split's loop over the partials keeps FINISH_STAGES - 1 loads in flight
 # Launches of at most FOLD_MAX_SPLITS splits merge them in the last split to arrive; more splits
-# store partials for _decode_reduce_kernel, a second launch with one program per query head. (One
-# program per KV head reading 66 splits' partials, as at batch 1 and 100K, is a serial tail.)
-FOLD_MAX_SPLITS = int(os.environ.get("FLINT_ATTN_FOLD_MAX_SPLITS", "16"))
+# store partials for _decode_reduce_kernel, a second launch with one program per query head.
+# 0 by default: on the H200 at batch 1 the fold lost both ways (benchmarks/NOTES.md §9): full
+# layer at 100K 70.5 us vs 61.0 with the reduce launch (one program per KV head reads 66 splits'
+# partials: a serial tail), sliding layer 8.36 vs 6.53 us (the atomic and the tail on the last
+# program cost more than a second launch of 32 programs).
+FOLD_MAX_SPLITS = int(os.environ.get("FLINT_ATTN_FOLD_MAX_SPLITS", "0"))
 
 
 @triton.jit

@@ -35,7 +35,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_BLOCK_K, TILE, MIN_ROWS, MAX_ROWS = (256, 1 << 16, 4, 256) if INTERPRET else (512, 4096, 4, 32)
 WAVES = 2
 NUM_STAGES = 3               # weight tiles in flight per program (cp.async through shared memory)
-# NVFP4 as 32-bit words (nvfp4.GEMV_WORDS): a thread's x values must serve many rows, since each
+# NVFP4 as 32-bit words (nvfp4.MOE_WORDS): a thread's x values must serve many rows, since each
 # costs a load, a conversion and a scaling. gate/up: a step spans all of H (up to WORDS_MAX_K),
 # so with 4 warps a thread holds 8 of the 2 x BLOCK_N interleaved rows; down: one warp a
 # program, DOWN_WORDS_ROWS rows, so a thread holds 4 rows of each expert's 512-weight rows.
@@ -205,7 +205,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         return out
     shared13 = shared_w13 if has_shared else w13[0]
     shared2 = shared_w2 if has_shared else w2[0]
-    words = nvfp4.GEMV_WORDS  # the NVFP4 decode of both launches (nvfp4.py)
+    words = nvfp4.MOE_WORDS  # the NVFP4 decode of both launches (nvfp4.py)
     # the word tiles when both weights of a launch are NVFP4 (dense rows would not fit them)
     words13 = words and is_nvfp4(w13) and is_nvfp4(shared13)
     words2 = words and is_nvfp4(w2) and is_nvfp4(shared2)

@@ -112,9 +112,12 @@ def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
 # block scale each by 2**63 to cancel it: products stay normal for |x| > 2**-60.
 E2M1_F32_MASK = tl.constexpr(-2118123520)  # 0x81C00000 as an int32
 F32_E2M1_HALF_UNIT = tl.constexpr(9223372036854775808.0)  # 2**63
-# The GEMV kernels' NVFP4 decode, read by their launchers at each launch (a benchmark knob; same
-# results): bytes and a nibble join (weight_tile), or 32-bit words (fp4_dot_words)
-GEMV_WORDS = os.environ.get("FLINT_FP4_GEMV_WORDS", "0") == "1"
+# The NVFP4 decode of the batch-1 kernels, read by their launchers at each launch (benchmark knobs;
+# same results): bytes and a nibble join (weight_tile), or 32-bit words (fp4_dot_words). Measured
+# on the H200 at batch 1 with L2-cold weights (benchmarks/NOTES.md §9): words win for the dense
+# GEMVs (qkv 7.60 vs 8.38 us, o_proj 6.76 vs 7.80), bytes for the MoE (18.66 vs 19.17 us).
+GEMV_WORDS = os.environ.get("FLINT_FP4_GEMV_WORDS", "1") == "1"   # nvfp4_linear's GEMV
+MOE_WORDS = os.environ.get("FLINT_FP4_MOE_WORDS", "0") == "1"     # moe_gemv's two launches
 
 
 @triton.jit

@@ -284,9 +284,9 @@ def main() -> None:
     results = {"meta": {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
                         "commit": commit or "unknown", "command": "python scripts/bench.py " + " ".join(sys.argv[1:]),
                         "copy_tb_s": round(bandwidth / 1e12, 3), "torch": torch.__version__,
-                        # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS, FLINT_PDL,
+                        # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS, FLINT_FP4_MOE_WORDS, FLINT_PDL,
                         # FLINT_ATTN_FOLD_MAX_SPLITS)
-                        "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "pdl": pdl.ENABLED,
+                        "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS, "pdl": pdl.ENABLED,
                                   "attn_fold_max_splits": decode_attention.FOLD_MAX_SPLITS}},
                "formats": []}
     for fmt in args.formats.split(","):

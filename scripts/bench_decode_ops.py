@@ -48,13 +48,14 @@ def graph_us(fn) -> float:
 
 
 def words(fn, flag: bool):
-    """fn with nvfp4.GEMV_WORDS set to `flag` for its launches (bytes or 32-bit words)."""
+    """fn with nvfp4.GEMV_WORDS and MOE_WORDS set to `flag` for its launches (bytes or 32-bit words)."""
     def call():
-        saved, nvfp4.GEMV_WORDS = nvfp4.GEMV_WORDS, flag
+        saved = nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS
+        nvfp4.GEMV_WORDS = nvfp4.MOE_WORDS = flag
         try:
             return fn()
         finally:
-            nvfp4.GEMV_WORDS = saved
+            nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS = saved
     return call
 
 

@@ -68,8 +68,8 @@ def test_dense_experts(path, t, e, k, dtype):
 
 @pytest.fixture(params=[False, True], ids=["bytes", "words"])
 def words(request, monkeypatch):
-    """Both NVFP4 decodes of the small-batch path (nvfp4.GEMV_WORDS)."""
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", request.param)
+    """Both NVFP4 decodes of the small-batch path (nvfp4.MOE_WORDS)."""
+    monkeypatch.setattr(nvfp4, "MOE_WORDS", request.param)
     return request.param
 
 
