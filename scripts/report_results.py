@@ -62,17 +62,23 @@ def plot(runs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    several = len({run["meta"]["commit"] for run in runs}) > 1
+    floors = set()  # one floor line per format: it depends on the bytes, not on the run
     for run in runs:
         ctx = [d["context"] for d in run["decode"]]
-        ax.plot(ctx, [d["ms_per_token"] for d in run["decode"]], "o-", label=f"{run['format']} measured")
-        ax.plot(ctx, [d["floor_ms"] for d in run["decode"]], "--", label=f"{run['format']} bandwidth floor")
+        tag = f" ({run['meta']['commit']}, {run['meta']['date'][11:16]} UTC)" if several else ""
+        ax.plot(ctx, [d["ms_per_token"] for d in run["decode"]], "o-", label=f"{run['format']} measured{tag}")
+        if run["format"] not in floors:
+            floors.add(run["format"])
+            ax.plot(ctx, [d["floor_ms"] for d in run["decode"]], "--", label=f"{run['format']} bandwidth floor")
     ax.axhline(ANNOUNCED_GB200_MS, color="gray", linestyle=":", label="vLLM GB200 NVFP4 @100K (2.06 ms)")
     ax.set_xscale("log")
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("ms / token (batch 1)")
     m = runs[0]["meta"]
-    ax.set_title(f"flint-40b decode, {m['gpu']}, {m['date'][:10]}, commit {m['commit']}", fontsize=9)
+    commits = ", ".join(dict.fromkeys(run["meta"]["commit"] for run in runs))
+    ax.set_title(f"flint-40b decode, {m['gpu']}, {m['date'][:10]}, commits {commits}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
