@@ -200,6 +200,9 @@ def moe_launches() -> list:
     for fmt, fp4 in [("bf16", False), ("nvfp4", True)]:
         cases += [(f"moe small {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv(*args(t, fp4)))
                   for t in (1, 8, 16)]
+        if fp4:
+            cases += [(f"moe small {fmt} T={t} other decode", moe_gemv,
+                       lambda t=t: other_decode(lambda: moe_gemv.moe_gemv(*args(t, True)))) for t in (1, 16)]
         cases += [(f"moe grouped {fmt} T={t}", (moe_sort, moe_grouped),
                    lambda t=t, fp4=fp4: moe_grouped.moe_grouped(*args(t, fp4))) for t in (64, 8192)]
     cases.append(("silu_mul I=10240", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 20480, dtype=bf16))))
@@ -219,7 +222,22 @@ def w4a16_launches() -> list:
                           lambda t=t, k=k, w=w: lin.nvfp4_linear(torch.randn(t, k, dtype=bf16), w)))
     cases.append(("nvfp4_linear qkv T=8192", lin,
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
+    # the GEMV's other NVFP4 decode (bytes when words are the default, and the other way round)
+    w = nvfp4(5120, 2048, per_row=True)
+    cases.append(("nvfp4_linear qkv T=1 other decode", lin, lambda: other_decode(
+        lambda: lin.nvfp4_linear(torch.randn(1, 2048, dtype=bf16), w))))
     return cases
+
+
+def other_decode(call):
+    """Runs call() with both NVFP4 decode knobs (nvfp4.GEMV_WORDS, MOE_WORDS) flipped."""
+    from flint_kernels import nvfp4
+    saved = nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS
+    nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS = not saved[0], not saved[1]
+    try:
+        return call()
+    finally:
+        nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS = saved
 
 
 def sampling_launches() -> list:
