@@ -49,6 +49,8 @@ mkdir -p "$RESULTS" "$WORK"
 exec > >(tee "$RESULTS/gpu_serve_check.log") 2>&1
 step() { echo; echo "== [$SECONDS s] $*"; }
 export PYTHONUNBUFFERED=1
+# shellcheck source=scripts/wait_server_ready.sh
+source scripts/wait_server_ready.sh
 
 if [ -n "$BUNDLE" ]; then
   # shellcheck source=scripts/gpu_bundle_venv.sh
@@ -111,12 +113,7 @@ run_case() {  # SPEC, in a subshell of its own (set -e holds; the EXIT trap stop
   server=$!
   # shellcheck disable=SC2064  # this case's server, now
   trap "kill -INT $server 2>/dev/null || true; wait $server 2>/dev/null || true; kill -KILL -- -$server 2>/dev/null || true" EXIT
-  for _ in $(seq 400); do
-    "$VPY" -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:18000/v2/health/ready", timeout=2)' \
-      2>/dev/null && break
-    kill -0 "$server" 2>/dev/null || { tail -50 "$log"; return 1; }
-    sleep 1
-  done
+  wait_server_ready "$VPY" "$server" "$log" 400 || return 1
   grep -o "flint_model: instance .*" "$log" | cut -c1-400 || true
   step "$name: client"
   "$VPY" scripts/gpu_serve_check.py client --url 127.0.0.1:18000 --metrics-url 127.0.0.1:18002 \

@@ -13,6 +13,8 @@
 # $OUT/multi_gpu_check.json (or build/multi_gpu_check/). Fails when an instance served nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/wait_server_ready.sh
+source scripts/wait_server_ready.sh
 BUNDLE=.device/flint_gpu_bundle.tar.xz PRESET=flint-small TOKENS=128 STREAMS=64 BACKEND=triton GPUS=0,1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -65,12 +67,7 @@ serve_and_load() {  # LABEL GPU_LIST
   "$VPY" -m flint_backend.serving.launch --model-repository "$repo" --http-port 18000 --grpc-port 18001 \
     --metrics-port 18002 -- --exit-timeout-secs=10 > "$RESULTS/tritonserver_$label.log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 900); do
-    "$VPY" -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:18000/v2/health/ready", timeout=2)' \
-      2>/dev/null && break
-    kill -0 "$SERVER" 2>/dev/null || { tail -50 "$RESULTS/tritonserver_$label.log"; exit 1; }
-    sleep 1
-  done
+  wait_server_ready "$VPY" "$SERVER" "$RESULTS/tritonserver_$label.log" 900 || exit 1
   grep -o "flint_model: instance [^,]*" "$RESULTS/tritonserver_$label.log" || true
   "$VPY" scripts/multi_gpu_check.py load --url 127.0.0.1:18000 --metrics-url 127.0.0.1:18002 \
     --streams "$STREAMS" --tokens "$TOKENS" --label "$label" --out "$RESULTS/$label.json"

@@ -187,7 +187,7 @@ def test_dockerfile_lints_and_serves_as_make_serve_does():
     assert "/opt/flint/scripts/docker_entrypoint.sh" in (ROOT / "Dockerfile").read_text()
 
 
-@pytest.mark.parametrize("script", ["multi_gpu_check.sh", "gpu_serve_check.sh", "gpu_bundle_venv.sh",
+@pytest.mark.parametrize("script", ["multi_gpu_check.sh", "gpu_serve_check.sh", "gpu_bundle_venv.sh", "wait_server_ready.sh",
                                     "docker_entrypoint.sh"])
 def test_gpu_and_docker_scripts_pass_shellcheck(script):
     """The GPU checks cannot run here: at least they must be sound shell."""
