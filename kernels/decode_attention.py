@@ -8,9 +8,9 @@ fp32 scratch. With few splits (FOLD_MAX_SPLITS, off by default) it then takes a 
 rescales every partial to a common max, adds the new token (read from k/v) and the sink, each
 exactly once, writes the G output rows and resets the counter to 0. With many splits a second
 launch does that merge, one program per query head. A single non-empty split (short or empty
-context) writes the output from its registers: no scratch, no counter. The grid and scratch depend only on (B, num_splits), never on
-context lengths, so a captured CUDA graph replays for any lengths: splits past a sequence's
-length exit at once, without arriving.
+context) writes the output from its registers: no scratch, no counter. The grid and scratch
+depend only on (B, num_splits), never on context lengths, so a captured CUDA graph replays for
+any lengths: splits past a sequence's length exit at once, without arriving.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ attribute, e.g. a torch op, waits for the previous kernel to complete as usual; 
 after such a kernel starts at its completion.
 
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
-not under the Triton interpreter (it cannot run inline PTX), and `ENABLED` (FLINT_PDL=1 at
-import sets it; off by default, see below; launchers read it at each launch, so a benchmark can flip it between CUDA
-graph captures).
+not under the Triton interpreter (it cannot run inline PTX), and `ENABLED`: FLINT_PDL=1 at import
+sets it (off by default: it measured slower on the H200, see below); launchers read it at each
+launch, so a benchmark can flip it between CUDA graph captures.
 """
 
 from __future__ import annotations
