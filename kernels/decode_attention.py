@@ -2,15 +2,14 @@
 
 Split-KV (flash-decoding): program (b, kv head, split) streams one contiguous range of the
 visible cached positions [lo, ctx) and keeps unnormalised partial results for the G query heads
-of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot). It stores them to
-fp32 scratch. With few splits (FOLD_MAX_SPLITS, off by default) it then takes a ticket on the
-(b, kv head) arrival counter (split_k.last_to_arrive); the last of the non-empty splits to arrive
-rescales every partial to a common max, adds the new token (read from k/v) and the sink, each
-exactly once, writes the G output rows and resets the counter to 0. With many splits a second
-launch does that merge, one program per query head. A single non-empty split (short or empty
-context) writes the output from its registers: no scratch, no counter. The grid and scratch
-depend only on (B, num_splits), never on context lengths, so a captured CUDA graph replays for
-any lengths: splits past a sequence's length exit at once, without arriving.
+of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot), and stores them to
+fp32 scratch. The reduce program (b, query head) rescales the partials to a common max and adds
+the new token (read from k/v) and the sink, each exactly once. A single non-empty split (short or
+empty context) adds them itself and writes the output from its registers; the reduce program
+then exits. The grid and scratch depend only on (B, num_splits), never on context lengths, so a
+captured CUDA graph replays for any lengths: splits past a sequence's length exit at once.
+(Merging in the last split to arrive instead of a second launch measured slower on the H200:
+a full layer at 100K 70.5 us vs 61.0, a sliding one 8.36 vs 6.53; benchmarks/NOTES.md §9.)
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .attention import attention_torch, check_attention_inputs
-from .split_k import arrival_counters, last_to_arrive, num_sms
+from .split_k import num_sms
 from .pdl import launch_args, pdl_prologue
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
@@ -31,14 +30,6 @@ LOG2E = 1.4426950408889634
 TILE_N = 64            # cached positions per tile
 MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
 WAVES = 2              # default splits aim at this many programs per SM
-FINISH_STAGES = 8      # the last split's loop over the partials keeps FINISH_STAGES - 1 loads in flight
-# Launches of at most FOLD_MAX_SPLITS splits merge them in the last split to arrive; more splits
-# store partials for _decode_reduce_kernel, a second launch with one program per query head.
-# 0 by default: on the H200 at batch 1 the fold lost both ways (benchmarks/NOTES.md §9): full
-# layer at 100K 70.5 us vs 61.0 with the reduce launch (one program per KV head reads 66 splits'
-# partials: a serial tail), sliding layer 8.36 vs 6.53 us (the atomic and the tail on the last
-# program cost more than a second launch of 32 programs).
-FOLD_MAX_SPLITS = int(os.environ.get("FLINT_ATTN_FOLD_MAX_SPLITS", "0"))
 
 
 @triton.jit
@@ -74,14 +65,12 @@ def _decode_split_kernel(
     sinks_ptr,         # [Hq] fp32 (read when USE_SINKS)
     part_acc_ptr,      # [B, Hq, num_splits, D] fp32: unnormalised sum of p * v
     part_ml_ptr,       # [B, Hq, num_splits, 2] fp32: running max (log2 units), sum of p
-    counter_ptr,       # [B, Hk] int32 arrivals, zero between launches
     out_ptr,           # [B, Hq, D]
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_bt,
     qk_scale, window, num_splits,
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FINISH_STAGES: tl.constexpr, FOLD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -134,29 +123,23 @@ def _decode_split_kernel(
         m = m_new
     head_ok = rows < G
     part = (b * (HK * G) + h * G + rows) * num_splits  # [BLOCK_G] (b, head, split 0)
-    last = n_splits == 1  # one split: its registers are the only partial, no scratch, no counter
-    if n_splits > 1:
+    if n_splits > 1:  # partials for _decode_reduce_kernel
         tl.store(part_acc_ptr + (part + s)[:, None] * D + cols[None, :], acc, mask=head_ok[:, None])
         tl.store(part_ml_ptr + (part + s) * 2, m, mask=head_ok)
         tl.store(part_ml_ptr + (part + s) * 2 + 1, l, mask=head_ok)
-        last = False  # FOLD off: _decode_reduce_kernel merges the splits
-        if FOLD:
-            last = last_to_arrive(counter_ptr + b * HK + h, n_splits)
-    if not last:  # only the last non-empty split to arrive goes on
         return
-    out = _combine(q, m, l, acc, k_ptr + b * stride_kb + h * stride_kh, v_ptr + b * stride_vb + h * stride_vh,
-                   sinks_ptr + h * G + rows, part_acc_ptr, part_ml_ptr, part, head_ok, n_splits, qk_scale,
-                   D, USE_SINKS, FINISH_STAGES)
+    out = _finish_one_split(q, m, l, acc, k_ptr + b * stride_kb + h * stride_kh,
+                            v_ptr + b * stride_vb + h * stride_vh, sinks_ptr + h * G + rows, head_ok, qk_scale, D,
+                            USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
 
 
 @triton.jit
-def _combine(q, m, l, acc, k_new_ptr, v_new_ptr, sink_ptrs, part_acc_ptr, part_ml_ptr, part, head_ok, n_splits,
-             qk_scale, D: tl.constexpr, USE_SINKS: tl.constexpr, FINISH_STAGES: tl.constexpr):
-    """Normalised output [BLOCK_G, D] of a KV head's G query heads: the new token (which always sees
-    itself), the sink and the splits' partials: m, l, acc when this is the only split, else all of them
-    from scratch, where `part` [BLOCK_G] indexes each head's split 0."""
+def _finish_one_split(q, m, l, acc, k_new_ptr, v_new_ptr, sink_ptrs, head_ok, qk_scale, D: tl.constexpr,
+                      USE_SINKS: tl.constexpr):
+    """Normalised output [BLOCK_G, D] of a KV head's G query heads when one split saw every cached
+    position: its partial (m, l, acc), the new token (which always sees itself) and the sink."""
     cols = tl.arange(0, D)
     k_new = tl.load(k_new_ptr + cols).to(tl.float32)  # [D]
     v_new = tl.load(v_new_ptr + cols).to(tl.float32)
@@ -166,16 +149,7 @@ def _combine(q, m, l, acc, k_new_ptr, v_new_ptr, sink_ptrs, part_acc_ptr, part_m
     if USE_SINKS:  # the sink: a score with no value
         sink = tl.load(sink_ptrs, mask=head_ok, other=0.0) * 1.4426950408889634
         m_out, l_out, acc_out = _merge(m_out, l_out, acc_out, sink, 1.0, 0.0)
-    if n_splits == 1:
-        m_out, l_out, acc_out = _merge(m_out, l_out, acc_out, m, l, acc)
-    else:
-        for i in tl.range(0, n_splits, num_stages=FINISH_STAGES):
-            m_out, l_out, acc_out = _merge(
-                m_out, l_out, acc_out,
-                tl.load(part_ml_ptr + (part + i) * 2, mask=head_ok, other=-1e30, cache_modifier=".cg"),
-                tl.load(part_ml_ptr + (part + i) * 2 + 1, mask=head_ok, other=0.0, cache_modifier=".cg"),
-                tl.load(part_acc_ptr + (part + i)[:, None] * D + cols[None, :], mask=head_ok[:, None],
-                        other=0.0, cache_modifier=".cg"))
+    m_out, l_out, acc_out = _merge(m_out, l_out, acc_out, m, l, acc)
     return acc_out / l_out[:, None]
 
 
@@ -261,13 +235,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, hq, splits, 2), dtype=torch.float32, device=q.device)
     paged = block_tables is not None
-    fold = splits <= FOLD_MAX_SPLITS
     _decode_split_kernel[(batch, hk, splits)](
         q_ptr=q, k_ptr=k, v_ptr=v, k_cache_ptr=k_cache, v_cache_ptr=v_cache, context_lens_ptr=context_lens,
         block_tables_ptr=block_tables if paged else context_lens,
         ring_rows_ptr=context_lens if paged else ring_rows,
         sinks_ptr=sinks if sinks is not None else part_ml,
-        part_acc_ptr=part_acc, part_ml_ptr=part_ml, counter_ptr=arrival_counters(batch * hk, q.device),
+        part_acc_ptr=part_acc, part_ml_ptr=part_ml,
         out_ptr=out,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
@@ -277,20 +250,18 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
         PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FINISH_STAGES=FINISH_STAGES, FOLD=fold,
         **launch_args(q.device),
         num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
     )
-    if not fold:
-        _decode_reduce_kernel[(batch, hq)](
-            q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
-            sinks_ptr=sinks if sinks is not None else part_ml,
-            part_acc_ptr=part_acc, part_ml_ptr=part_ml, out_ptr=out,
-            stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
-            stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
-            qk_scale=sm_scale * LOG2E, window=window, num_splits=splits,
-            G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
-            USE_SINKS=sinks is not None, **launch_args(q.device), num_warps=4)
+    _decode_reduce_kernel[(batch, hq)](
+        q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
+        sinks_ptr=sinks if sinks is not None else part_ml,
+        part_acc_ptr=part_acc, part_ml_ptr=part_ml, out_ptr=out,
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
+        stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
+        qk_scale=sm_scale * LOG2E, window=window, num_splits=splits,
+        G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
+        USE_SINKS=sinks is not None, **launch_args(q.device), num_warps=4)
     return out
 
 

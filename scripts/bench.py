@@ -37,7 +37,7 @@ from flint_backend.engine.sampling_params import SamplingParams
 from flint_backend.engine.sequence import SequenceStatus
 from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.weights.nvfp4 import NVFP4Weight
-from flint_kernels import decode_attention, nvfp4, pdl
+from flint_kernels import nvfp4, pdl
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -287,10 +287,10 @@ def main() -> None:
     results = {"meta": {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
                         "commit": commit or "unknown", "command": "python scripts/bench.py " + " ".join(sys.argv[1:]),
                         "copy_tb_s": round(bandwidth / 1e12, 3), "torch": torch.__version__,
-                        # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS, FLINT_FP4_MOE_WORDS, FLINT_PDL,
-                        # FLINT_ATTN_FOLD_MAX_SPLITS)
-                        "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS, "pdl": pdl.ENABLED,
-                                  "attn_fold_max_splits": decode_attention.FOLD_MAX_SPLITS}},
+                        # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS,
+                        # FLINT_FP4_MOE_WORDS, FLINT_PDL)
+                        "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS,
+                                  "pdl": pdl.ENABLED}},
                "formats": []}
     formats = args.formats.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -59,18 +59,6 @@ def words(fn, flag: bool):
     return call
 
 
-def folded(fn, max_splits: int):
-    """fn with decode_attention.FOLD_MAX_SPLITS set for its launches: 128 merges every launch's
-    splits in the last split to arrive, 0 always launches the reduce kernel."""
-    def call():
-        saved, decode_attention.FOLD_MAX_SPLITS = decode_attention.FOLD_MAX_SPLITS, max_splits
-        try:
-            return fn()
-        finally:
-            decode_attention.FOLD_MAX_SPLITS = saved
-    return call
-
-
 def cycled(fns):
     """One callable that calls fns[0], fns[1], ... in turn: captured REPS times in a graph, each
     call reads other weights, so no call finds its weights in L2 (50 MB) from the call before."""
@@ -137,16 +125,9 @@ def cases(context: int):
             lambda s=splits: decode_attention.decode_attention(q, k, v, paged[0], paged[1], lens, sinks, D ** -0.5,
                                                                0, block_tables=tables, num_splits=s), \
             2 * context * HK * D * 2
-    for merge, n in (("fold", 128), ("reduce launch", 0)):
-        yield f"decode attn full ctx={context} {merge}", folded(
-            lambda: decode_attention.decode_attention(q, k, v, paged[0], paged[1], lens, sinks, D ** -0.5, 0,
-                                                      block_tables=tables), n), 2 * context * HK * D * 2
     ring_len, ring_row = torch.tensor([512], device=dev, dtype=torch.int32), torch.zeros(1, device=dev, dtype=torch.int32)
     yield "decode attn ring 513", lambda: decode_attention.decode_attention(
         q, k, v, ring[0], ring[1], ring_len, sinks, D ** -0.5, 513, ring_rows=ring_row), 2 * 513 * HK * D * 2
-    for merge, n in (("fold", 128), ("reduce launch", 0)):
-        yield f"decode attn ring 513 {merge}", folded(lambda: decode_attention.decode_attention(
-            q, k, v, ring[0], ring[1], ring_len, sinks, D ** -0.5, 513, ring_rows=ring_row), n), 2 * 513 * HK * D * 2
     yield "o_proj bf16 cuBLAS", lambda: F.linear(q.view(1, -1), o), nbytes(o)
     for flag in (False, True):
         yield f"o_proj nvfp4{' words' if flag else ''}", \
