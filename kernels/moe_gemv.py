@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from . import nvfp4
-from .nvfp4 import fp4_dot_words, is_nvfp4, weight_args, weight_tile
+from .nvfp4 import fp4_dot_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_unit, is_nvfp4, weight_args, weight_tile
 from .pdl import launch_args, pdl_prologue
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
@@ -35,12 +35,17 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_BLOCK_K, TILE, MIN_ROWS, MAX_ROWS = (256, 1 << 16, 4, 256) if INTERPRET else (512, 4096, 4, 32)
 WAVES = 2
 NUM_STAGES = 3               # weight tiles in flight per program (cp.async through shared memory)
-# NVFP4 as 32-bit words (nvfp4.MOE_WORDS): a thread's x values must serve many rows, since each
-# costs a load, a conversion and a scaling. gate/up: a step spans all of H (up to WORDS_MAX_K),
-# so with 4 warps a thread holds 8 of the 2 x BLOCK_N interleaved rows; down: one warp a
-# program, DOWN_WORDS_ROWS rows, so a thread holds 4 rows of each expert's 512-weight rows.
-WORDS_MAX_K, WORDS_TILE = (256, 1 << 16) if INTERPRET else (2048, 1 << 15)
-DOWN_WORDS_ROWS, DOWN_WORDS_WARPS, DOWN_WORDS_STAGES = (64, 4, 1) if INTERPRET else (8, 1, 4)
+WARPS = 4                    # per program, both launches (bytes decode)
+# rows a program of each launch, when set: overrides the WAVES heuristic (launch-config knobs that
+# scripts/sweep_fp4_decode.py varies on the GPU)
+GATE_UP_ROWS: int | None = None
+DOWN_ROWS: int | None = None
+# NVFP4 as 32-bit words (nvfp4.MOE_WORDS, MOE_DOWN_WORDS): a thread's x values must serve many
+# rows, since each costs a load and a conversion. gate/up: a step spans WORDS_TILE weights of the
+# 2 x BLOCK_N interleaved rows (1024 of H at 8 rows: two pipelined steps); down: a program loads
+# DOWN_WORDS_ROWS rows of all the token's experts at once (_moe_down_words_kernel).
+WORDS_MAX_K, WORDS_TILE = (256, 1 << 16) if INTERPRET else (2048, 1 << 14)
+DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (16, 8)
 
 
 @triton.jit
@@ -48,9 +53,9 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
                   stride_wn, stride_sn, stride_gn, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
                   FP4: tl.constexpr, NUM_STAGES: tl.constexpr, WORDS: tl.constexpr):
     """-> gate, up [BLOCK_N] fp32 (global scale applied) of one expert's rows `rows` (< n_rows).
-    WORDS: an NVFP4 weight comes as int32 words (nvfp4.fp4_dot_words), else as bytes."""
+    WORDS: an NVFP4 weight comes as int32 words (nvfp4.fp4_dot_words; 2: its PTX decode), 0: as bytes."""
     row_mask = rows < n_rows
-    USE_WORDS: tl.constexpr = WORDS if FP4 else False
+    USE_WORDS: tl.constexpr = WORDS > 0 if FP4 else False
     if USE_WORDS:
         # gate and up rows interleaved in one tile [2 BLOCK_N] (even: gate, odd: up): each x value
         # a thread loads serves twice the rows; acc [2 BLOCK_N, BLOCK_K / 16], a sum per 16 weights
@@ -59,7 +64,7 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
         acc = tl.zeros([2 * rows.shape[0], BLOCK_K // 16], tl.float32)
         for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
             acc += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, both, both_mask, k0 // 8, H // 8, stride_wn,
-                                 stride_sn, BLOCK_K // 8, MASK_K)
+                                 stride_sn, BLOCK_K // 8, MASK_K, WORDS == 2)
         gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
     else:
         acc_g = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
@@ -121,37 +126,30 @@ def _moe_gate_up_kernel(
 @triton.jit
 def _down_rows(a_ptr, stride_a, w_ptr, scales_ptr, scale_ptr, ids_ptr, mix_ptr, rows, row_mask, n_experts, n_k,
                stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, dtype: tl.constexpr,
-               BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
-               WORDS: tl.constexpr):
+               BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, NUM_STAGES: tl.constexpr):
     """-> [BLOCK_H] fp32: sum over j < n_experts of mix[j] * (rows `rows` of expert ids[j]'s down
     projection applied to row j of A, rounded to `dtype`); ids_ptr None = one expert, weight 1.
     One flat pipelined loop over (expert, k chunk): the next expert's weights stream in while
     this one finishes."""
-    USE_WORDS: tl.constexpr = WORDS if FP4 else False
-    ACC_K: tl.constexpr = BLOCK_K // 16 if USE_WORDS else BLOCK_K  # words: one sum per block of 16
     n_chunks = tl.cdiv(n_k, BLOCK_K)
-    acc = tl.zeros([rows.shape[0], ACC_K], tl.float32)
+    acc = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
     out = tl.zeros([rows.shape[0]], tl.float32)
     for it in tl.range(0, n_experts * n_chunks, num_stages=NUM_STAGES):
         j = it // n_chunks
         k0 = (it % n_chunks) * BLOCK_K
         e = 0 if ids_ptr is None else tl.load(ids_ptr + j).to(tl.int64)
-        if USE_WORDS:
-            acc += fp4_dot_words(a_ptr + j * stride_a, w_ptr + e * stride_we, scales_ptr + e * stride_se, rows,
-                                 row_mask, k0 // 8, n_k // 8, stride_wn, stride_sn, BLOCK_K // 8, MASK_K)
-        else:
-            cols = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(a_ptr + j * stride_a + cols, mask=cols < n_k, other=0.0).to(tl.float32)
-            w = weight_tile(w_ptr + e * stride_we, scales_ptr + e * stride_se, rows, row_mask, k0, n_k,
-                            stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
-            acc += w * a[None, :]
+        cols = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + j * stride_a + cols, mask=cols < n_k, other=0.0).to(tl.float32)
+        w = weight_tile(w_ptr + e * stride_we, scales_ptr + e * stride_se, rows, row_mask, k0, n_k,
+                        stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
+        acc += w * a[None, :]
         if k0 + BLOCK_K >= n_k:  # the expert's last chunk: its output, rounded, weighted
             y = tl.sum(acc, axis=1)
             if FP4:  # the global scale, once per output
                 y *= tl.load(scale_ptr + e * stride_ge + rows * stride_gn, mask=row_mask, other=0.0)
             mix = 1.0 if mix_ptr is None else tl.load(mix_ptr + j)
             out += mix * y.to(dtype).to(tl.float32)
-            acc = tl.zeros([rows.shape[0], ACC_K], tl.float32)
+            acc = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
     return out
 
 
@@ -168,7 +166,7 @@ def _moe_down_kernel(
     H, I, IS, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_I: tl.constexpr, MASK_IS: tl.constexpr, W2_FP4: tl.constexpr, S2_FP4: tl.constexpr,
-    NUM_STAGES: tl.constexpr, WORDS: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -179,13 +177,72 @@ def _moe_down_kernel(
     a_row = inter_ptr + t * SLOTS * stride_inter
     routed = _down_rows(a_row, stride_inter, w2_ptr, w2_scales_ptr, w2_scale_ptr, ids_ptr + t * K,
                         topk_weights_ptr + t * K, rows, row_mask, K, I, w2_se, w2_sn, w2_sse, w2_ssn, w2_sge,
-                        w2_sgn, dtype, BLOCK_K, MASK_I, W2_FP4, NUM_STAGES, WORDS)
+                        w2_sgn, dtype, BLOCK_K, MASK_I, W2_FP4, NUM_STAGES)
     out = routed.to(dtype)
     if SLOTS > K:  # the shared expert: no expert index, weight 1
         shared = _down_rows(a_row + K * stride_inter, stride_inter, s2_ptr, s2_scales_ptr, s2_scale_ptr, None, None,
                             rows, row_mask, 1, IS, 0, s2_sn, 0, s2_ssn, 0, s2_sgn, dtype, BLOCK_K, MASK_IS, S2_FP4,
-                            NUM_STAGES, WORDS)
+                            NUM_STAGES)
         out = (out.to(tl.float32) + shared).to(dtype)
+    tl.store(out_ptr + t * H + rows, out, mask=row_mask)
+
+
+@triton.jit
+def _moe_down_words_kernel(
+    inter_ptr,            # [T * SLOTS, I_MAX]
+    ids_ptr,              # [T, K] int32
+    topk_weights_ptr,     # [T, K] fp32
+    out_ptr,              # [T, H], contiguous
+    w2_ptr, w2_scales_ptr, w2_scale_ptr,      # routed NVFP4 [E, H, I]: int32 words [E, H, I/8]
+    s2_ptr, s2_scales_ptr, s2_scale_ptr,      # shared NVFP4 [H, Is]: int32 words (read when SLOTS > K)
+    w2_se, w2_sn, w2_sse, w2_ssn, w2_sge, w2_sgn,
+    s2_se, s2_sn, s2_sse, s2_ssn, s2_sge, s2_sgn,
+    H, I, IS, stride_inter,
+    K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, KW: tl.constexpr, PTX: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program (token, BLOCK_H output dims): the down projection of all the token's SLOTS experts
+    in one load of [8 slots, BLOCK_H, KW] words (no per-expert loop: the read is one round trip),
+    one reduction over k, then each expert's output rounded to out's dtype, combined with the
+    router weights in fp32, rounded, plus the shared expert's, as _moe_down_kernel."""
+    pdl_prologue(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_mask = rows < H
+    dtype = out_ptr.dtype.element_ty
+    j = tl.arange(0, 8)  # slots: K routed experts, then the shared one
+    routed = j < K
+    used = j < SLOTS
+    e = tl.load(ids_ptr + t * K + j, mask=routed, other=0).to(tl.int64)
+    n_words = tl.where(routed, I // 8, IS // 8)  # [8]
+    w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
+    w_sn = tl.where(routed, w2_sn, s2_sn)
+    s_base = tl.where(routed, w2_scales_ptr + e * w2_sse, s2_scales_ptr)
+    s_sn = tl.where(routed, w2_ssn, s2_ssn)
+    kw = tl.arange(0, KW)
+    live = used[:, None, None] & row_mask[None, :, None]  # [8, BLOCK_H, 1]
+    words = tl.load(w_base[:, None, None] + rows[None, :, None] * w_sn[:, None, None] + kw[None, None, :],
+                    mask=live & (kw[None, None, :] < n_words[:, None, None]), other=0)  # [8, BLOCK_H, KW]
+    g = tl.arange(0, KW // 2)
+    s = tl.load(s_base[:, None, None] + rows[None, :, None] * s_sn[:, None, None] + g[None, None, :],
+                mask=live & (g[None, None, :] < n_words[:, None, None] // 2), other=0.0)  # [8, BLOCK_H, KW/2]
+    a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
+    a_mask = used[:, None] & (kw[None, :] < n_words[:, None])
+    nibbles = fp4_word_nibbles(words, PTX)
+    part = tl.zeros([8, BLOCK_H, KW], tl.float32)
+    for n in tl.static_range(8):  # nibble n: k = 8 w + n
+        a = tl.load(a_rows[:, None] + kw[None, :] * 8 + n, mask=a_mask, other=0.0).to(tl.float32)  # [8, KW]
+        part += nibbles[n] * (a * fp4_x_unit(PTX))[:, None, :]
+    block = tl.sum(tl.reshape(part, [8, BLOCK_H, KW // 2, 2]), axis=3)  # [8, BLOCK_H, KW/2]
+    y = tl.sum(block * (s.to(tl.float32) * fp4_scale_unit(PTX)), axis=2)  # [8, BLOCK_H]
+    g_base = tl.where(routed, w2_scale_ptr + e * w2_sge, s2_scale_ptr)
+    g_sn = tl.where(routed, w2_sgn, s2_sgn)
+    y *= tl.load(g_base[:, None] + rows[None, :] * g_sn[:, None], mask=used[:, None] & row_mask[None, :], other=0.0)
+    y = y.to(dtype).to(tl.float32)  # each expert's output, rounded
+    mix = tl.load(topk_weights_ptr + t * K + j, mask=routed, other=0.0)
+    out = tl.sum(tl.where(routed[:, None], mix[:, None] * y, 0.0), axis=0).to(dtype)
+    if SLOTS > K:  # plus the shared expert, weight 1
+        out = (out.to(tl.float32) + tl.sum(tl.where((j == K)[:, None], y, 0.0), axis=0)).to(dtype)
     tl.store(out_ptr + t * H + rows, out, mask=row_mask)
 
 
@@ -205,37 +262,46 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         return out
     shared13 = shared_w13 if has_shared else w13[0]
     shared2 = shared_w2 if has_shared else w2[0]
-    words = nvfp4.MOE_WORDS  # the NVFP4 decode of both launches (nvfp4.py)
-    # the word tiles when both weights of a launch are NVFP4 (dense rows would not fit them)
-    words13 = words and is_nvfp4(w13) and is_nvfp4(shared13)
-    words2 = words and is_nvfp4(w2) and is_nvfp4(shared2)
-    block_n = _rows_per_program(t * slots, i_max, x.device)
+    # the NVFP4 decode of each launch (nvfp4.py); word tiles when both weights of a launch are
+    # NVFP4 (dense rows would not fit them)
+    words_up, words_down = nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
+    words13 = words_up and is_nvfp4(w13) and is_nvfp4(shared13)
+    block_n = GATE_UP_ROWS or _rows_per_program(t * slots, i_max, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
     if words13:
         block_k = min(WORDS_MAX_K, WORDS_TILE // (2 * block_n), triton.next_power_of_2(h))
     _moe_gate_up_kernel[(t * slots, triton.cdiv(i_max, block_n))](
-        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=words),
-        **weight_args("s13", shared13, words=words),
+        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=words_up),
+        **weight_args("s13", shared13, words=words_up),
         H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
         W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
         **launch_args(x.device),
-        WORDS=words, num_warps=4)
-    block_h = _rows_per_program(t, h, x.device)
+        WORDS=_words_mode(words_up), num_warps=WARPS)
+    if words_down and is_nvfp4(w2) and is_nvfp4(shared2) and slots <= 8:
+        _moe_down_words_kernel[(t, triton.cdiv(h, DOWN_WORDS_ROWS))](
+            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
+            **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
+            H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
+            K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
+            PTX=nvfp4.ptx_decode(), **launch_args(x.device), num_warps=DOWN_WORDS_WARPS)
+        return out
+    block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))
-    warps, stages = 4, NUM_STAGES
-    if words2:
-        block_h, warps, stages = DOWN_WORDS_ROWS, DOWN_WORDS_WARPS, DOWN_WORDS_STAGES
-        block_k = min(WORDS_MAX_K, triton.next_power_of_2(i_max))
     _moe_down_kernel[(t, triton.cdiv(h, block_h))](
         inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
-        **weight_args("w2", w2, words=words), **weight_args("s2", shared2, words=words),
+        **weight_args("w2", w2), **weight_args("s2", shared2),
         H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
         K=k, SLOTS=slots, BLOCK_H=block_h, BLOCK_K=block_k,
         MASK_I=i % block_k != 0, MASK_IS=i_s % block_k != 0, W2_FP4=is_nvfp4(w2), S2_FP4=is_nvfp4(shared2),
         **launch_args(x.device),
-        NUM_STAGES=stages, WORDS=words, num_warps=warps)
+        NUM_STAGES=NUM_STAGES, num_warps=WARPS)
     return out
+
+
+def _words_mode(words: bool) -> int:
+    """The kernels' WORDS: 0 bytes, 1 words, 2 words decoded in PTX (nvfp4.ptx_decode)."""
+    return (2 if nvfp4.ptx_decode() else 1) if words else 0
 
 
 def _rows_per_program(items: int, rows: int, device: torch.device) -> int:

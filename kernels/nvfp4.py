@@ -113,24 +113,92 @@ def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
 E2M1_F32_MASK = tl.constexpr(-2118123520)  # 0x81C00000 as an int32
 F32_E2M1_HALF_UNIT = tl.constexpr(9223372036854775808.0)  # 2**63
 # The NVFP4 decode of the batch-1 kernels, read by their launchers at each launch (benchmark knobs;
-# same results): bytes and a nibble join (weight_tile), or 32-bit words (fp4_dot_words). Measured
-# on the H200 at batch 1 with L2-cold weights (benchmarks/NOTES.md §9): words win for the dense
-# GEMVs (qkv 7.60 vs 8.38 us, o_proj 6.76 vs 7.80), bytes for the MoE (18.66 vs 19.17 us).
+# same results): bytes and a nibble join (weight_tile), or 32-bit words (fp4_dot_words), whose
+# codes PTX_DECODE turns to fp16 in inline PTX (never under the interpreter). Measured on the H200
+# at batch 1 with L2-cold weights (scripts/sweep_fp4_decode.py, benchmarks/NOTES.md §10): words for
+# the dense GEMVs (qkv 6.64 us with PTX and 1024-weight steps, 7.75 before) and for the MoE's
+# gate/up launch (6.9 vs 9.05 us) and down launch (all experts in one load: 5.0 vs 9.2 us).
 GEMV_WORDS = os.environ.get("FLINT_FP4_GEMV_WORDS", "1") == "1"   # nvfp4_linear's GEMV
-MOE_WORDS = os.environ.get("FLINT_FP4_MOE_WORDS", "0") == "1"     # moe_gemv's two launches
+MOE_WORDS = os.environ.get("FLINT_FP4_MOE_WORDS", "1") == "1"     # moe_gemv's gate/up launch
+MOE_DOWN_WORDS = os.environ.get("FLINT_FP4_MOE_DOWN_WORDS", "1") == "1"  # and its down launch
+PTX_DECODE = os.environ.get("FLINT_FP4_PTX", "1") == "1"
+
+
+# The PTX decode of fp4_dot_words (nvfp4.PTX_DECODE): a word's E2M1 codes become FP8 E4M3
+# bytes four at a time (a code's sign to bit 7, its magnitude bits to bits 4..2: E2M1 * 2**-6
+# exactly, E4M3 subnormals included), which the hardware converts to fp16 pairs (sm_89+, one
+# instruction a pair): 7 integer instructions for 8 weights instead of 24. Outputs: the fp16
+# weights of k = 8 w + (0, 2, 4, 6, 1, 3, 5, 7).
+_FP4_WORD_TO_FP16_PTX = tl.constexpr("""
+{
+.reg .b32 t<4>, lo, hi, f<4>;
+.reg .b16 b<4>;
+shl.b32 t0, $8, 4;
+shl.b32 t1, $8, 2;
+and.b32 t0, t0, 0x80808080;
+lop3.b32 lo, t1, 0x1C1C1C1C, t0, 0xEA;
+shr.u32 t2, $8, 2;
+and.b32 t3, $8, 0x80808080;
+lop3.b32 hi, t2, 0x1C1C1C1C, t3, 0xEA;
+mov.b32 {b0, b1}, lo;
+mov.b32 {b2, b3}, hi;
+cvt.rn.f16x2.e4m3x2 f0, b0;
+cvt.rn.f16x2.e4m3x2 f1, b1;
+cvt.rn.f16x2.e4m3x2 f2, b2;
+cvt.rn.f16x2.e4m3x2 f3, b3;
+mov.b32 {$0, $1}, f0;
+mov.b32 {$2, $3}, f1;
+mov.b32 {$4, $5}, f2;
+mov.b32 {$6, $7}, f3;
+}
+""")
+FP4_PTX_UNIT = tl.constexpr(64.0)  # the PTX decode's weights are E2M1 / 64
+
+
+@triton.jit
+def fp4_word_nibbles(words, PTX: tl.constexpr):
+    """The 8 weights of each 32-bit word (k = 8 w + j in nibble j) -> 8 fp32 tensors shaped like
+    `words`, E2M1 exactly up to a power of two: times fp4_x_unit(PTX) * fp4_scale_unit(PTX)
+    (applied to x and to the block scale by the caller) gives E2M1. PTX: the inline-PTX decode
+    above (E2M1 / 64); else two shifts and a mask a weight (E2M1 * 2**-126, see E2M1_F32_MASK)."""
+    if PTX:
+        d0, d2, d4, d6, d1, d3, d5, d7 = tl.inline_asm_elementwise(
+            _FP4_WORD_TO_FP16_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.float16,) * 8,
+            is_pure=True, pack=1)
+        return (d0.to(tl.float32), d1.to(tl.float32), d2.to(tl.float32), d3.to(tl.float32),
+                d4.to(tl.float32), d5.to(tl.float32), d6.to(tl.float32), d7.to(tl.float32))
+    return (_nibble_f32(words, 0), _nibble_f32(words, 1), _nibble_f32(words, 2), _nibble_f32(words, 3),
+            _nibble_f32(words, 4), _nibble_f32(words, 5), _nibble_f32(words, 6), _nibble_f32(words, 7))
+
+
+@triton.jit
+def _nibble_f32(words, j: tl.constexpr):
+    return (((words << (28 - 4 * j)) >> 6) & E2M1_F32_MASK).to(tl.float32, bitcast=True)  # E2M1 * 2**-126
+
+
+@triton.jit
+def fp4_x_unit(PTX: tl.constexpr):
+    """What x is multiplied by before meeting fp4_word_nibbles' weights (keeps products normal)."""
+    return 1.0 if PTX else F32_E2M1_HALF_UNIT
+
+
+@triton.jit
+def fp4_scale_unit(PTX: tl.constexpr):
+    """What block scales are multiplied by after the sums of fp4_word_nibbles' weights times x."""
+    return FP4_PTX_UNIT if PTX else F32_E2M1_HALF_UNIT
 
 
 @triton.jit
 def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
-                  KW: tl.constexpr, MASK_K: tl.constexpr):
+                  KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr = False):
     """GEMV step of an NVFP4 matrix read as 32-bit words (8 weights each, k = 8 w + j in nibble
     j): -> [BLOCK_N, KW / 2] fp32, for rows `rows` and words [kw0, kw0 + KW), the sums over
     each 16-weight block of E2M1 * block scale * x[k]; the global scale is not applied. Sum
     over axis 1 (and over steps) for the dot product.
 
     x_ptr: x[0] of one token (any float dtype); words_ptr: the packed bytes viewed as int32
-    [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs two
-    shifts, a mask and one FMA (no per-weight conversion instruction); the block scale
+    [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs its
+    decode (fp4_word_nibbles) and one FMA; each x value serves all the rows; the block scale
     multiplies each block's sum once."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
@@ -143,16 +211,21 @@ def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, st
     if MASK_K:
         s_mask = s_mask & (groups[None, :] < n_words // 2)
     s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
+    nibbles = fp4_word_nibbles(words, PTX)
     part = tl.zeros([rows.shape[0], KW], tl.float32)
     for j in tl.static_range(8):  # nibble by nibble, x read with stride 8
         if MASK_K:
             x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
         else:
             x = tl.load(x_ptr + kw * 8 + j)
-        bits = ((words << (28 - 4 * j)) >> 6) & E2M1_F32_MASK  # nibble j -> fp32 E2M1 * 2**-126
-        part += bits.to(tl.float32, bitcast=True) * (x.to(tl.float32) * F32_E2M1_HALF_UNIT)[None, :]
+        part += nibbles[j] * (x.to(tl.float32) * fp4_x_unit(PTX))[None, :]
     block = tl.sum(tl.reshape(part, [rows.shape[0], KW // 2, 2]), axis=2)  # the two words of a block
-    return block * (s.to(tl.float32) * F32_E2M1_HALF_UNIT)
+    return block * (s.to(tl.float32) * fp4_scale_unit(PTX))
+
+
+def ptx_decode() -> bool:
+    """fp4_dot_words' PTX flag for a launch now: PTX_DECODE, off under the interpreter."""
+    return PTX_DECODE and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def packed_words(w) -> torch.Tensor:

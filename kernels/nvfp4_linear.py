@@ -34,9 +34,11 @@ GEMV_MAX_TOKENS = 4
 # interpreter's cost is per op: few, large programs there
 GEMV_BLOCK_N, GEMV_BLOCK_K = (128, 256) if INTERPRET else (16, 256)
 GEMV_STAGES = 4  # tiles in flight per program (cp.async): a GEMV step is only ~2.3 KB
-# NVFP4 as 32-bit words: a step spans up to 2048 weights, so a thread holds 8 of the 16 rows and
-# each x value it loads (and converts and scales) serves 8 weights, not 2
-GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 2048
+GEMV_WARPS = 4
+# NVFP4 as 32-bit words: a step spans up to 1024 weights, so a thread holds several of the 16 rows
+# and each x value it loads (and converts) serves several weights (2048: one step for K = 2048,
+# measured 1.1 us slower for qkv, benchmarks/NOTES.md §10)
+GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
 
@@ -52,7 +54,7 @@ def _nvfp4_gemv_kernel(
     counter_ptr,   # [T, cdiv(N, BLOCK_N)] int32, zero between launches
     T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr, WORDS: tl.constexpr,
+    NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -67,7 +69,7 @@ def _nvfp4_gemv_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_K // 16], tl.float32)  # one sum per block of 16 weights
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             acc += fp4_dot_words(x_ptr + t * stride_xt, w_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8,
-                                 stride_wn, stride_sn, BLOCK_K // 8, MASK_K)
+                                 stride_wn, stride_sn, BLOCK_K // 8, MASK_K, PTX)
     else:
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
@@ -165,7 +167,7 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
             **launch_args(x.device),
-            NUM_STAGES=GEMV_STAGES, WORDS=words, num_warps=4)
+            NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), num_warps=GEMV_WARPS)
     else:
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=w.packed, stride_pn=w.packed.stride(0),

@@ -288,8 +288,9 @@ def main() -> None:
                         "commit": commit or "unknown", "command": "python scripts/bench.py " + " ".join(sys.argv[1:]),
                         "copy_tb_s": round(bandwidth / 1e12, 3), "torch": torch.__version__,
                         # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS,
-                        # FLINT_FP4_MOE_WORDS, FLINT_PDL)
+                        # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_PDL)
                         "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS,
+                                  "nvfp4_moe_down_words": nvfp4.MOE_DOWN_WORDS,
                                   "pdl": pdl.ENABLED}},
                "formats": []}
     formats = args.formats.split(",")

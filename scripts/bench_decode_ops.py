@@ -50,12 +50,12 @@ def graph_us(fn) -> float:
 def words(fn, flag: bool):
     """fn with nvfp4.GEMV_WORDS and MOE_WORDS set to `flag` for its launches (bytes or 32-bit words)."""
     def call():
-        saved = nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS
-        nvfp4.GEMV_WORDS = nvfp4.MOE_WORDS = flag
+        saved = nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
+        nvfp4.GEMV_WORDS = nvfp4.MOE_WORDS = nvfp4.MOE_DOWN_WORDS = flag
         try:
             return fn()
         finally:
-            nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS = saved
+            nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS = saved
     return call
 
 

@@ -230,14 +230,14 @@ def w4a16_launches() -> list:
 
 
 def other_decode(call):
-    """Runs call() with both NVFP4 decode knobs (nvfp4.GEMV_WORDS, MOE_WORDS) flipped."""
+    """Runs call() with the NVFP4 decode knobs (nvfp4.GEMV_WORDS, MOE_WORDS, MOE_DOWN_WORDS) flipped."""
     from flint_kernels import nvfp4
-    saved = nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS
-    nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS = not saved[0], not saved[1]
+    saved = nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
+    nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS = (not flag for flag in saved)
     try:
         return call()
     finally:
-        nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS = saved
+        nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS = saved
 
 
 def sampling_launches() -> list:

@@ -8,7 +8,7 @@ from flint_backend.config import FlintConfig
 from flint_backend.reference import FlintMoE
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels import nvfp4
+from flint_kernels import moe_gemv, nvfp4
 from flint_kernels.moe import fused_moe, fused_moe_torch
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
 from kv_cases import assert_scaled_close
@@ -68,8 +68,9 @@ def test_dense_experts(path, t, e, k, dtype):
 
 @pytest.fixture(params=[False, True], ids=["bytes", "words"])
 def words(request, monkeypatch):
-    """Both NVFP4 decodes of the small-batch path (nvfp4.MOE_WORDS)."""
+    """Both NVFP4 decodes of the small-batch path's launches (nvfp4.MOE_WORDS, MOE_DOWN_WORDS)."""
     monkeypatch.setattr(nvfp4, "MOE_WORDS", request.param)
+    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", request.param)
     return request.param
 
 
@@ -85,6 +86,24 @@ def test_nvfp4_experts(path, fmt, dtype, words):
     x = torch.randn(t, 64, device=DEVICE).to(dtype)
     check(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+
+
+@pytest.mark.parametrize("shared", ["none", "same", "wider"])
+@pytest.mark.parametrize("k", [2, 7])
+def test_nvfp4_small_batch_slot_layouts(shared, k, words, monkeypatch):
+    """The small-batch NVFP4 launches' layouts: gate/up programs of 8 rows (4 or 8 blocks an
+    expert), and the down launch with all of a token's experts in one tile of 8 slots
+    (nvfp4.MOE_DOWN_WORDS): no shared expert, one of the routed experts' width, a wider one; K
+    filling 7 of the 8 slots; 5 tokens."""
+    monkeypatch.setattr(moe_gemv, "GATE_UP_ROWS", 8)
+    t, e = 5, 16
+    w13, w2, s13, s2 = experts(e, 64, 32, 64 if shared == "wider" else 32, torch.float32, "nvfp4", seed=7)
+    if shared == "none":
+        s13 = s2 = None
+    ids, weights = routing(t, e, k, seed=7)
+    x = torch.randn(t, 64, device=DEVICE)
+    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"),
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Launch configurations of the NVFP4 batch-1 decode kernels, swept on the GPU at full size with
+L2-cold weights: the W4A16 GEMV (qkv 5120x2048, o_proj 2048x4096) and the small-batch MoE
+(gate/up and down launches).
+
+    python scripts/sweep_fp4_decode.py [--out benchmarks/sweep-fp4-decode.json] [--only gemv|moe]
+
+Each variant sets module knobs (nvfp4_linear.GEMV_*, moe_gemv.*, nvfp4.*_WORDS), is checked
+against the plain-torch dequantise-then-matmul reference (relative L2), then timed as a CUDA
+graph of 20 calls over 12 weight sets taken in turn (bench_decode_ops.py's method). MoE rows
+also give each launch's own GPU time (torch.profiler, eager). Prints a markdown table and
+writes JSON; the defaults in the kernels come from these rows (benchmarks/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from flint_backend.weights.nvfp4 import concat_rows
+from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_kernels import moe, moe_gemv, nvfp4, nvfp4_linear, router
+from scripts.bench_decode_ops import cycled, graph_us, nbytes
+
+H, HQ, HK, D, E, I, K = 2048, 32, 4, 128, 256, 512, 6
+COPIES = 12
+MODULES = {"nvfp4": nvfp4, "nvfp4_linear": nvfp4_linear, "moe_gemv": moe_gemv}
+
+# GEMV variants: changes to GEMV_BASE (nvfp4_linear's batch-1 launch knobs, the defaults;
+# "splits": K splits, None = the launcher's choice)
+GEMV_BASE = {"nvfp4.GEMV_WORDS": True, "nvfp4.PTX_DECODE": True, "nvfp4_linear.GEMV_BLOCK_N": 16,
+             "nvfp4_linear.GEMV_WORDS_BLOCK_K": 1024, "nvfp4_linear.GEMV_STAGES": 4,
+             "nvfp4_linear.GEMV_WARPS": 4, "splits": None}
+GEMV = [
+    {},
+    {"nvfp4.PTX_DECODE": False},
+    {"nvfp4_linear.GEMV_WORDS_BLOCK_K": 2048},
+    {"nvfp4_linear.GEMV_WORDS_BLOCK_K": 512},
+    {"nvfp4_linear.GEMV_BLOCK_N": 8, "nvfp4_linear.GEMV_WARPS": 2},
+    {"nvfp4_linear.GEMV_BLOCK_N": 8, "nvfp4_linear.GEMV_WARPS": 2, "nvfp4_linear.GEMV_WORDS_BLOCK_K": 2048},
+    {"nvfp4_linear.GEMV_STAGES": 2},
+    {"splits": 2},
+    {"nvfp4.GEMV_WORDS": False},
+]
+MOE_BASE = {"nvfp4.MOE_WORDS": True, "nvfp4.MOE_DOWN_WORDS": True, "nvfp4.PTX_DECODE": True,
+            "moe_gemv.GATE_UP_ROWS": None, "moe_gemv.DOWN_ROWS": None, "moe_gemv.TILE": 4096,
+            "moe_gemv.MAX_BLOCK_K": 512, "moe_gemv.NUM_STAGES": 3, "moe_gemv.WARPS": 4,
+            "moe_gemv.WORDS_TILE": 1 << 14, "moe_gemv.DOWN_WORDS_ROWS": 16, "moe_gemv.DOWN_WORDS_WARPS": 8}
+MOE = [
+    {},  # the defaults: gate/up words (8 rows, 1024-weight steps), down words (16 rows, all experts at once)
+    {"nvfp4.MOE_WORDS": False},
+    {"nvfp4.PTX_DECODE": False},
+    {"nvfp4.MOE_DOWN_WORDS": False},
+    {"moe_gemv.DOWN_WORDS_ROWS": 8},
+    {"moe_gemv.DOWN_WORDS_ROWS": 4, "moe_gemv.DOWN_WORDS_WARPS": 4},
+    {"moe_gemv.WORDS_TILE": 1 << 15},
+]
+
+
+@contextmanager
+def knobs(settings: dict):
+    saved = {}
+    try:
+        for key, value in settings.items():
+            module, name = key.split(".")
+            saved[key] = getattr(MODULES[module], name)
+            setattr(MODULES[module], name, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            module, name = key.split(".")
+            setattr(MODULES[module], name, value)
+
+
+def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def launch_us(fn, calls: int = COPIES) -> dict[str, float]:
+    """GPU time per call of each kernel fn launches (eager, torch.profiler), by kernel name."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.count >= calls:
+            times[event.key[:40]] = round(event.device_time_total / calls, 2)
+    return times
+
+
+def gemv_rows(bandwidth: float):
+    dev, bf16 = "cuda", torch.bfloat16
+    r = lambda *s, scale=1.0: (torch.randn(*s, device=dev) * scale).to(bf16)
+    shapes = {"qkv": ((HQ + 2 * HK) * D, H), "o_proj": (H, HQ * D)}
+    for op, (n, k) in shapes.items():
+        if op == "qkv":
+            sets = [concat_rows([quantize_nvfp4(p) for p in r(n, k, scale=k ** -0.5).split([HQ * D, HK * D, HK * D])])
+                    for _ in range(COPIES)]
+        else:
+            sets = [quantize_nvfp4(r(n, k, scale=k ** -0.5)) for _ in range(COPIES)]
+        x = r(1, k)
+        want = nvfp4_linear.nvfp4_linear_torch(x, sets[0])
+        for change in GEMV:
+            settings = {**GEMV_BASE, **change}
+            splits = settings.pop("splits")
+            name = f"{op} " + (" ".join(f"{k.split('.')[-1]}={v}" for k, v in change.items()) or "default")
+            yield name, settings, lambda: rel_l2(nvfp4_linear.nvfp4_linear(x, sets[0], splits), want), \
+                cycled([lambda w=w: nvfp4_linear.nvfp4_linear(x, w, splits) for w in sets]), nbytes(sets[0]), None
+
+
+def moe_rows(bandwidth: float):
+    dev, bf16 = "cuda", torch.bfloat16
+    r = lambda *s, scale=1.0: (torch.randn(*s, device=dev) * scale).to(bf16)
+    w13 = quantize_nvfp4(r(E, 2 * I, H, scale=H ** -0.5))
+    w2 = quantize_nvfp4(r(E, H, I, scale=I ** -0.5))
+    s13, s2 = quantize_nvfp4(r(2 * I, H, scale=H ** -0.5)), quantize_nvfp4(r(H, I, scale=I ** -0.5))
+    router_w, bias = r(E, H, scale=H ** -0.5), torch.randn(E, device=dev) * 0.1
+    x = r(1, H)
+    choices = [router.router_topk(r(1, H), router_w, bias, K, 2.5, True) for _ in range(COPIES)]
+    ids, wts = choices[0]
+    want = moe.fused_moe_torch(x, ids, wts, w13, w2, s13, s2)
+    moved = int(K / E * nbytes(w13, w2)) + nbytes(s13, s2)
+    calls = [lambda c=c: moe.fused_moe(x, c[0], c[1], w13, w2, s13, s2) for c in choices]
+    for change in MOE:
+        settings = {**MOE_BASE, **change}
+        name = "moe " + (" ".join(f"{k.split('.')[1]}={v}" for k, v in change.items()) or "default")
+        yield name, settings, lambda: rel_l2(moe.fused_moe(x, ids, wts, w13, w2, s13, s2), want), \
+            cycled(calls), moved, cycled(calls)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/sweep-fp4-decode.json"))
+    parser.add_argument("--only", choices=["gemv", "moe"])
+    args = parser.parse_args()
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(8):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    bandwidth = 2 * src.nbytes / statistics.median(times[2:]) * 1e6
+    del src, dst
+    groups = [g for g in (("gemv", gemv_rows), ("moe", moe_rows)) if args.only in (None, g[0])]
+    rows = []
+    for _, make in groups:
+        for name, settings, check, fn, moved, profiled in make(bandwidth):
+            row = {"variant": name, "knobs": {k: v for k, v in settings.items()}}
+            try:
+                with knobs(settings):
+                    row["rel_l2"] = round(check(), 5)
+                    row["us"] = round(graph_us(fn), 2)
+                    if profiled is not None:
+                        row["launch_us"] = launch_us(profiled)
+            except Exception as e:  # report and go on: one variant that fails to compile must not hide the rest
+                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+            if "us" in row:
+                row["pct_copy"] = round(100 * moved / (row["us"] * 1e-6) / bandwidth, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
+            "command": "python scripts/sweep_fp4_decode.py" + (f" --only {args.only}" if args.only else ""),
+            "copy_tb_s": round(bandwidth / 1e12, 3), "weight_sets": COPIES}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(f"\n{meta['command']} -- {meta['gpu']}, {meta['date']}, copy {meta['copy_tb_s']} TB/s\n")
+    print("| variant (batch 1, L2-cold) | us | % copy | rel L2 | launches (us) |\n|---|---:|---:|---:|---|")
+    for row in rows:
+        launches = ", ".join(f"{k.split('_kernel')[0]} {v}" for k, v in row.get("launch_us", {}).items())
+        print(f"| {row['variant']} | {row.get('us', row.get('error'))} | {row.get('pct_copy', '')} | "
+              f"{row.get('rel_l2', '')} | {launches} |")
+
+
+if __name__ == "__main__":
+    main()
