@@ -3,8 +3,9 @@
 
     python scripts/bench.py --formats bf16,nvfp4 --contexts 1024,32768,100000 --out benchmarks/results.json
 
-For each weight format: batch-1 decode ms/token end to end (engine.step(): forward + LM head +
-sampling + Python) at each context, with CUDA graphs and eagerly; the GPU time of one graph
+For each weight format: batch-1 decode ms/token end to end (consecutive engine.step() calls: forward
++ LM head + sampling + the Python that async scheduling does not hide) at each context, with CUDA
+graphs and eagerly, and the median of one step between two syncs; the GPU time of one graph
 replay; a per-kernel breakdown of one decode step; the roofline floor (bytes one step must read /
 measured copy bandwidth) and the achieved fraction; throughput at 8 and 64 streams (1K in / 512
 out); TTFT of a 100K-token prompt; GPU memory. Long contexts are set up by filling the KV cache
@@ -112,18 +113,28 @@ def start_at_context(engine: LLMEngine, context: int, max_tokens: int):
     return seq
 
 
-def decode_ms(engine: LLMEngine, context: int, steps: int) -> float:
-    """Median wall time of engine.step() for one sequence decoding at `context`."""
-    seq = start_at_context(engine, context, steps + 5)
-    engine.step()  # warm-up (compiles any eager variant)
+def decode_ms(engine: LLMEngine, context: int, steps: int) -> dict:
+    """One sequence decoding at `context`. ms_per_token: the wall time of `steps` consecutive
+    engine.step() calls, no sync between them (as a client sees them: with async scheduling the
+    host work of a step overlaps the device's next one), over the tokens they delivered.
+    synced_step_ms: the median wall time of one engine.step() between two device syncs, so that no
+    step overlaps another (what ms_per_token measured before async scheduling)."""
+    seq = start_at_context(engine, context, 2 * steps + 5)
+    for _ in range(2):
+        engine.step()  # warm-up (compiles any eager variant); with async scheduling a step is now in flight
+    sync()
+    t0 = time.perf_counter()
+    tokens = sum(len(out.new_token_ids) for _ in range(steps) for out in engine.step())
+    wall = time.perf_counter() - t0
     times = []
     for _ in range(steps):
         sync()
         t0 = time.perf_counter()
         engine.step()
+        sync()
         times.append(time.perf_counter() - t0)
     engine.abort(seq.request_id)
-    return statistics.median(times) * 1e3
+    return {"ms_per_token": wall / tokens * 1e3, "synced_step_ms": statistics.median(times) * 1e3}
 
 
 def graph_replay_ms(engine: LLMEngine, context: int) -> float | None:
@@ -206,7 +217,8 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     engine_args = dict(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None, dtype="bfloat16",
                        device=args.device, kernel_backend=args.kernel_backend, block_size=64, max_num_seqs=64,
                        max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
-                       kv_cache_memory_fraction=args.kv_fraction, low_latency_max_batch=args.low_latency_max_batch)
+                       kv_cache_memory_fraction=args.kv_fraction, low_latency_max_batch=args.low_latency_max_batch,
+                       async_scheduling=not args.no_async_scheduling)
     engine = LLMEngine(EngineArgs(**engine_args))
     sync()
     build_s = time.perf_counter() - t0
@@ -215,16 +227,18 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
               "weights_gib": round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None, "decode": []}
     for context in args.contexts:
         kv = kv_bytes_per_token(engine.config, context)
-        ms = decode_ms(engine, context, args.steps)
+        timed = decode_ms(engine, context, args.steps)
+        ms = timed["ms_per_token"]
         replay = graph_replay_ms(engine, context)
         floor = (weights + kv) / bandwidth * 1e3
         result["decode"].append({"context": context, "ms_per_token": round(ms, 3),
+                                 "synced_step_ms": round(timed["synced_step_ms"], 3),
                                  "tokens_per_s": round(1e3 / ms, 1),
                                  "graph_replay_ms": None if replay is None else round(replay, 3),
                                  "bytes": weights + kv, "floor_ms": round(floor, 3),
                                  "roofline_fraction": round(floor / ms, 3)})
-        print(f"  {fmt} context {context}: {ms:.3f} ms/token (graph replay {replay}), floor {floor:.3f} ms",
-              flush=True)
+        print(f"  {fmt} context {context}: {ms:.3f} ms/token (synced step {timed['synced_step_ms']:.3f} ms, "
+              f"graph replay {replay}), floor {floor:.3f} ms", flush=True)
     result["breakdown_context"] = args.contexts[-1]
     result["breakdown"] = kernel_breakdown(engine, args.contexts[-1])[:40]
     if not args.skip_throughput:
@@ -232,7 +246,8 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     if args.ttft:
         result["ttft_s"] = {str(args.ttft): round(ttft(engine, args.ttft), 3)}
     graphs, engine.runner.graphs = engine.runner.graphs, None  # the same engine, eager steps
-    result["eager_ms_per_token"] = {str(c): round(decode_ms(engine, c, args.steps // 2), 3) for c in args.contexts}
+    result["eager_ms_per_token"] = {str(c): round(decode_ms(engine, c, args.steps // 2)["ms_per_token"], 3)
+                                    for c in args.contexts}
     engine.runner.graphs = graphs
     if cuda:
         result["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -248,11 +263,13 @@ def print_tables(results: dict) -> None:
     m = results["meta"]
     print(f"\n{m['command']}\n{m['gpu']}, {m['date']}, commit {m['commit']}, "
           f"copy bandwidth {m['copy_tb_s']} TB/s\n")
-    print("| format | context | ms/token (graphs) | tok/s | eager ms/token | graph replay ms | floor ms | roofline |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| format | context | ms/token (graphs) | synced step ms | tok/s | eager ms/token | graph replay ms "
+          "| floor ms | roofline |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results["formats"]:
         for d in r["decode"]:
-            print(f"| {r['format']} | {d['context']} | {d['ms_per_token']} | {d['tokens_per_s']} | "
+            print(f"| {r['format']} | {d['context']} | {d['ms_per_token']} | {d['synced_step_ms']} | "
+                  f"{d['tokens_per_s']} | "
                   f"{r['eager_ms_per_token'][str(d['context'])]} | {d['graph_replay_ms']} | {d['floor_ms']} | "
                   f"{d['roofline_fraction']:.0%} |")
     for r in results["formats"]:
@@ -278,6 +295,8 @@ def main() -> None:
     parser.add_argument("--kernel-backend", default="triton")
     parser.add_argument("--low-latency-max-batch", type=int, default=0,
                         help="decode batches up to this size take the fused low-latency path (0: the regular one)")
+    parser.add_argument("--no-async-scheduling", action="store_true",
+                        help="every step synchronous (the engine default launches decode steps ahead)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
     args = parser.parse_args()
     args.contexts = [int(c) for c in args.contexts.split(",")]
@@ -286,6 +305,7 @@ def main() -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results = {"meta": {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
                         "commit": commit or "unknown", "command": "python scripts/bench.py " + " ".join(sys.argv[1:]),
+                        "async_scheduling": not args.no_async_scheduling,
                         "copy_tb_s": round(bandwidth / 1e12, 3), "torch": torch.__version__,
                         # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS,
                         # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_PDL)

@@ -6,6 +6,9 @@ no cache writes, their logits ignored). Larger batches and steps with prefill ru
 Buckets up to `low_latency_max_batch` run the model's low-latency decode path.
 All buckets share one memory pool. On the CPU the same static-buffer path runs without capture,
 so the bucketing and padding are tested there too.
+
+With async scheduling (engine.py) a step's input ids can be the previous step's sampled tokens,
+still on the device: the host copy leaves them 0 and a gather on the device fills them in.
 """
 
 from __future__ import annotations
@@ -31,19 +34,18 @@ class DecodeGraphs:
         device = model.embed.device
         m, nb = self.max_batch, max_blocks_per_seq
         # two packed buffers, one host->device copy each per step:
-        #   i64: ids [m] | positions [m] | full slots [m] | ring slots [m]
+        #   i64: ids [m] | positions [m] | full slots [m] | ring slots [m] | previous-step rows [m]
         #   i32: query_start_loc [m+1] | context_lens [m] | ring rows [m] | block tables [m, nb]
         # the tables come last, so a step copies only the rows of its bucket
-        self.i64 = torch.zeros(4 * m, dtype=torch.int64, device=device)
+        self.i64 = torch.zeros(5 * m, dtype=torch.int64, device=device)
         self.i32 = torch.zeros(3 * m + 1 + m * nb, dtype=torch.int32, device=device)
-        pin = device.type == "cuda"
-        self.host_i64 = torch.zeros(self.i64.shape, dtype=torch.int64, pin_memory=pin)
-        self.host_i32 = torch.zeros(self.i32.shape, dtype=torch.int32, pin_memory=pin)
-        self.np64, self.np32 = self.host_i64.numpy(), self.host_i32.numpy()
+        # two host staging sets used in turn: with async scheduling the host fills step n+1's inputs
+        # while step n's copy may still wait on the stream behind step n-1 (whose tokens the host has
+        # read by then, so the set of step n-1 is free again)
+        self._staging = [_Staging(self.i64.shape, self.i32.shape, m, nb, pin=device.type == "cuda")
+                         for _ in range(2)]
+        self._turn = 0
         self.rows = torch.arange(m, device=device)  # sample rows: static too (a graph keeps reading them)
-        self._tables = self.np32[3 * m + 1:].reshape(m, nb)
-        # per row: ((seq uid, preemptions), blocks already in the row); a preempted sequence gets new blocks
-        self._row_owner: list[tuple[tuple[int, int], int]] = [((-1, 0), 0)] * m
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
@@ -69,34 +71,42 @@ class DecodeGraphs:
     def bucket_for(self, batch_size: int) -> int | None:
         return next((b for b in self.buckets if b >= batch_size), None)
 
-    def _fill(self, seqs: list[Sequence], bucket: int) -> None:
+    def _fill(self, seqs: list[Sequence], bucket: int, prev_tokens: torch.Tensor | None = None,
+              prev_rows: list[int] | None = None) -> None:
+        """prev_tokens [B'] (on the device) and prev_rows [len(seqs)]: with async scheduling the
+        input ids are the pending tokens of the step before, prev_tokens[prev_rows], gathered on
+        the device after the host->device copy."""
         m, nb, bs, w = self.max_batch, self.max_blocks, self.block_size, self.window
-        h64, h32 = self.np64, self.np32  # numpy views of the (pinned) host buffers: cheap scalar writes
+        staging = self._staging[self._turn]
+        self._turn ^= 1
+        h64, h32 = staging.np64, staging.np32  # numpy views of the (pinned) host buffers: cheap scalar writes
         h64[:2 * m] = 0
-        h64[2 * m:] = -1  # padding rows write nothing
+        h64[2 * m:4 * m] = -1  # padding rows write nothing
         h32[:3 * m + 1] = 0  # padding rows: context 0, ring row 0 (the tables' stale entries are never read)
         for r, seq in enumerate(seqs):
             p = seq.num_computed  # position of the one uncomputed token
-            h64[r], h64[m + r] = seq.token_ids[p], p
+            h64[r] = 0 if seq.num_pending else seq.token_ids[p]
+            h64[m + r] = p
             h64[2 * m + r] = seq.block_table[p // bs] * bs + p % bs
             h64[3 * m + r] = seq.ring_row * w + p % w
             h32[m + 1 + r] = p
             h32[2 * m + 1 + r] = seq.ring_row
-            owner, done = self._row_owner[r]
-            key = (seq.uid, seq.num_preemptions)
-            start = done if owner == key else 0  # a row keeps its sequence between steps: copy new blocks
-            if start < len(seq.block_table):
-                self._tables[r, start:len(seq.block_table)] = seq.block_table[start:]
-            self._row_owner[r] = (key, len(seq.block_table))
+            staging.copy_table(r, seq)
         h32[:bucket + 1] = range(bucket + 1)
+        if prev_tokens is not None:
+            h64[4 * m:4 * m + len(seqs)] = prev_rows
         used = 3 * m + 1 + bucket * nb
-        self.i64.copy_(self.host_i64, non_blocking=True)
-        self.i32[:used].copy_(self.host_i32[:used], non_blocking=True)
+        self.i64.copy_(staging.i64, non_blocking=True)
+        self.i32[:used].copy_(staging.i32[:used], non_blocking=True)
+        if prev_tokens is not None:
+            b = len(seqs)
+            torch.index_select(prev_tokens, 0, self.i64[4 * m:4 * m + b], out=self.i64[:b])
 
-    def run(self, seqs: list[Sequence]) -> torch.Tensor:
-        """-> logits [len(seqs), V] for an all-decode step."""
+    def run(self, seqs: list[Sequence], prev_tokens: torch.Tensor | None = None,
+            prev_rows: list[int] | None = None) -> torch.Tensor:
+        """-> logits [len(seqs), V] for an all-decode step; prev_* as in _fill."""
         bucket = self.bucket_for(len(seqs))
-        self._fill(seqs, bucket)
+        self._fill(seqs, bucket, prev_tokens, prev_rows)
         if bucket in self.graphs:
             self.graphs[bucket].replay()
             return self.outputs[bucket][:len(seqs)]
@@ -121,3 +131,25 @@ class DecodeGraphs:
                 self.outputs[bucket] = forward(batch, self.kv)
             self.graphs[bucket] = graph
         torch.cuda.synchronize()
+
+
+class _Staging:
+    """Pinned host copies of DecodeGraphs' packed input buffers, and which blocks of each row's
+    table they already hold."""
+
+    def __init__(self, shape64: torch.Size, shape32: torch.Size, max_batch: int, max_blocks: int, pin: bool):
+        self.i64 = torch.zeros(shape64, dtype=torch.int64, pin_memory=pin)
+        self.i32 = torch.zeros(shape32, dtype=torch.int32, pin_memory=pin)
+        self.np64, self.np32 = self.i64.numpy(), self.i32.numpy()
+        self._tables = self.np32[3 * max_batch + 1:].reshape(max_batch, max_blocks)
+        # per row: ((seq uid, preemptions), blocks already in the row); a preempted sequence gets new blocks
+        self._row_owner: list[tuple[tuple[int, int], int]] = [((-1, 0), 0)] * max_batch
+
+    def copy_table(self, r: int, seq: Sequence) -> None:
+        """Row r of the block tables := seq's; a row keeps its sequence between steps, so copy new blocks only."""
+        owner, done = self._row_owner[r]
+        key = (seq.uid, seq.num_preemptions)
+        start = done if owner == key else 0
+        if start < len(seq.block_table):
+            self._tables[r, start:len(seq.block_table)] = seq.block_table[start:]
+        self._row_owner[r] = (key, len(seq.block_table))

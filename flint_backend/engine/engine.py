@@ -1,5 +1,22 @@
-"""LLMEngine: add_request / abort / step. Synchronous and single-threaded; `EngineThread`
-(engine_thread.py) runs it in the background for servers."""
+"""LLMEngine: add_request / abort / step. Single-threaded; `EngineThread` (engine_thread.py) runs
+it in the background for servers.
+
+Async scheduling (EngineArgs.async_scheduling, vLLM's idea): a step of decodes only, through the
+static decode buffers, every sequence sampling on the device (greedy or the fused sampler, no
+logprobs, penalties, bias or min_tokens) is launched before the host has read the previous
+step's tokens. Its input ids are gathered on the device from those tokens, and while it runs the
+host appends them, checks stops and builds outputs. So step() returns the tokens of the step
+before the one it launched: the first step of a run of them returns nothing for its sequences.
+When the next step cannot be launched ahead, a step() only drains the step in flight (reads its
+tokens), and the next runs synchronously. A step() thus delivers at most one token per request.
+
+A token is sampled before the host knows its predecessor: when that one ends the sequence (stop
+token, max_tokens) or the request is aborted, the sequence finishes and frees its blocks at once,
+and the token the step in flight computes for it is dropped unread. That step's late writes into
+the freed blocks are harmless: whatever reuses them is queued after it on the same stream.
+Preemption never meets a step in flight: a step is launched ahead only when every running
+sequence can grow without preempting (Scheduler.decodes_only_next); a synchronous one drains first.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from flint_backend.config import FlintConfig
+from flint_backend.engine.async_step import InFlightStep
 from flint_backend.engine.block_manager import BlockManager
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.metrics import EngineMetrics
@@ -70,6 +88,7 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
+        self._in_flight: InFlightStep | None = None  # launched, its tokens not read yet
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
@@ -106,19 +125,32 @@ class LLMEngine:
         self.metrics.prompt_tokens += seq.num_prompt_tokens
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """Stop a request and free its KV blocks now (between steps)."""
+        """Stop a request and free its KV blocks now (between steps); a token of it in flight is dropped."""
         seq = self._seqs.get(request_id)
         if seq is None:
             return None
         self._finish(seq, "abort")
+        self._forget_dead_in_flight()
         self._update_gauges()  # the engine may now be idle: no step() would refresh them
         return self._output(seq, [], [])
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self._in_flight is not None or self.scheduler.has_work()
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
+        """One step -> the tokens it made known (at most one per request); with async scheduling
+        those of the step launched before."""
+        if self._can_launch_ahead():
+            outputs = self._step_ahead()
+        elif self._in_flight is not None:
+            outputs = self._drain()
+        else:
+            outputs = self._step_sync()
+        self._update_gauges()
+        return outputs
+
+    def _step_sync(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
         self.metrics.preemptions += len(scheduled.preempted)
         outputs: list[RequestOutput] = []
@@ -129,8 +161,49 @@ class LLMEngine:
             now = time.monotonic()
             for seq, token, logprobs in zip(sampled, result.tokens, result.logprobs):
                 outputs.append(self._append_token(seq, token, logprobs, now))
-        self._update_gauges()
         return outputs
+
+    def _can_launch_ahead(self) -> bool:
+        max_batch = self.runner.max_launch_ahead_batch
+        return (max_batch > 0 and self.scheduler.decodes_only_next(max_batch)
+                and all(map(self.runner.can_launch_ahead, self.scheduler.running)))
+
+    def _step_ahead(self) -> list[RequestOutput]:
+        """Launch an all-decode step, then read the one launched before it (if any)."""
+        scheduled = self.scheduler.schedule()
+        seqs = [seq for seq, _ in scheduled.entries]
+        assert not scheduled.preempted and len(seqs) == len(self.scheduler.running), "not decodes only"
+        launched = self.runner.launch_decode(seqs, self._in_flight)
+        for seq in seqs:
+            seq.num_computed += 1
+            seq.num_pending += 1
+        previous, self._in_flight = self._in_flight, launched
+        outputs = self._collect(previous) if previous is not None else []
+        self._forget_dead_in_flight()
+        return outputs
+
+    def _drain(self) -> list[RequestOutput]:
+        """Read the step in flight and launch nothing: the next step() runs synchronously (or, if
+        the tokens read changed that, launches ahead again)."""
+        previous, self._in_flight = self._in_flight, None
+        return self._collect(previous)
+
+    def _collect(self, step: InFlightStep) -> list[RequestOutput]:
+        """Waits for a launched step's tokens and appends them; a sequence finished since the
+        launch (by the token before, or an abort) drops its token."""
+        tokens = step.token_ids()
+        now = time.monotonic()
+        outputs = []
+        for seq, token in zip(step.seqs, tokens):
+            if not seq.finished:
+                seq.num_pending -= 1
+                outputs.append(self._append_token(seq, token, None, now))
+        return outputs
+
+    def _forget_dead_in_flight(self) -> None:
+        """A step in flight whose sequences have all finished has no token left to deliver."""
+        if self._in_flight is not None and all(seq.finished for seq in self._in_flight.seqs):
+            self._in_flight = None
 
     def _append_token(self, seq: Sequence, token: int, logprobs, now: float) -> RequestOutput:
         seq.token_ids.append(token)
@@ -151,12 +224,14 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.remove(seq)
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        seq.num_pending = 0  # a token in flight is dropped
         del self._seqs[seq.request_id]
         self.metrics.finished[reason] += 1
         self.metrics.observe("e2e", time.monotonic() - seq.arrival)
 
     def fail_all(self, error: str) -> list[RequestOutput]:
         """A step raised: end every request with finish reason "error" and free the cache."""
+        self._in_flight = None  # its tokens are never read
         outputs = []
         for seq in list(self._seqs.values()):
             self._finish(seq, "error")

@@ -42,6 +42,10 @@ class EngineArgs:
     # lost to the regular path's RMSNorm + GEMV + Q/K-norm (10.4 / 10.7 us) once the Q/K-norm
     # kernel went head-parallel (benchmarks/NOTES.md, section 6)
     low_latency_max_batch: int = 0
+    # launch each all-decode step before the host has read the previous step's tokens, so the device
+    # does not idle while Python appends them, checks stops and fills the next step (engine.py);
+    # steps with prefill, logprobs, penalties, or enforce_eager run synchronously either way
+    async_scheduling: bool = True
     cpu_threads: int | None = None        # CPU: torch intra-op threads; None -> torch's default
 
     def __post_init__(self):
@@ -62,6 +66,8 @@ class EngineArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer")
+        if not isinstance(self.async_scheduling, bool):
+            raise EngineArgsError(f"async_scheduling: got {self.async_scheduling!r}, expected true or false")
         if not isinstance(self.low_latency_max_batch, int) or not 0 <= self.low_latency_max_batch <= 16:
             raise EngineArgsError(f"low_latency_max_batch: got {self.low_latency_max_batch!r}, expected 0..16")
         for name in ("max_model_len", "num_kv_blocks", "cpu_threads"):

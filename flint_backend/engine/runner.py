@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flint_backend.config import FlintConfig
+from flint_backend.engine.async_step import InFlightStep
 from flint_backend.engine.decode_graphs import DecodeGraphs
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.kv_cache import KVCache, KVCacheSpec
@@ -86,3 +87,21 @@ class ModelRunner:
         if not seqs:
             return [], SampleResult([], [])
         return seqs, self.sampler(logits, seqs)
+
+    @property
+    def max_launch_ahead_batch(self) -> int:
+        """Largest all-decode step `launch_decode` takes (0: async scheduling off or no static buffers)."""
+        return self.graphs.max_batch if self.graphs is not None and self.args.async_scheduling else 0
+
+    def can_launch_ahead(self, seq: Sequence) -> bool:
+        return self.sampler.samples_on_device(seq)
+
+    def launch_decode(self, seqs: list[Sequence], previous: InFlightStep | None) -> InFlightStep:
+        """An all-decode step (every sequence `can_launch_ahead`, at most max_launch_ahead_batch of them)
+        whose sampled tokens stay on the device; it returns once the step is queued. A sequence with
+        a pending token (num_pending 1) was launched in `previous`: its input id comes from there."""
+        prev_tokens = prev_rows = None
+        if previous is not None:
+            prev_tokens, prev_rows = previous.tokens, previous.rows_of(seqs)
+        logits = self.graphs.run(seqs, prev_tokens, prev_rows)
+        return InFlightStep(seqs, self.sampler.sample_tokens(logits, seqs))

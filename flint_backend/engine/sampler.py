@@ -56,29 +56,40 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """logits [S, V] fp32, one row per sequence in `seqs`."""
-        processed = self._penalize(logits.clone(), seqs) if any(map(_needs_processing, seqs)) else logits
-        if all(seq.params.greedy for seq in seqs):
-            tokens = processed.argmax(-1)  # the common decode case: no host->device parameter copies
-        elif self.fused_sample is not None:
-            tokens = self._sample_fused(processed, seqs)
-        else:
-            tokens = processed.argmax(-1)  # greedy rows keep this
-            drawn = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
-            if drawn:
-                rows = torch.tensor(drawn, device=logits.device)
-                probs = self._filtered_probs(processed[rows], [seqs[r].params for r in drawn])
-                race = torch.stack([self._exponential(probs.shape[1], seqs[r]) for r in drawn])
-                tokens[rows] = (probs / race).argmax(-1)  # argmax(p / Exp(1)) ~ Categorical(p)
-        tokens = tokens.tolist()
+        tokens = self.sample_tokens(logits, seqs).tolist()
         logprobs = [None if seq.params.logprobs is None else _logprobs(logits[row], tokens[row], seq.params.logprobs)
                     for row, seq in enumerate(seqs)]
         return SampleResult(tokens, logprobs)
 
+    def samples_on_device(self, seq: Sequence) -> bool:
+        """Whether `seq`'s next token comes from the device alone, with no host round trip before or
+        after the draw (what async scheduling needs): greedy or the fused kernel, no logprobs, no
+        penalties, logit bias or min_tokens suppression."""
+        p = seq.params
+        return p.logprobs is None and not _needs_processing(seq) and (p.greedy or self.fused_sample is not None)
+
+    def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """logits [S, V] fp32 -> tokens [S] int64 on the logits' device. No host sync when every
+        sequence `samples_on_device` (the torch draw and the penalties read values on the host)."""
+        processed = self._penalize(logits.clone(), seqs) if any(map(_needs_processing, seqs)) else logits
+        if all(seq.params.greedy for seq in seqs):
+            return processed.argmax(-1)  # the common decode case: no host->device parameter copies
+        if self.fused_sample is not None:
+            return self._sample_fused(processed, seqs)
+        tokens = processed.argmax(-1)  # greedy rows keep this
+        drawn = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
+        rows = torch.tensor(drawn, device=logits.device)
+        probs = self._filtered_probs(processed[rows], [seqs[r].params for r in drawn])
+        race = torch.stack([self._exponential(probs.shape[1], seqs[r]) for r in drawn])
+        tokens[rows] = (probs / race).argmax(-1)  # argmax(p / Exp(1)) ~ Categorical(p)
+        return tokens
+
     def _sample_fused(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [seq.params for seq in seqs]
+        pin = self.device.type == "cuda"  # from pageable memory the copy may block the host (async scheduling)
 
         def column(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+            return torch.tensor(values, dtype=dtype, pin_memory=pin).to(self.device, non_blocking=True)
 
         seeds = [p.seed if p.seed is not None else int(torch.randint(2**62, (), generator=self.seed_source))
                  for p in params]
@@ -86,7 +97,7 @@ class Sampler:
             logits, column([p.temperature for p in params], torch.float32),
             column([p.top_k for p in params], torch.int32), column([p.top_p for p in params], torch.float32),
             column([p.min_p for p in params], torch.float32), column(seeds, torch.int64),
-            column([seq.num_output_tokens for seq in seqs], torch.int64))
+            column([seq.num_sampled for seq in seqs], torch.int64))
 
     def _penalize(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         for row, seq in enumerate(seqs):
@@ -94,7 +105,7 @@ class Sampler:
             for token, bias in p.logit_bias.items():
                 if token < x.shape[0]:
                     x[token] += bias
-            if seq.num_output_tokens < p.min_tokens and seq.stop_ids:
+            if seq.num_sampled < p.min_tokens and seq.stop_ids:
                 x[torch.tensor(sorted(seq.stop_ids), device=x.device)] = float("-inf")
             if p.repetition_penalty != 1.0:
                 seen = torch.tensor(sorted(set(seq.token_ids)), device=x.device)
@@ -130,14 +141,14 @@ class Sampler:
 
     def _exponential(self, size: int, seq: Sequence) -> torch.Tensor:
         p = seq.params
-        g = self.unseeded if p.seed is None else _generator(p.seed, seq.num_output_tokens, self.device)
+        g = self.unseeded if p.seed is None else _generator(p.seed, seq.num_sampled, self.device)
         return torch.empty(size, device=self.device).exponential_(generator=g)
 
 
 def _needs_processing(seq: Sequence) -> bool:
     p = seq.params
     return bool(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-                or (p.min_tokens and seq.num_output_tokens < p.min_tokens))
+                or (p.min_tokens and seq.num_sampled < p.min_tokens))
 
 
 def _logprobs(logits: torch.Tensor, token: int, n: int) -> TokenLogprobs:

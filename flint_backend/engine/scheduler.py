@@ -50,6 +50,19 @@ class Scheduler:
             self.waiting.remove(seq)
         self.blocks.free(seq)
 
+    def decodes_only_next(self, max_batch: int) -> bool:
+        """Whether the next schedule() is sure to be one decode token for each running sequence and
+        nothing else (no admission, no preemption, none left out), at most `max_batch` of them: a
+        step async scheduling may launch before the host has read the previous step's tokens."""
+        running = self.running
+        if not running or len(running) > min(max_batch, self.max_num_batched_tokens):
+            return False
+        if self.waiting and len(running) < self.max_num_seqs:
+            return False  # it may admit a request (a prefill)
+        if not all(seq.is_decoding for seq in running):
+            return False
+        return sum(self.blocks.blocks_needed(seq, 1) for seq in running) <= self.blocks.num_free_blocks
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens

@@ -1,4 +1,11 @@
-"""A request as the engine sees it: token ids, progress through the KV cache, and timing."""
+"""A request as the engine sees it: token ids, progress through the KV cache, and timing.
+
+With async scheduling (engine.py) a decode step samples a token on the device and the next step
+is launched before the host has read it: such a token is *pending*, counted by `num_pending`
+(0 or 1 between steps) but not yet in `token_ids`. Lengths that the cache and the scheduler see
+(`num_tokens`, `num_sampled`) count it; what the request has been given (`num_output_tokens`,
+`output_ids`) does not.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed: int = 0            # tokens whose K/V are in the cache
+    num_pending: int = 0             # sampled on the device, not yet read into token_ids
     block_table: list[int] = field(default_factory=list)  # full-attention layers' paged blocks
     ring_row: int | None = None      # sliding layers' ring-buffer row
     finish_reason: str | None = None
@@ -40,10 +48,16 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) + self.num_pending
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens sampled so far, pending ones included: the index of the next one to sample."""
+        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def num_output_tokens(self) -> int:
+        """Tokens the host has read (and delivered)."""
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
@@ -56,8 +70,8 @@ class Sequence:
 
     @property
     def is_decoding(self) -> bool:
-        """Only the last sampled token is missing from the cache."""
-        return self.num_uncomputed == 1 and self.num_output_tokens > 0
+        """Only the last sampled token (pending or not) is missing from the cache."""
+        return self.num_uncomputed == 1 and self.num_sampled > 0
 
     @property
     def finished(self) -> bool:

@@ -70,3 +70,26 @@ def test_max_num_seqs_limits_running():
         sched.add(seq(f"r{i}", 3, float(i)))
     batch = sched.schedule()
     assert [s.request_id for s, _ in batch.entries] == ["r0", "r1"] and len(sched.waiting) == 2
+
+
+def test_decodes_only_next_when_every_running_sequence_decodes_and_grows():
+    """What async scheduling may launch ahead: one decode token for each running sequence, no
+    admission, no preemption, none left out."""
+    sched = Scheduler(BlockManager(5, 4, 4), max_num_seqs=2, max_num_batched_tokens=64)
+    a, b = seq("a", 4, 0.0), seq("b", 3, 1.0)
+    sched.add(a)
+    assert not sched.decodes_only_next(8)  # a waits for its prefill
+    advance(sched.schedule())
+    sched.add(b)
+    assert not sched.decodes_only_next(8)  # b may be admitted
+    advance(sched.schedule())  # a decodes, b prefills
+    assert sched.decodes_only_next(8) and not sched.decodes_only_next(1)
+    sched.add(seq("c", 3, 2.0))
+    steps = 0
+    while sched.decodes_only_next(8):  # c waits: max_num_seqs are running
+        batch = sched.schedule()
+        assert [(s.request_id, n) for s, n in batch.entries] == [("a", 1), ("b", 1)] and not batch.preempted
+        advance(batch)
+        steps += 1
+    assert steps == 5 and sched.blocks.num_free_blocks == 0 and sched.blocks.blocks_needed(b, 1) == 1
+    assert sched.schedule().preempted == [b]  # what a step in flight must never meet
