@@ -47,6 +47,22 @@ def graph_us(fn) -> float:
     return statistics.median(times[1:])
 
 
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a 2 GiB device-to-device copy (CUDA events, median of 6):
+    one copy per timing, as a graph of 20 would measure the copy engine's queue."""
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(8):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return 2 * src.nbytes / statistics.median(times[2:]) * 1e6
+
+
 def words(fn, flag: bool):
     """fn with nvfp4.GEMV_WORDS and MOE_WORDS set to `flag` for its launches (bytes or 32-bit words)."""
     def call():
@@ -170,18 +186,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=100000)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/decode-ops-h200.json"))
     args = parser.parse_args()
-    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    times = []  # one 2 GiB copy (read + write) per timing: a graph of 20 would measure the copy engine's queue
-    for _ in range(8):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    bandwidth = 2 * src.nbytes / statistics.median(times[2:]) * 1e6
-    del src, dst
+    bandwidth = copy_bandwidth()
     rows = []
     for name, fn, moved in cases(args.context):
         try:

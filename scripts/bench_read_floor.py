@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scripts.bench_decode_ops import cycled, graph_us
+from scripts.bench_decode_ops import copy_bandwidth, cycled, graph_us
 
 E, H, I, SLOTS = 256, 2048, 512, 7
 COPIES = 12
@@ -82,18 +81,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/read-floor.json"))
     args = parser.parse_args()
     dev = "cuda"
-    src = torch.empty(1 << 30, dtype=torch.bfloat16, device=dev)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(8):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    bandwidth = 2 * src.nbytes / statistics.median(times[2:]) * 1e6
-    del src, dst
+    bandwidth = copy_bandwidth()
     # NVFP4 weights as int32 words: gate/up [E, 2I, H/8], down [E, H, I/8]
     w13 = torch.randint(-2**31, 2**31 - 1, (E, 2 * I, H // 8), dtype=torch.int32, device=dev)
     w2 = torch.randint(-2**31, 2**31 - 1, (E, H, I // 8), dtype=torch.int32, device=dev)

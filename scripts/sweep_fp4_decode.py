@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
 from flint_kernels import moe, moe_gemv, nvfp4, nvfp4_linear, router
-from scripts.bench_decode_ops import cycled, graph_us, nbytes
+from scripts.bench_decode_ops import copy_bandwidth, cycled, graph_us, nbytes
 
 H, HQ, HK, D, E, I, K = 2048, 32, 4, 128, 256, 512, 6
 COPIES = 12
@@ -142,18 +141,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/sweep-fp4-decode.json"))
     parser.add_argument("--only", choices=["gemv", "moe"])
     args = parser.parse_args()
-    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(8):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    bandwidth = 2 * src.nbytes / statistics.median(times[2:]) * 1e6
-    del src, dst
+    bandwidth = copy_bandwidth()
     groups = [g for g in (("gemv", gemv_rows), ("moe", moe_rows)) if args.only in (None, g[0])]
     rows = []
     for _, make in groups:
