@@ -51,11 +51,12 @@ DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (16, 8)
 @triton.jit
 def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
                   stride_wn, stride_sn, stride_gn, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
-                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr, WORDS: tl.constexpr):
+                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr):
     """-> gate, up [BLOCK_N] fp32 (global scale applied) of one expert's rows `rows` (< n_rows).
-    WORDS: an NVFP4 weight comes as int32 words (nvfp4.fp4_dot_words; 2: its PTX decode), 0: as bytes."""
+    WORDS: an NVFP4 weight comes as int32 words (nvfp4.fp4_dot_words, PTX: its inline-PTX
+    decode), else as bytes."""
     row_mask = rows < n_rows
-    USE_WORDS: tl.constexpr = WORDS > 0 if FP4 else False
+    USE_WORDS: tl.constexpr = WORDS if FP4 else False
     if USE_WORDS:
         # gate and up rows interleaved in one tile [2 BLOCK_N] (even: gate, odd: up): each x value
         # a thread loads serves twice the rows; acc [2 BLOCK_N, BLOCK_K / 16], a sum per 16 weights
@@ -64,7 +65,7 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
         acc = tl.zeros([2 * rows.shape[0], BLOCK_K // 16], tl.float32)
         for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
             acc += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, both, both_mask, k0 // 8, H // 8, stride_wn,
-                                 stride_sn, BLOCK_K // 8, MASK_K, WORDS == 2)
+                                 stride_sn, BLOCK_K // 8, MASK_K, PTX)
         gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
     else:
         acc_g = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
@@ -97,7 +98,7 @@ def _moe_gate_up_kernel(
     H, I, IS, stride_xt, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
-    WORDS: tl.constexpr,
+    WORDS: tl.constexpr, PTX: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -114,11 +115,11 @@ def _moe_gate_up_kernel(
         e = tl.load(ids_ptr + t * K + k).to(tl.int64)
         gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
                                  w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
-                                 BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS)
+                                 BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX)
     else:
         gate, up = _gate_up_rows(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
                                  s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
-                                 WORDS)
+                                 WORDS, PTX)
     h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
 
@@ -277,7 +278,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
         W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
         **launch_args(x.device),
-        WORDS=_words_mode(words_up), num_warps=WARPS)
+        WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
     if words_down and is_nvfp4(w2) and is_nvfp4(shared2) and slots <= 8:
         _moe_down_words_kernel[(t, triton.cdiv(h, DOWN_WORDS_ROWS))](
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
@@ -297,11 +298,6 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         **launch_args(x.device),
         NUM_STAGES=NUM_STAGES, num_warps=WARPS)
     return out
-
-
-def _words_mode(words: bool) -> int:
-    """The kernels' WORDS: 0 bytes, 1 words, 2 words decoded in PTX (nvfp4.ptx_decode)."""
-    return (2 if nvfp4.ptx_decode() else 1) if words else 0
 
 
 def _rows_per_program(items: int, rows: int, device: torch.device) -> int:

@@ -37,7 +37,7 @@ GEMV_STAGES = 4  # tiles in flight per program (cp.async): a GEMV step is only ~
 GEMV_WARPS = 4
 # NVFP4 as 32-bit words: a step spans up to 1024 weights, so a thread holds several of the 16 rows
 # and each x value it loads (and converts) serves several weights (2048: one step for K = 2048,
-# measured 1.1 us slower for qkv, benchmarks/NOTES.md §10)
+# measured 1.6-1.8 us slower for qkv, benchmarks/NOTES.md §10)
 GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
