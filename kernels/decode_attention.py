@@ -3,8 +3,9 @@
 Split-KV (flash-decoding): program (b, kv head, split) streams one contiguous range of the
 visible cached positions [lo, ctx) and keeps unnormalised partial results for the G query heads
 of its KV head, which share every K/V tile (G rows padded to 16 for tl.dot), and stores them to
-fp32 scratch. The reduce program (b, query head) rescales the partials to a common max and adds
-the new token (read from k/v) and the sink, each exactly once. A single non-empty split (short or
+fp32 scratch. The reduce program (b, query head) merges the partials online, issuing its loads
+before it knows the context length, and adds the new token (read from k/v) and the sink, each
+exactly once. A single non-empty split (short or
 empty context) adds them itself and writes the output from its registers; the reduce program
 then exits. The grid and scratch depend only on (B, num_splits), never on context lengths, so a
 captured CUDA graph replays for any lengths: splits past a sequence's length exit at once.
@@ -25,11 +26,15 @@ from .split_k import num_sms
 from .pdl import launch_args, pdl_prologue
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
-DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DOT_FP32 = INTERPRET
 LOG2E = 1.4426950408889634
 TILE_N = 64            # cached positions per tile
 MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
 WAVES = 2              # default splits aim at this many programs per SM
+# splits a reduce program merges per step: on a GPU all of them at batch 1 (one round trip; 8
+# warps hold [128, D] fp32), the interpreter also runs the multi-step loop
+REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
 
 
 @triton.jit
@@ -168,42 +173,51 @@ def _decode_reduce_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_SINKS: tl.constexpr, PDL: tl.constexpr,
 ):
+    """Program (b, query head): one pass over the splits' partials, BLOCK_S at a time, merged
+    online. Every load is issued without waiting for the context length (partials of splits
+    past the sequence's non-empty ones are loaded, then masked), so with BLOCK_S >= num_splits
+    the program makes one round trip to memory. Nothing is stored when one split wrote the
+    output itself."""
     pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
     _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)
-    if n_splits <= 1:  # split 0 wrote the output from its registers
-        return
     cols = tl.arange(0, D)
     q = tl.load(q_ptr + b * stride_qb + hq * stride_qh + cols).to(tl.float32)
     k = tl.load(k_ptr + b * stride_kb + hk * stride_kh + cols).to(tl.float32)
     v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
-    s_new = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself
-    m = s_new
-    if USE_SINKS:
+    m = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself: p = 1 at m
+    l = tl.full([], 1.0, tl.float32)
+    acc = v
+    if USE_SINKS:  # a score with no value
         sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
-        m = tl.maximum(m, sink)
+        m_new = tl.maximum(m, sink)
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.exp2(sink - m_new)
+        acc = acc * alpha
+        m = m_new
     splits = tl.arange(0, BLOCK_S)
     part = (b * tl.num_programs(1) + hq) * num_splits
-    for s0 in range(0, n_splits, BLOCK_S):
-        ms = tl.load(part_ml_ptr + (part + s0 + splits) * 2, mask=s0 + splits < n_splits, other=-1e30)
-        m = tl.maximum(m, tl.max(ms, axis=0))
-    w_new = tl.exp2(s_new - m)
-    l = w_new
-    if USE_SINKS:
-        l += tl.exp2(sink - m)
-    acc = w_new * v
-    for s0 in range(0, n_splits, BLOCK_S):
+    for s0 in range(0, num_splits, BLOCK_S):
         idx = part + s0 + splits
-        live = s0 + splits < n_splits
-        ms = tl.load(part_ml_ptr + idx * 2, mask=live, other=-1e30)
-        ls = tl.load(part_ml_ptr + idx * 2 + 1, mask=live, other=0.0)
-        accs = tl.load(part_acc_ptr + idx[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
-        w = tl.exp2(ms - m)  # [BLOCK_S]
-        l += tl.sum(w * ls, axis=0)
-        acc += tl.sum(w[:, None] * accs, axis=0)
-    tl.store(out_ptr + b * stride_ob + hq * stride_oh + cols, (acc / l).to(out_ptr.dtype.element_ty))
+        loaded = s0 + splits < num_splits
+        live = (s0 + splits < n_splits) & (n_splits > 1)  # partials exist when several splits ran
+        ms = tl.load(part_ml_ptr + idx * 2, mask=loaded, other=-1e30)
+        ls = tl.load(part_ml_ptr + idx * 2 + 1, mask=loaded, other=0.0)
+        accs = tl.load(part_acc_ptr + idx[:, None] * D + cols[None, :], mask=loaded[:, None], other=0.0)
+        # stale partials (of splits that did not run this step: any bits) are dropped
+        ms = tl.where(live, ms, -1e30)
+        ls = tl.where(live, ls, 0.0)
+        accs = tl.where(live[:, None], accs, 0.0)
+        m_new = tl.maximum(m, tl.max(ms, axis=0))
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(ms - m_new)  # [BLOCK_S]
+        l = l * alpha + tl.sum(w * ls, axis=0)
+        acc = acc * alpha + tl.sum(w[:, None] * accs, axis=0)
+        m = m_new
+    tl.store(out_ptr + b * stride_ob + hq * stride_oh + cols, (acc / l).to(out_ptr.dtype.element_ty),
+             mask=(cols < D) & (n_splits > 1))  # else split 0 wrote the output from its registers
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -260,8 +274,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
         qk_scale=sm_scale * LOG2E, window=window, num_splits=splits,
-        G=hq // hk, D=d, BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
-        USE_SINKS=sinks is not None, **launch_args(q.device), num_warps=4)
+        G=hq // hk, D=d, BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
+        USE_SINKS=sinks is not None, **launch_args(q.device), num_warps=REDUCE_WARPS)
     return out
 
 

@@ -205,8 +205,9 @@ def _moe_down_words_kernel(
     """Program (token, BLOCK_H output dims): the down projection of all the token's SLOTS experts
     in one load of [8 slots, BLOCK_H, KW] words (no per-expert loop: the read is one round trip),
     one reduction over k, then each expert's output rounded to out's dtype, combined with the
-    router weights in fp32, rounded, plus the shared expert's, as _moe_down_kernel."""
-    pdl_prologue(PDL)
+    router weights in fp32, rounded, plus the shared expert's, as _moe_down_kernel. The expert
+    ids (the router's, two kernels back) and the weight tiles are loaded before the PDL prologue,
+    so the weight read overlaps the gate/up launch (pdl.py)."""
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
@@ -214,7 +215,7 @@ def _moe_down_words_kernel(
     j = tl.arange(0, 8)  # slots: K routed experts, then the shared one
     routed = j < K
     used = j < SLOTS
-    e = tl.load(ids_ptr + t * K + j, mask=routed, other=0).to(tl.int64)
+    e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg").to(tl.int64)
     n_words = tl.where(routed, I // 8, IS // 8)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
     w_sn = tl.where(routed, w2_sn, s2_sn)
@@ -227,6 +228,7 @@ def _moe_down_words_kernel(
     g = tl.arange(0, KW // 2)
     s = tl.load(s_base[:, None, None] + rows[None, :, None] * s_sn[:, None, None] + g[None, None, :],
                 mask=live & (g[None, None, :] < n_words[:, None, None] // 2), other=0.0)  # [8, BLOCK_H, KW/2]
+    pdl_prologue(PDL)  # the SwiGLU outputs come from the gate/up launch just before
     a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
     a_mask = used[:, None] & (kw[None, :] < n_words[:, None])
     nibbles = fp4_word_nibbles(words, PTX)
@@ -285,7 +287,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
-            PTX=nvfp4.ptx_decode(), **launch_args(x.device), num_warps=DOWN_WORDS_WARPS)
+            PTX=nvfp4.ptx_decode(), **launch_args(x.device, prefetches=True), num_warps=DOWN_WORDS_WARPS)
         return out
     block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))

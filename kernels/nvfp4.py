@@ -199,27 +199,44 @@ def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, st
     x_ptr: x[0] of one token (any float dtype); words_ptr: the packed bytes viewed as int32
     [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs its
     decode (fp4_word_nibbles) and one FMA; each x value serves all the rows; the block scale
-    multiplies each block's sum once."""
+    multiplies each block's sum once. (fp4_load_words then fp4_dot_loaded: the two halves.)"""
+    words, s = fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn, KW, MASK_K)
+    return fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW, MASK_K, PTX)
+
+
+@triton.jit
+def fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
+                   KW: tl.constexpr, MASK_K: tl.constexpr):
+    """The weight half of fp4_dot_words: -> (words [BLOCK_N, KW] int32, block scales
+    [BLOCK_N, KW / 2]); masked rows (and words >= n_words when MASK_K) read as 0. A kernel may
+    issue it before waiting for the previous kernel (pdl.py): it reads weights only."""
     kw = kw0 + tl.arange(0, KW)
-    k_mask = kw < n_words
     mask = row_mask[:, None]
     if MASK_K:
-        mask = mask & k_mask[None, :]
+        mask = mask & (kw < n_words)[None, :]
     words = tl.load(words_ptr + rows[:, None] * stride_wn + kw[None, :], mask=mask, other=0)  # int32
     groups = kw0 // 2 + tl.arange(0, KW // 2)
     s_mask = row_mask[:, None]
     if MASK_K:
         s_mask = s_mask & (groups[None, :] < n_words // 2)
     s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
+    return words, s
+
+
+@triton.jit
+def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
+    """The activation half of fp4_dot_words, on what fp4_load_words returned."""
+    kw = kw0 + tl.arange(0, KW)
+    k_mask = kw < n_words
     nibbles = fp4_word_nibbles(words, PTX)
-    part = tl.zeros([rows.shape[0], KW], tl.float32)
+    part = tl.zeros(words.shape, tl.float32)
     for j in tl.static_range(8):  # nibble by nibble, x read with stride 8
         if MASK_K:
             x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
         else:
             x = tl.load(x_ptr + kw * 8 + j)
         part += nibbles[j] * (x.to(tl.float32) * fp4_x_unit(PTX))[None, :]
-    block = tl.sum(tl.reshape(part, [rows.shape[0], KW // 2, 2]), axis=2)  # the two words of a block
+    block = tl.sum(tl.reshape(part, [words.shape[0], KW // 2, 2]), axis=2)  # the two words of a block
     return block * (s.to(tl.float32) * fp4_scale_unit(PTX))
 
 

@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from . import nvfp4
-from .nvfp4 import check_nvfp4, dequantize_nvfp4, fp4_dot_words, packed_words, scale_strides, weight_tile
+from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, packed_words,
+                    scale_strides, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .split_k import arrival_counters, finish_split, pick_splits
 
@@ -39,6 +40,9 @@ GEMV_WARPS = 4
 # and each x value it loads (and converts) serves several weights (2048: one step for K = 2048,
 # measured 1.6-1.8 us slower for qkv, benchmarks/NOTES.md §10)
 GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
+# Splits of one or two word steps load all their weights before waiting for the previous kernel,
+# so with PDL the read overlaps that kernel (pdl.py); FLINT_FP4_GEMV_PREFETCH=0: the pipelined loop
+GEMV_PREFETCH = os.environ.get("FLINT_FP4_GEMV_PREFETCH", "1") == "1"
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
 
@@ -54,10 +58,9 @@ def _nvfp4_gemv_kernel(
     counter_ptr,   # [T, cdiv(N, BLOCK_N)] int32, zero between launches
     T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
+    NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_prologue(PDL)
     t = tl.program_id(0)
     nb = tl.program_id(1)
     s = tl.program_id(2)
@@ -65,12 +68,28 @@ def _nvfp4_gemv_kernel(
     row_mask = rows < N
     k_lo = s * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    if WORDS:
+    if PREFETCH > 0:
+        # every split is PREFETCH whole steps (the launcher checks): their weights are loaded
+        # before the wait for the previous kernel, whose output x is read after it (pdl.py)
+        kw0 = k_lo // 8
+        w0, s0 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0, K // 8, stride_wn, stride_sn,
+                                BLOCK_K // 8, False)
+        if PREFETCH > 1:
+            w1, s1 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + BLOCK_K // 8, K // 8, stride_wn,
+                                    stride_sn, BLOCK_K // 8, False)
+        pdl_prologue(PDL)
+        x_row = x_ptr + t * stride_xt
+        acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, BLOCK_K // 8, False, PTX)
+        if PREFETCH > 1:
+            acc += fp4_dot_loaded(x_row, w1, s1, kw0 + BLOCK_K // 8, K // 8, BLOCK_K // 8, False, PTX)
+    elif WORDS:
+        pdl_prologue(PDL)
         acc = tl.zeros([BLOCK_N, BLOCK_K // 16], tl.float32)  # one sum per block of 16 weights
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             acc += fp4_dot_words(x_ptr + t * stride_xt, w_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8,
                                  stride_wn, stride_sn, BLOCK_K // 8, MASK_K, PTX)
     else:
+        pdl_prologue(PDL)
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
@@ -164,10 +183,14 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
                   k_per_split=k_per_split, SPLIT=splits, MASK_K=k % block_k != 0)
     if t <= GEMV_MAX_TOKENS:
         data = packed_words(w) if words else w.packed
+        # whole word steps a split, loaded before the wait for the previous kernel (pdl.py)
+        steps = k_per_split // block_k
+        prefetch = steps if (GEMV_PREFETCH and words and k % k_per_split == 0 and steps <= 2) else 0
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
-            **launch_args(x.device),
-            NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), num_warps=GEMV_WARPS)
+            **launch_args(x.device, prefetches=prefetch > 0),
+            NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
+            num_warps=GEMV_WARPS)
     else:
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=w.packed, stride_pn=w.packed.stride(0),

@@ -5,18 +5,25 @@ gap even when empty (H200). Launched with the PDL attribute (`launch_pdl=True`:
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION), a kernel's programs may be scheduled
 before the previous kernel in the stream has completed, so its launch overlaps that kernel's tail.
 
-The contract, kept by every kernel in this package: `pdl_prologue(PDL)` is the first statement,
-before any load or store. It runs `griddepcontrol.wait` (blocks until the preceding grid has
-completed and its memory is visible: then every earlier kernel has too, as each waited for its
-own predecessor) and then `griddepcontrol.launch_dependents` (the next PDL kernel may be
-scheduled once every program of this grid got here or exited). A kernel launched without the
-attribute, e.g. a torch op, waits for the previous kernel to complete as usual; one launched
-after such a kernel starts at its completion.
+The contract, kept by every kernel in this package: `pdl_prologue(PDL)` comes before any store
+and before any load of memory that another kernel of a step writes. It runs
+`griddepcontrol.wait` (blocks until the preceding grid has completed and its memory is visible:
+then every earlier kernel has too, as each waited for its own predecessor) and then
+`griddepcontrol.launch_dependents` (the next PDL kernel may be scheduled once every program of
+this grid got here or exited). Before it a kernel may only load weights ("prefetch": the GEMVs,
+the router and the MoE down launch load their weight tiles first, so their HBM read overlaps
+the previous kernel; the MoE down launch also reads the router's expert ids, written two
+kernels back: a program runs only after every program of the kernel between has passed its
+wait, i.e. after the router completed). A kernel launched without the attribute, e.g. a torch
+op, waits for the previous kernel to complete as usual; one launched after such a kernel
+starts at its completion.
 
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
-not under the Triton interpreter (it cannot run inline PTX), and `ENABLED`: FLINT_PDL=1 at import
-sets it (off by default: it measured slower on the H200, see below); launchers read it at each
-launch, so a benchmark can flip it between CUDA graph captures.
+not under the Triton interpreter (it cannot run inline PTX), and FLINT_PDL (read at import) is
+"1" (every kernel launched with the attribute) or "prefetch" (only kernels that prefetch
+weights: the others still run the prologue, so they let their successor start early, but start
+only when their own predecessor has completed). Off by default (see ENABLED). Launchers read
+the switches at each launch, so a benchmark can flip them between CUDA graph captures.
 """
 
 from __future__ import annotations
@@ -29,9 +36,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# Off by default: on the H200 it made a batch-1 NVFP4 decode step at 100K slower (graph replay
-# 3.904 ms with PDL, 3.736 without; benchmarks/NOTES.md §9). FLINT_PDL=1 turns it on.
-ENABLED = os.environ.get("FLINT_PDL", "0") == "1"
+MODES = ("0", "1", "prefetch")
+_MODE = os.environ.get("FLINT_PDL", "0")
+if _MODE not in MODES:
+    raise ValueError(f"FLINT_PDL: got {_MODE!r}, expected one of {MODES}")
+# Off by default: on the H200 it made a batch-1 NVFP4 decode step at 100K slower when every
+# kernel waited first (graph replay 3.904 ms with PDL, 3.736 without; benchmarks/NOTES.md §9).
+ENABLED = _MODE != "0"
+PREFETCH_ONLY = _MODE == "prefetch"  # the attribute only on launches that prefetch weights
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # PDL for launches on CPU tensors: scripts/compile_kernels.py sets it to compile what an H200 launches
 ON_HOST = False
@@ -51,17 +63,22 @@ def _major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def launch_args(device: torch.device) -> dict:
+def launch_args(device: torch.device, prefetches: bool = False) -> dict:
     """Keyword arguments of a launch on `device`: the kernel's PDL constexpr and, when on, the
-    launch option (the interpreter drops it; the JIT takes it as an option, not an argument)."""
-    if enabled(device):
-        return {"PDL": True, "launch_pdl": True}
-    return {"PDL": False}
+    launch option (the interpreter drops it; the JIT takes it as an option, not an argument).
+    prefetches: the kernel loads weights before its prologue (with PREFETCH_ONLY, only such
+    launches get the option)."""
+    if not enabled(device):
+        return {"PDL": False}
+    if PREFETCH_ONLY and not prefetches:
+        return {"PDL": True}
+    return {"PDL": True, "launch_pdl": True}
 
 
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
-    """The first statement of every kernel: wait for the previous grid, then let the next one launch."""
+    """Wait for the previous grid, then let the next one launch: before any store, and before any
+    load of what other kernels write (only weight loads may come first)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()

@@ -49,20 +49,20 @@ def _router_kernel(
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
-    pdl_prologue(PDL)
     tt = tl.program_id(0)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = tokens < T
     e_mask = experts < E
     if USE_DOT:
+        pdl_prologue(PDL)
         logits = _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
                              BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION)
     else:
         logits = _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
-                             BLOCK_E, BLOCK_H)
+                             BLOCK_E, BLOCK_H, ONE_CHUNK, PDL)
     tl.store(logits_ptr + tokens[:, None] * E + experts[None, :], logits,
              mask=t_mask[:, None] & e_mask[None, :])
     if last_to_arrive(counter_ptr + tt, tl.num_programs(1)):
@@ -91,9 +91,19 @@ def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, str
 
 @triton.jit
 def _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
-                BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
-    """[1, BLOCK_E] fp32 logits of one token (tokens: [1]): fp32 products summed along H chunks."""
+                BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr, PDL: tl.constexpr):
+    """[1, BLOCK_E] fp32 logits of one token (tokens: [1]): fp32 products summed along H chunks.
+    Runs the PDL prologue: with ONE_CHUNK (BLOCK_H >= H), after loading the weight rows (pdl.py)."""
     acc = tl.zeros([BLOCK_E], tl.float32)
+    if ONE_CHUNK:  # the weight rows' load overlaps the previous kernel
+        cols = tl.arange(0, BLOCK_H)
+        w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
+                    mask=e_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_E, BLOCK_H]
+        pdl_prologue(PDL)
+        a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
+                    mask=t_mask[:, None] & (cols[None, :] < H), other=0.0)  # [1, BLOCK_H]
+        return tl.sum(a.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+    pdl_prologue(PDL)
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
         a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
@@ -155,6 +165,7 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
         block_h = BLOCK_H * (2 if block_e <= 32 else 1)
     else:
         block_h = min(triton.next_power_of_2(h), max(GEMV_TILE // block_e, 16))
+    one_chunk = not use_dot and block_h >= h  # a decode program loads its weight rows at once
     logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     fp32 = torch.float32 in (x.dtype, weight.dtype)
     _router_kernel[tiles](
@@ -163,8 +174,8 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
         T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), scaling=float(scaling),
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
-        DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32",
-        **launch_args(x.device), num_warps=4 if use_dot else GEMV_WARPS,
+        DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32", ONE_CHUNK=one_chunk,
+        **launch_args(x.device, prefetches=one_chunk), num_warps=4 if use_dot else GEMV_WARPS,
     )
     return ids, weights
 

@@ -11,8 +11,9 @@ compiled by Triton's NVIDIA backend (the same path as a first launch on the GPU,
 spills. This catches what the CPU interpreter cannot: compiled-mode typing, shared-memory
 overflow, register spills, and whether loads are vectorised and dots use tensor cores.
 Launches use programmatic dependent launch as on an H200 (kernels/pdl.py; --no-pdl: without):
-a kernel fails unless its PTX waits (griddepcontrol.wait) before its first global memory access
-when PDL is on, and has no griddepcontrol instruction when it is off.
+a kernel fails unless its PTX waits (griddepcontrol.wait) before its first global store or
+atomic when PDL is on (weight loads may come first), and has no griddepcontrol instruction when
+it is off.
 """
 
 from __future__ import annotations
@@ -114,11 +115,12 @@ def ptx_counts(ptx: str) -> dict:
 
 
 def pdl_prologue_ok(ptx: str, on: bool) -> bool:
-    """PDL on: griddepcontrol.wait, then launch_dependents, precede every global memory access; off: neither."""
+    """PDL on: griddepcontrol.wait, then launch_dependents, precede every global store and atomic
+    (loads may come first: weight prefetch, kernels/pdl.py); off: neither."""
     if not on:
         return "griddepcontrol" not in ptx
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
-    first = re.search(r"\b(?:ld|st|atom|red)\.global|\bcp\.async", ptx)
+    first = re.search(r"\b(?:st|atom|red)\.global", ptx)
     return 0 <= wait < launch and (first is None or launch < first.start())
 
 

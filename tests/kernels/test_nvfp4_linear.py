@@ -7,6 +7,7 @@ import torch
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
 from flint_kernels import nvfp4
+from flint_kernels import nvfp4_linear as nvfp4_linear_module
 from flint_kernels.nvfp4 import dequantize_nvfp4
 from flint_kernels.nvfp4_linear import GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch
 from kv_cases import assert_scaled_close
@@ -26,11 +27,14 @@ def weight(n, k, seed=0, per_row=False):
     return quantize_nvfp4(torch.randn(n, k, generator=g)).to(DEVICE)
 
 
-@pytest.fixture(params=[False, True], ids=["bytes", "words"])
+@pytest.fixture(params=[(False, False), (True, False), (True, True)], ids=["bytes", "words", "words-prefetch"])
 def words(request, monkeypatch):
-    """Both NVFP4 decodes of the GEMV kernels (nvfp4.GEMV_WORDS)."""
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", request.param)
-    return request.param
+    """Both NVFP4 decodes of the GEMV kernels (nvfp4.GEMV_WORDS); words with the k loop, or with
+    splits of one or two steps loaded up front (nvfp4_linear.GEMV_PREFETCH)."""
+    use_words, prefetch = request.param
+    monkeypatch.setattr(nvfp4, "GEMV_WORDS", use_words)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", prefetch)
+    return use_words
 
 
 @pytest.mark.parametrize("t", [1, 3, GEMV_MAX_TOKENS + 1, 64])
@@ -48,6 +52,8 @@ def test_one_hot_activations_read_back_the_exact_weights(t, words):
     (1, 48, 64, None),        # batch-1 GEMV
     (3, 33, 96, None),        # odd rows, K not a multiple of the k step
     (4, 40, 1024, 4),         # GEMV split-K, reduction finished by the last split
+    (2, 40, 512, 1),          # GEMV, two k steps a program (prefetched: both before x)
+    (1, 24, 1024, 2),         # GEMV split-K, two k steps a split
     (5, 70, 64, None),        # GEMM, partial tiles
     (17, 24, 512, 2),         # GEMM split-K
 ])

@@ -21,6 +21,7 @@ CUDA0 = torch.device("cuda", 0)  # a device object needs no GPU
 def flags(monkeypatch):
     """pdl's switches as on an sm_90 GPU outside the interpreter; a test changes one."""
     monkeypatch.setattr(pdl, "ENABLED", True)
+    monkeypatch.setattr(pdl, "PREFETCH_ONLY", False)
     monkeypatch.setattr(pdl, "INTERPRET", False)
     monkeypatch.setattr(pdl, "ON_HOST", False)
     monkeypatch.setattr(pdl, "_major", lambda index: 9)
@@ -36,6 +37,12 @@ def test_on_for_sm90_cuda_only(flags):
     assert not pdl.enabled(CUDA0)
 
 
+def test_prefetch_only_gives_the_attribute_to_prefetching_launches(flags):
+    flags.setattr(pdl, "PREFETCH_ONLY", True)
+    assert launch_args(CUDA0, prefetches=True) == {"PDL": True, "launch_pdl": True}
+    assert launch_args(CUDA0) == {"PDL": True}  # still runs the prologue: its successor may start early
+
+
 @pytest.mark.parametrize("switch,value", [("ENABLED", False), ("INTERPRET", True)])
 def test_switches_turn_it_off(flags, switch, value):
     flags.setattr(pdl, switch, value)
@@ -44,14 +51,23 @@ def test_switches_turn_it_off(flags, switch, value):
     assert launch_args(CUDA0) == {"PDL": False}
 
 
-@pytest.mark.parametrize("env,enabled,interpret", [({}, False, False), ({"FLINT_PDL": "0"}, False, False),
-                                                   ({"FLINT_PDL": "1"}, True, False),
-                                                   ({"FLINT_PDL": "1", "TRITON_INTERPRET": "1"}, True, True)])
-def test_environment_read_at_import(env, enabled, interpret):
+@pytest.mark.parametrize("env,enabled,prefetch_only,interpret", [
+    ({}, False, False, False), ({"FLINT_PDL": "0"}, False, False, False), ({"FLINT_PDL": "1"}, True, False, False),
+    ({"FLINT_PDL": "prefetch"}, True, True, False), ({"FLINT_PDL": "1", "TRITON_INTERPRET": "1"}, True, False, True)])
+def test_environment_read_at_import(env, enabled, prefetch_only, interpret):
     base = {k: v for k, v in os.environ.items() if k not in ("FLINT_PDL", "TRITON_INTERPRET")}
-    out = subprocess.run([sys.executable, "-c", "from flint_kernels import pdl; print(pdl.ENABLED, pdl.INTERPRET)"],
+    out = subprocess.run([sys.executable, "-c",
+                          "from flint_kernels import pdl; print(pdl.ENABLED, pdl.PREFETCH_ONLY, pdl.INTERPRET)"],
                          env={**base, **env}, capture_output=True, text=True, check=True).stdout
-    assert out.split() == [str(enabled), str(interpret)]
+    assert out.split() == [str(enabled), str(prefetch_only), str(interpret)]
+
+
+def test_bad_environment_value_names_the_variable():
+    base = {k: v for k, v in os.environ.items() if k != "FLINT_PDL"}
+    run = subprocess.run([sys.executable, "-c", "from flint_kernels import pdl"], env={**base, "FLINT_PDL": "yes"},
+                         capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "FLINT_PDL: got 'yes', expected one of ('0', '1', 'prefetch')" in run.stderr
 
 
 @triton.jit
@@ -88,6 +104,7 @@ def _decode_chain(x, res, p):
         h = rms_norm(x, p["norm"], 1e-5, residual=res)
         ids, weights = router_topk(h, p["router"], p["bias"], 6, 2.5, True)
         x = moe_gemv(h, ids, weights, p["w13"], p["w2"])
+        x = x + moe_gemv(h, ids, weights, p["w13_fp4"], p["w2_fp4"])  # down reads ids before its wait
         x = x + nvfp4_linear(silu_mul(nvfp4_linear(h, p["up"])), p["down"])
     logits = nvfp4_linear(rms_norm(x, p["norm"], 1e-5, residual=res), p["head"]).float()
     return sample(logits, *p["sampling"]), x
@@ -106,8 +123,12 @@ def _chain_weights(h=2048, i=512, experts=32, vocab=4096):
     ones, zeros = torch.ones(1, device=DEVICE), torch.zeros(1, device=DEVICE)
     sampling = (ones, torch.full((1,), 50, dtype=torch.int32, device=DEVICE), 0.9 * ones, zeros,
                 torch.full((1,), 7, dtype=torch.int64, device=DEVICE), torch.zeros(1, dtype=torch.int64, device=DEVICE))
+    def fp4_experts(n, k):
+        return quantize_nvfp4(torch.randn(experts, n, k, generator=g) * k ** -0.5).to(DEVICE)
+
     return dict(layers=4, norm=1 + rand(h), router=rand(experts, h), bias=torch.zeros(experts, device=DEVICE),
                 w13=rand(experts, 2 * i, h), w2=rand(experts, h, i), up=fp4(2 * i, h), down=fp4(h, i),
+                w13_fp4=fp4_experts(2 * i, h), w2_fp4=fp4_experts(h, i),
                 head=fp4(vocab, h), sampling=sampling)
 
 
@@ -134,10 +155,12 @@ def test_graph_replay_with_pdl_equals_without(monkeypatch):
     p = _chain_weights()
     x, res = (torch.randn(1, 2048, device=DEVICE).to(torch.bfloat16) for _ in range(2))
     results = {}
-    for on in (True, False):
-        monkeypatch.setattr(pdl, "ENABLED", on)
+    for mode in ("1", "prefetch", "0"):  # FLINT_PDL's values
+        monkeypatch.setattr(pdl, "ENABLED", mode != "0")
+        monkeypatch.setattr(pdl, "PREFETCH_ONLY", mode == "prefetch")
         eager, outs = _replays(p, x, res)
         for i, out in enumerate(outs):
-            assert all(torch.equal(a, b) for a, b in zip(out, eager)), f"PDL {on}: replay {i} differs from eager"
-        results[on] = eager
-    assert all(torch.equal(a, b) for a, b in zip(results[True], results[False]))
+            assert all(torch.equal(a, b) for a, b in zip(out, eager)), f"PDL {mode}: replay {i} differs from eager"
+        results[mode] = eager
+    for mode in ("1", "prefetch"):
+        assert all(torch.equal(a, b) for a, b in zip(results[mode], results["0"])), f"PDL {mode} differs from off"
