@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from flint_backend.weights.nvfp4 import NVFP4Weight
 from flint_backend.weights.nvfp4 import concat_rows as nvfp4_concat_rows
 from flint_kernels import attention as attention_k
+from flint_kernels import dense_gemv as dense_gemv_k
 from flint_kernels import moe as moe_k
 from flint_kernels import norm_qkv_rope as norm_qkv_k
 from flint_kernels import nvfp4_linear as nvfp4_k
@@ -79,7 +80,9 @@ def linear_torch(x: torch.Tensor, w) -> torch.Tensor:
 def linear_triton(x: torch.Tensor, w) -> torch.Tensor:
     if isinstance(w, NVFP4Weight):
         return nvfp4_k.nvfp4_linear(x, w)
-    return F.linear(x, w)  # dense BF16 linears stay with cuBLAS
+    if dense_gemv_k.uses_dense_gemv(x, w):  # decode batches: a GEMV that takes part in PDL
+        return dense_gemv_k.dense_gemv(x, w)
+    return F.linear(x, w)  # prefill, and the LM head, with cuBLAS
 
 
 def _attention_torch(*args, decode_only: bool, max_query_len: int, **kwargs):

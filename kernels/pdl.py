@@ -20,9 +20,9 @@ starts at its completion.
 
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
 not under the Triton interpreter (it cannot run inline PTX), and FLINT_PDL (read at import) is
-"1" (every kernel launched with the attribute) or "prefetch" (only kernels that prefetch
-weights: the others still run the prologue, so they let their successor start early, but start
-only when their own predecessor has completed). Off by default (see ENABLED). Launchers read
+"1" (the default: every kernel launched with the attribute) or "prefetch" (only kernels that
+prefetch weights: the others still run the prologue, so they let their successor start early,
+but start only when their own predecessor has completed); "0" turns it off. Launchers read
 the switches at each launch, so a benchmark can flip them between CUDA graph captures.
 """
 
@@ -37,11 +37,13 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 MODES = ("0", "1", "prefetch")
-_MODE = os.environ.get("FLINT_PDL", "0")
+_MODE = os.environ.get("FLINT_PDL", "1")
 if _MODE not in MODES:
     raise ValueError(f"FLINT_PDL: got {_MODE!r}, expected one of {MODES}")
-# Off by default: on the H200 it made a batch-1 NVFP4 decode step at 100K slower when every
-# kernel waited first (graph replay 3.904 ms with PDL, 3.736 without; benchmarks/NOTES.md §9).
+# On by default since the weight prefetch: batch-1 NVFP4 decode at 100K on the H200, 3.035
+# ms/token without PDL, 2.831 with it on the prefetching launches only, 2.645 on every launch
+# (benchmarks/NOTES.md §11). Before the prefetch (every kernel waiting first) it lost: graph
+# replay 3.904 ms with PDL, 3.736 without (§9).
 ENABLED = _MODE != "0"
 PREFETCH_ONLY = _MODE == "prefetch"  # the attribute only on launches that prefetch weights
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

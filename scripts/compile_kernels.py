@@ -228,6 +228,12 @@ def w4a16_launches() -> list:
     w = nvfp4(5120, 2048, per_row=True)
     cases.append(("nvfp4_linear qkv T=1 other decode", lin, lambda: other_decode(
         lambda: lin.nvfp4_linear(torch.randn(1, 2048, dtype=bf16), w))))
+    from flint_kernels import dense_gemv as gemv
+    for name, (n, k) in shapes.items():
+        if name != "lm_head":  # cuBLAS's
+            dense = torch.randn(n, k, dtype=bf16)
+            cases.append((f"dense_gemv {name} T=1", gemv,
+                          lambda k=k, dense=dense: gemv.dense_gemv(torch.randn(1, k, dtype=bf16), dense)))
     return cases
 
 
@@ -283,11 +289,11 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     parser.add_argument("--only", default="", help="substring of the case names to compile")
     parser.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
-                        help="launch with programmatic dependent launch, as FLINT_PDL=1 does on sm_90+ (default on)")
+                        help="launch with programmatic dependent launch, as on sm_90+ by default (FLINT_PDL=1; default on)")
     args = parser.parse_args(argv)
     from flint_kernels import pdl, split_k
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
-    pdl.ON_HOST = pdl.ENABLED = args.pdl  # PDL is opt-in at run time (FLINT_PDL=1): compile it anyway
+    pdl.ON_HOST = pdl.ENABLED = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
     failures = 0
     print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
           "cp.async | griddep |")

@@ -52,7 +52,7 @@ def test_switches_turn_it_off(flags, switch, value):
 
 
 @pytest.mark.parametrize("env,enabled,prefetch_only,interpret", [
-    ({}, False, False, False), ({"FLINT_PDL": "0"}, False, False, False), ({"FLINT_PDL": "1"}, True, False, False),
+    ({}, True, False, False), ({"FLINT_PDL": "0"}, False, False, False), ({"FLINT_PDL": "1"}, True, False, False),
     ({"FLINT_PDL": "prefetch"}, True, True, False), ({"FLINT_PDL": "1", "TRITON_INTERPRET": "1"}, True, False, True)])
 def test_environment_read_at_import(env, enabled, prefetch_only, interpret):
     base = {k: v for k, v in os.environ.items() if k not in ("FLINT_PDL", "TRITON_INTERPRET")}
@@ -149,7 +149,7 @@ def _replays(p, x, res, replays=20):
 
 @pytest.mark.gpu
 def test_graph_replay_with_pdl_equals_without(monkeypatch):
-    monkeypatch.setattr(pdl, "ENABLED", True)  # off by default
+    monkeypatch.setattr(pdl, "ENABLED", True)
     if not pdl.enabled(torch.device(DEVICE)):
         pytest.skip("PDL needs compute capability 9.0+")
     p = _chain_weights()

@@ -1,0 +1,154 @@
+"""Dense (BF16/FP16/FP32) linear for decode batches: y = x @ W.T for T <= MAX_TOKENS tokens.
+
+cuBLAS runs these shapes as well on its own (a batch-1 5120 x 2048 bf16 GEMV in ~7.8 us on an
+H200), but it cannot take part in programmatic dependent launch (pdl.py): each cuBLAS call
+waits for the kernel before it to complete and lets the next one start only at its own end.
+This GEMV keeps a decode step's chain of kernels inside PDL, and loads its weights before
+waiting for the previous kernel, as nvfp4_linear's GEMV does.
+
+Program (token, BLOCK_N rows, K split): a split is one or two steps of BLOCK_K columns, all
+loaded up front (PREFETCH), or a pipelined loop when K is longer; each step is reduced at once
+(acc [BLOCK_N] fp32), and splits are summed by the last to arrive (split_k.py). The token axis
+varies fastest, so programs sharing a weight tile run together and all but the first read it
+from L2.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .pdl import launch_args, pdl_prologue
+from .split_k import arrival_counters, finish_split, pick_splits
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+MAX_TOKENS = 4
+# Weights with more rows stay with cuBLAS: LM heads (the 151552 x 2048 one reaches ~4.2 TB/s there,
+# and it ends the step, so it has no successor to overlap); flint-40b's widest other linear is the
+# dense MLP's 20480-row gate/up.
+MAX_ROWS = 32768
+# a step: BLOCK_N rows x 1024 columns (16 KB of bf16 at 8 rows: 32 registers a thread at 4 warps;
+# with two prefetched steps a program takes 127 registers (sm_90), so four share an SM and ~80% of
+# a 5120 x 2048 weight's 640 programs read at once). FLINT_DENSE_GEMV_ROWS / _WARPS: benchmark knobs.
+# (the interpreter pays per program: few, large ones there)
+BLOCK_N = 128 if INTERPRET else int(os.environ.get("FLINT_DENSE_GEMV_ROWS", "8"))
+WARPS = 4 if INTERPRET else int(os.environ.get("FLINT_DENSE_GEMV_WARPS", "4"))
+BLOCK_K = 128 if INTERPRET else 1024
+STAGES = 3
+
+
+@triton.jit
+def _dense_gemv_kernel(
+    x_ptr,         # [T, K]
+    w_ptr,         # [N, K]
+    out_ptr,       # [T, N], contiguous
+    part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
+    counter_ptr,   # [T, cdiv(N, BLOCK_N)] int32, zero between launches
+    T, N, K, stride_xt, stride_wn, k_per_split,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+):
+    t = tl.program_id(0)
+    nb = tl.program_id(1)
+    s = tl.program_id(2)
+    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    k_lo = s * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    cols = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_wn
+    x_row = x_ptr + t * stride_xt
+    if PREFETCH > 0:
+        # every split is PREFETCH whole steps (the launcher checks): weights first, then the wait
+        # for the previous kernel, whose output x is read after it (pdl.py)
+        w0 = tl.load(w_rows + (k_lo + cols)[None, :], mask=row_mask[:, None], other=0.0)
+        if PREFETCH > 1:
+            w1 = tl.load(w_rows + (k_lo + BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
+        pdl_prologue(PDL)
+        x0 = tl.load(x_row + k_lo + cols).to(tl.float32)
+        acc = tl.sum(w0.to(tl.float32) * x0[None, :], axis=1)
+        if PREFETCH > 1:
+            x1 = tl.load(x_row + k_lo + BLOCK_K + cols).to(tl.float32)
+            acc += tl.sum(w1.to(tl.float32) * x1[None, :], axis=1)
+    else:
+        pdl_prologue(PDL)
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+            k = k0 + cols
+            if MASK_K:
+                w = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < k_hi), other=0.0)
+                x = tl.load(x_row + k, mask=k < k_hi, other=0.0).to(tl.float32)
+            else:
+                w = tl.load(w_rows + k[None, :], mask=row_mask[:, None], other=0.0)
+                x = tl.load(x_row + k).to(tl.float32)
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    finish_split(acc, 1.0, out_ptr + t * N + rows, part_ptr, t * N + rows, row_mask, s, T * N,
+                 counter_ptr + t * tl.num_programs(1) + nb, SPLIT)
+
+
+def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
+    """x [T, K] (T <= MAX_TOKENS), w [N, K] of x's dtype -> [T, N] in x.dtype (fp32 accumulation).
+    num_splits: K splits (default: about two programs per SM, and at most two steps a split)."""
+    n, k = _check_inputs(x, w)
+    t = x.shape[0]
+    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    if t == 0 or n == 0:
+        return out
+    block_k = min(BLOCK_K, triton.next_power_of_2(k))
+    k_blocks = triton.cdiv(k, block_k)
+    tiles = t * triton.cdiv(n, BLOCK_N)
+    splits = num_splits or max(pick_splits(tiles, k_blocks, x.device), _pow2_at_least(triton.cdiv(k_blocks, 2)))
+    if not 1 <= splits <= k_blocks:
+        raise ValueError(f"dense_gemv: num_splits {splits}, expected 1..{k_blocks} for K={k}")
+    k_per_split = triton.cdiv(k_blocks, splits) * block_k
+    splits = triton.cdiv(k, k_per_split)  # no empty split
+    steps = k_per_split // block_k
+    prefetch = steps if k % k_per_split == 0 and steps <= 2 else 0
+    part = torch.empty((splits, t, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    counters = arrival_counters(tiles, x.device) if splits > 1 else out
+    _dense_gemv_kernel[(t, triton.cdiv(n, BLOCK_N), splits)](
+        x_ptr=x, w_ptr=w, out_ptr=out, part_ptr=part, counter_ptr=counters,
+        T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split,
+        BLOCK_N=BLOCK_N, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
+        STAGES=STAGES, **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
+    return out
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def uses_dense_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ops.linear runs this dense linear here: decode batches, up to MAX_ROWS outputs (not
+    an LM head), operands of one dtype with unit stride in K."""
+    return (x.dim() == 2 and x.shape[0] <= MAX_TOKENS and w.dim() == 2 and w.shape[0] <= MAX_ROWS
+            and x.dtype == w.dtype and x.stride(-1) == 1 and w.stride(-1) == 1)
+
+
+def dense_gemv_torch(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
+    """Same signature and semantics as `dense_gemv`."""
+    _check_inputs(x, w)
+    return F.linear(x, w)
+
+
+def _check_inputs(x, w) -> tuple[int, int]:
+    if w.dim() != 2 or w.stride(-1) != 1:
+        raise ValueError(f"dense_gemv: w has shape {tuple(w.shape)} strides {w.stride()}, expected a matrix "
+                         "[N, K] with unit stride in K")
+    n, k = w.shape
+    if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1:
+        raise ValueError(f"dense_gemv: x has shape {tuple(x.shape)} strides {x.stride()}, expected [T, {k}] "
+                         "with unit stride in K")
+    if x.shape[0] > MAX_TOKENS:
+        raise ValueError(f"dense_gemv: {x.shape[0]} tokens, expected at most {MAX_TOKENS} (a decode batch)")
+    if x.dtype != w.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"dense_gemv: x is {x.dtype} and w {w.dtype}, expected one of bfloat16, float16, "
+                         "float32 for both")
+    return n, k

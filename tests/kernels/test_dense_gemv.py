@@ -1,0 +1,76 @@
+"""dense_gemv (decode-batch GEMV, split-K, weights loaded before the PDL wait) vs F.linear."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flint_kernels import dense_gemv as dense_gemv_module
+from flint_kernels.dense_gemv import MAX_TOKENS, dense_gemv, uses_dense_gemv
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32: summation order only; bf16: the output's rounding (the interpreter truncates: 1 ulp)
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1e-2, atol=1e-2)}
+
+
+def operands(t, n, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=g).to(dtype).to(DEVICE)
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype).to(DEVICE)
+    return x, w
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t,n,k,splits", [
+    (1, 48, 128, None),      # one step a program, loaded before the wait
+    (2, 40, 256, 1),         # two steps a program, both loaded before the wait
+    (3, 33, 512, 2),         # split-K, two steps a split, odd rows
+    (4, 24, 1024, 2),        # four steps a split: the pipelined loop
+    (1, 20, 96, None),       # K not a power of two: one masked step
+    (2, 17, 200, None),      # K not a multiple of the step: masked loop steps
+])
+def test_matches_f_linear(t, n, k, splits, dtype):
+    x, w = operands(t, n, k, dtype, seed=t * k)
+    got = dense_gemv(x, w, num_splits=splits)
+    assert got.dtype == dtype and got.shape == (t, n)
+    torch.testing.assert_close(got, F.linear(x, w), **TOL[dtype])
+
+
+def test_one_hot_rows_read_back_the_weights_exactly():
+    x, w = operands(1, 40, 256, torch.float32, seed=1)
+    x = torch.eye(256, device=DEVICE)[[3, 200]]
+    assert torch.equal(dense_gemv(x, w), w[:, [3, 200]].T)
+
+
+def test_split_k_is_deterministic():
+    x, w = operands(2, 16, 1024, torch.float32, seed=2)
+    assert torch.equal(dense_gemv(x, w, num_splits=4), dense_gemv(x, w, num_splits=4))
+
+
+def test_which_linears_it_takes():
+    x, w = operands(MAX_TOKENS, 8, 64, torch.bfloat16, seed=3)
+    assert uses_dense_gemv(x, w)
+    assert not uses_dense_gemv(torch.cat([x, x]), w)                # a prefill chunk: cuBLAS
+    assert not uses_dense_gemv(x.float(), w)                         # mixed dtypes
+    head = torch.empty(dense_gemv_module.MAX_ROWS + 1, 64, dtype=torch.bfloat16, device="meta")
+    assert not uses_dense_gemv(x.to("meta"), head)                   # an LM head
+
+
+def test_errors_name_the_argument():
+    x, w = operands(2, 8, 64, torch.bfloat16, seed=4)
+    assert dense_gemv(x[:0], w).shape == (0, 8)
+    with pytest.raises(ValueError, match=r"x has shape \(2, 32\).*expected \[T, 64\]"):
+        dense_gemv(x[:, :32], w)
+    with pytest.raises(ValueError, match="at most 4"):
+        dense_gemv(torch.cat([x, x, x]), w)
+    with pytest.raises(ValueError, match="x is torch.float32 and w torch.bfloat16"):
+        dense_gemv(x.float(), w)
+    with pytest.raises(ValueError, match="num_splits 3, expected 1..1"):
+        dense_gemv(x, w, num_splits=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 4])
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (20480, 2048), (2048, 10240)])
+def test_real_shapes(t, n, k):
+    x, w = operands(t, n, k, torch.bfloat16, seed=n + k)
+    torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.bfloat16])
