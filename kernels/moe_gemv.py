@@ -46,6 +46,12 @@ DOWN_ROWS: int | None = None
 # DOWN_WORDS_ROWS rows of all the token's experts at once (_moe_down_words_kernel).
 WORDS_MAX_K, WORDS_TILE = (256, 1 << 16) if INTERPRET else (2048, 1 << 14)
 DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (16, 8)
+# Dense (BF16) down weights, up to 8 slots of at most DOWN_DENSE_MAX_I: the same one-load launch
+# (_moe_down_dense_kernel), DOWN_DENSE_ROWS rows of every slot a program (4 x 8 x 512 bf16 = 32 KB,
+# 64 registers a thread at 4 warps), loaded before the PDL wait. FLINT_MOE_DOWN_DENSE=0: the
+# per-expert pipelined loop (_moe_down_kernel).
+DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
+DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 
 
 @triton.jit
@@ -249,6 +255,51 @@ def _moe_down_words_kernel(
     tl.store(out_ptr + t * H + rows, out, mask=row_mask)
 
 
+@triton.jit
+def _moe_down_dense_kernel(
+    inter_ptr,            # [T * SLOTS, I_MAX]
+    ids_ptr,              # [T, K] int32
+    topk_weights_ptr,     # [T, K] fp32
+    out_ptr,              # [T, H], contiguous
+    w2_ptr,               # routed dense [E, H, I]
+    s2_ptr,               # shared dense [H, Is] (read when SLOTS > K)
+    w2_se, w2_sn, s2_sn,
+    H, I, IS, stride_inter,
+    K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """_moe_down_words_kernel for dense (BF16) weights: program (token, BLOCK_H output dims) loads
+    the rows of all the token's SLOTS experts as one [8 slots, BLOCK_H, BLOCK_I] tile before the
+    PDL prologue (the expert ids are the router's, two kernels back: pdl.py), then one reduction
+    over the intermediate dim; each expert's output rounded, combined with the router weights in
+    fp32, rounded, plus the shared expert's, as _moe_down_kernel."""
+    t = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_mask = rows < H
+    dtype = out_ptr.dtype.element_ty
+    j = tl.arange(0, 8)  # slots: K routed experts, then the shared one
+    routed = j < K
+    used = j < SLOTS
+    e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg").to(tl.int64)
+    n_k = tl.where(routed, I, IS)  # [8]
+    w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
+    w_sn = tl.where(routed, w2_sn, s2_sn)
+    kk = tl.arange(0, BLOCK_I)
+    live = used[:, None, None] & row_mask[None, :, None] & (kk[None, None, :] < n_k[:, None, None])
+    w = tl.load(w_base[:, None, None] + rows[None, :, None] * w_sn[:, None, None] + kk[None, None, :],
+                mask=live, other=0.0)  # [8, BLOCK_H, BLOCK_I]
+    pdl_prologue(PDL)  # the SwiGLU outputs come from the gate/up launch just before
+    a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
+    a = tl.load(a_rows[:, None] + kk[None, :], mask=used[:, None] & (kk[None, :] < n_k[:, None]), other=0.0)
+    y = tl.sum(w.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)  # [8, BLOCK_H]
+    y = y.to(dtype).to(tl.float32)  # each expert's output, rounded
+    mix = tl.load(topk_weights_ptr + t * K + j, mask=routed, other=0.0)
+    out = tl.sum(tl.where(routed[:, None], mix[:, None] * y, 0.0), axis=0).to(dtype)
+    if SLOTS > K:  # plus the shared expert, weight 1
+        out = (out.to(tl.float32) + tl.sum(tl.where((j == K)[:, None], y, 0.0), axis=0)).to(dtype)
+    tl.store(out_ptr + t * H + rows, out, mask=row_mask)
+
+
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
              shared_w13=None, shared_w2=None) -> torch.Tensor:
     """Small-batch path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H]."""
@@ -288,6 +339,13 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
             PTX=nvfp4.ptx_decode(), **launch_args(x.device, prefetches=True), num_warps=DOWN_WORDS_WARPS)
+        return out
+    if DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and slots <= 8 and i_max <= DOWN_DENSE_MAX_I:
+        _moe_down_dense_kernel[(t, triton.cdiv(h, DOWN_DENSE_ROWS))](
+            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, w2_ptr=w2,
+            s2_ptr=shared2, w2_se=w2.stride(0), w2_sn=w2.stride(1), s2_sn=shared2.stride(0),
+            H=h, I=i, IS=i_s, stride_inter=inter.stride(0), K=k, SLOTS=slots, BLOCK_H=DOWN_DENSE_ROWS,
+            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True), num_warps=WARPS)
         return out
     block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))

@@ -54,11 +54,16 @@ def check(got, expected, dtype):
         assert_scaled_close(got, expected, rel=BF16_REL)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path,down_dense", [("small", True), ("small", False), ("grouped", True)],
+                         ids=["small-one-load-down", "small-per-expert-down", "grouped"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t,e,k", [(1, 16, 4), (3, 16, 4), (5, 8, 8), (17, 16, 4)],
                          ids=["T1", "T3", "T5-all-experts", "T17"])
-def test_dense_experts(path, t, e, k, dtype):
+def test_dense_experts(path, down_dense, t, e, k, dtype, monkeypatch):
+    """down_dense: the small-batch path's dense down launch, all slots in one load
+    (moe_gemv.DOWN_DENSE; up to 8 slots, so K = 8 plus the shared expert takes the loop), or an
+    expert at a time."""
+    monkeypatch.setattr(moe_gemv, "DOWN_DENSE", down_dense)
     w13, w2, s13, s2 = experts(e, 64, 32, 32, dtype, "dense", seed=t)
     ids, weights = routing(t, e, k, seed=t)
     x = torch.randn(t, 64, device=DEVICE).to(dtype)
