@@ -58,38 +58,6 @@ def _merge(m, l, acc, m2, l2, acc2):
 
 
 @triton.jit
-def _kv_tile(k_cache_ptr, v_cache_ptr, pos, end, block, ring_base, h, cols, HK: tl.constexpr, D: tl.constexpr,
-             ROWS_PER: tl.constexpr, PAGED: tl.constexpr):
-    """K and V [BLOCK_N, D] of KV head h at cached positions `pos` (< end; others read as 0):
-    paged (block: the positions' block numbers) or in a ring of ROWS_PER rows at ring_base."""
-    if PAGED:
-        slot = block.to(tl.int64) * ROWS_PER + pos % ROWS_PER
-    else:
-        slot = ring_base + pos % ROWS_PER
-    kv_off = slot[:, None] * (HK * D) + h * D + cols[None, :]  # [BLOCK_N, D]
-    valid = pos < end
-    k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-    v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-    return k, v
-
-
-@triton.jit
-def _attend_tile(q, k, v, valid, m, l, acc, qk_scale, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online-softmax update of (m, l, acc) with one K/V tile (positions where `valid`)."""
-    if DOT_FP32:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
-    scores = tl.where(valid[None, :], scores, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(scores - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l, acc
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr,             # [B, Hq, D]
     k_ptr,             # [B, Hk, D] this step's keys
@@ -110,6 +78,7 @@ def _decode_split_kernel(
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -119,35 +88,44 @@ def _decode_split_kernel(
         return
     rows = tl.arange(0, BLOCK_G)  # query heads h*G + rows
     cols = tl.arange(0, D)
-    table = block_tables_ptr + b * stride_bt
-    ring_base = 0
-    if not PAGED:
-        ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
-    # The first tile's K/V is loaded before the PDL prologue (pdl.py): cached positions < the
-    # context length were written by earlier steps (this step's token is added from k/v, and its
-    # cache slot is never one of them), and the step's metadata precedes every kernel.
-    pos = start + tl.arange(0, BLOCK_N)
-    block = tl.load(table + pos // ROWS_PER, mask=PAGED & (pos < end), other=0)
-    k, v = _kv_tile(k_cache_ptr, v_cache_ptr, pos, end, block, ring_base, h, cols, HK, D, ROWS_PER, PAGED)
-    # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
-    pos_next = pos + BLOCK_N
-    block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
-    pdl_prologue(PDL)
     q = tl.load(q_ptr + b * stride_qb + (h * G + rows[:, None]) * stride_qh + cols[None, :],
                 mask=rows[:, None] < G, other=0.0)  # [BLOCK_G, D]
     if DOT_FP32:
         q = q.to(tl.float32)
+    table = block_tables_ptr + b * stride_bt
+    ring_base = 0
+    if not PAGED:
+        ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
     m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
-    m, l, acc = _attend_tile(q, k, v, pos < end, m, l, acc, qk_scale, DOT_FP32, DOT_PRECISION)
-    for kstart in range(start + BLOCK_N, end, BLOCK_N):
+    # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
+    pos_next = start + tl.arange(0, BLOCK_N)
+    block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
+    for kstart in range(start, end, BLOCK_N):
         pos = kstart + tl.arange(0, BLOCK_N)
-        block = block_next
-        pos_next = pos + BLOCK_N
-        block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
-        k, v = _kv_tile(k_cache_ptr, v_cache_ptr, pos, end, block, ring_base, h, cols, HK, D, ROWS_PER, PAGED)
-        m, l, acc = _attend_tile(q, k, v, pos < end, m, l, acc, qk_scale, DOT_FP32, DOT_PRECISION)
+        valid = pos < end
+        if PAGED:
+            block = block_next.to(tl.int64)
+            pos_next = pos + BLOCK_N
+            block_next = tl.load(table + pos_next // ROWS_PER, mask=pos_next < end, other=0)
+            slot = block * ROWS_PER + pos % ROWS_PER
+        else:
+            slot = ring_base + pos % ROWS_PER
+        kv_off = slot[:, None] * (HK * D) + h * D + cols[None, :]  # [BLOCK_N, D]
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        if DOT_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m = m_new
     head_ok = rows < G
     part = (b * (HK * G) + h * G + rows) * num_splits  # [BLOCK_G] (b, head, split 0)
     if n_splits > 1:  # partials for _decode_reduce_kernel
