@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from . import nvfp4
-from .nvfp4 import fp4_dot_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_unit, is_nvfp4, weight_args, weight_tile
+from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_unit,
+                    is_nvfp4, weight_args, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
@@ -46,6 +47,10 @@ DOWN_ROWS: int | None = None
 # DOWN_WORDS_ROWS rows of all the token's experts at once (_moe_down_words_kernel).
 WORDS_MAX_K, WORDS_TILE = (256, 1 << 16) if INTERPRET else (2048, 1 << 14)
 DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (16, 8)
+# NVFP4 word gate/up with a shared expert: two launches, the shared expert's then the routed
+# ones', each loading its weights before the PDL wait (the routed launch may: the router that
+# wrote its expert ids is then two kernels back). FLINT_FP4_MOE_SPLIT_SHARED=0: one launch.
+SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "1") == "1"
 # Dense (BF16) down weights, up to 8 slots of at most DOWN_DENSE_MAX_I: the same one-load launch
 # (_moe_down_dense_kernel), DOWN_DENSE_ROWS rows of every slot a program (4 x 8 x 512 bf16 = 32 KB,
 # 64 registers a thread at 4 warps), loaded before the PDL wait. FLINT_MOE_DOWN_DENSE=0: the
@@ -93,6 +98,29 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
 
 
 @triton.jit
+def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn,
+                        stride_gn, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, PTX: tl.constexpr,
+                        PDL: tl.constexpr):
+    """_gate_up_rows for NVFP4 words whose H is STEPS (1 or 2) whole steps: every word of the
+    interleaved gate/up rows is loaded, then the PDL prologue runs, then x is read. -> gate, up."""
+    row_mask = rows < n_rows
+    both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
+    both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
+    kw: tl.constexpr = BLOCK_K // 8
+    w0, s0 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, 0, H // 8, stride_wn, stride_sn, kw, False)
+    if STEPS > 1:
+        w1, s1 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, kw, H // 8, stride_wn, stride_sn, kw, False)
+    pdl_prologue(PDL)
+    acc = fp4_dot_loaded(x_row_ptr, w0, s0, 0, H // 8, kw, False, PTX)
+    if STEPS > 1:
+        acc += fp4_dot_loaded(x_row_ptr, w1, s1, kw, H // 8, kw, False, PTX)
+    gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
+    gate *= tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)  # the global scale
+    up *= tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
+    return gate, up
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,                # [T, H]
     ids_ptr,              # [T, K] int32
@@ -104,11 +132,14 @@ def _moe_gate_up_kernel(
     H, I, IS, stride_xt, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
-    WORDS: tl.constexpr, PTX: tl.constexpr,
+    WORDS: tl.constexpr, PTX: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr, PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_prologue(PDL)
-    slot = tl.program_id(0)
+    """Program (slot, BLOCK_N rows) over slots [FIRST, FIRST + COUNT) of each token. PREFETCH
+    (NVFP4 words, 1 or 2 steps spanning H): the expert id and the weight tile are loaded before
+    the PDL prologue, which the launcher allows only when the router's ids are two kernels back
+    (the shared expert's launch in between, pdl.py)."""
+    slot = (tl.program_id(0) // COUNT) * SLOTS + FIRST + tl.program_id(0) % COUNT
     nb = tl.program_id(1)
     t = slot // SLOTS
     k = slot % SLOTS
@@ -117,6 +148,19 @@ def _moe_gate_up_kernel(
         return
     rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
+    if PREFETCH > 0:
+        e = tl.load(ids_ptr + t * K + k, mask=k < K, other=0, cache_modifier=".cg").to(tl.int64)
+        routed = k < K
+        gate, up = _gate_up_prefetched(
+            x_row, tl.where(routed, w13_ptr + e * w13_se, s13_ptr),
+            tl.where(routed, w13_scales_ptr + e * w13_sse, s13_scales_ptr),
+            tl.where(routed, w13_scale_ptr + e * w13_sge, s13_scale_ptr), rows, n_rows, H,
+            tl.where(routed, w13_sn, s13_sn), tl.where(routed, w13_ssn, s13_ssn),
+            tl.where(routed, w13_sgn, s13_sgn), BLOCK_K, PREFETCH, PTX, PDL)
+        h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
+        tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
+        return
+    pdl_prologue(PDL)
     if k < K:
         e = tl.load(ids_ptr + t * K + k).to(tl.int64)
         gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
@@ -320,18 +364,30 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     # NVFP4 (dense rows would not fit them)
     words_up, words_down = nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
     words13 = words_up and is_nvfp4(w13) and is_nvfp4(shared13)
-    block_n = GATE_UP_ROWS or _rows_per_program(t * slots, i_max, x.device)
-    block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
-    if words13:
-        block_k = min(WORDS_MAX_K, WORDS_TILE // (2 * block_n), triton.next_power_of_2(h))
-    _moe_gate_up_kernel[(t * slots, triton.cdiv(i_max, block_n))](
-        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=words_up),
-        **weight_args("s13", shared13, words=words_up),
-        H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
-        K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
-        W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
-        **launch_args(x.device),
-        WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
+    def gate_up(first: int, count: int, rows: int, prefetch_ok: bool):
+        """The gate/up launch over slots [first, first + count) of every token."""
+        block_n = GATE_UP_ROWS or _rows_per_program(t * count, rows, x.device)
+        block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
+        if words13:
+            block_k = min(WORDS_MAX_K, WORDS_TILE // (2 * block_n), triton.next_power_of_2(h))
+        steps = h // block_k if h % block_k == 0 else 0
+        prefetch = steps if prefetch_ok and words13 and steps <= 2 else 0
+        _moe_gate_up_kernel[(t * count, triton.cdiv(rows, block_n))](
+            x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=words_up),
+            **weight_args("s13", shared13, words=words_up),
+            H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
+            K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
+            W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
+            FIRST=first, COUNT=count, PREFETCH=prefetch, **launch_args(x.device, prefetches=prefetch > 0),
+            WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
+
+    if SPLIT_SHARED and words13 and has_shared:
+        # the shared expert's launch first: it reads nothing the router wrote, and puts the router
+        # two kernels before the routed launch, which then loads its experts before its PDL wait
+        gate_up(k, 1, i_s, True)
+        gate_up(0, k, i, True)
+    else:
+        gate_up(0, slots, i_max, False)
     if words_down and is_nvfp4(w2) and is_nvfp4(shared2) and slots <= 8:
         _moe_down_words_kernel[(t, triton.cdiv(h, DOWN_WORDS_ROWS))](
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,

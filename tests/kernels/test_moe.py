@@ -93,6 +93,22 @@ def test_nvfp4_experts(path, fmt, dtype, words):
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
+@pytest.mark.parametrize("split_shared", [True, False], ids=["shared-launch-first", "one-gate-up-launch"])
+@pytest.mark.parametrize("h", [64, 512], ids=["H-one-step", "H-two-steps"])
+def test_nvfp4_gate_up_launches_with_a_shared_expert(split_shared, h, monkeypatch):
+    """NVFP4 words with a shared expert: the shared expert's gate/up launch, then the routed one
+    loading its experts' words (one or two steps of H) before reading x (moe_gemv.SPLIT_SHARED),
+    or a single launch over every slot."""
+    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
+    monkeypatch.setattr(moe_gemv, "SPLIT_SHARED", split_shared)
+    t, e, k = 2, 8, 3
+    w13, w2, s13, s2 = experts(e, h, 32, 64, torch.float32, "nvfp4", seed=8)
+    ids, weights = routing(t, e, k, seed=8)
+    x = torch.randn(t, h, device=DEVICE)
+    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"),
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
+
+
 @pytest.mark.parametrize("shared", ["none", "same", "wider"])
 @pytest.mark.parametrize("k", [2, 7])
 def test_nvfp4_small_batch_slot_layouts(shared, k, words, monkeypatch):
