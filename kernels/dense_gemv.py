@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
-from .split_k import arrival_counters, finish_split, pick_splits
+from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_TOKENS = 4
@@ -52,13 +52,7 @@ def _dense_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    nb = tl.program_id(1)
-    s = tl.program_id(2)
-    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    k_lo = s * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_wn
     x_row = x_ptr + t * stride_xt

@@ -239,6 +239,33 @@ def _moe_down_kernel(
 
 
 @triton.jit
+def _token_slots(ids_ptr, t, K: tl.constexpr, SLOTS: tl.constexpr):
+    """The 8 slots of token t in the down launches -> (slot index j, routed (j < K), used
+    (j < SLOTS), expert id of the routed ones, int64). The ids are read past L1: they may be read
+    before the PDL prologue (the router is two kernels back, pdl.py)."""
+    j = tl.arange(0, 8)  # slots: K routed experts, then the shared one
+    routed = j < K
+    e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg").to(tl.int64)
+    return j, routed, j < SLOTS, e
+
+
+@triton.jit
+def _store_combined(y, topk_weights_ptr, out_ptrs, row_mask, t, K: tl.constexpr, SLOTS: tl.constexpr):
+    """y [8 slots, BLOCK_H] fp32: each slot's down projection -> each rounded to out's dtype,
+    the routed ones combined with the router weights in fp32, rounded, plus the shared one
+    (weight 1), rounded: stored to out_ptrs [BLOCK_H]."""
+    dtype = out_ptrs.dtype.element_ty
+    j = tl.arange(0, 8)
+    routed = j < K
+    y = y.to(dtype).to(tl.float32)  # each expert's output, rounded
+    mix = tl.load(topk_weights_ptr + t * K + j, mask=routed, other=0.0)
+    out = tl.sum(tl.where(routed[:, None], mix[:, None] * y, 0.0), axis=0).to(dtype)
+    if SLOTS > K:  # plus the shared expert, weight 1
+        out = (out.to(tl.float32) + tl.sum(tl.where((j == K)[:, None], y, 0.0), axis=0)).to(dtype)
+    tl.store(out_ptrs, out, mask=row_mask)
+
+
+@triton.jit
 def _moe_down_words_kernel(
     inter_ptr,            # [T * SLOTS, I_MAX]
     ids_ptr,              # [T, K] int32
@@ -261,11 +288,7 @@ def _moe_down_words_kernel(
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
-    dtype = out_ptr.dtype.element_ty
-    j = tl.arange(0, 8)  # slots: K routed experts, then the shared one
-    routed = j < K
-    used = j < SLOTS
-    e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg").to(tl.int64)
+    j, routed, used, e = _token_slots(ids_ptr, t, K, SLOTS)
     n_words = tl.where(routed, I // 8, IS // 8)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
     w_sn = tl.where(routed, w2_sn, s2_sn)
@@ -291,12 +314,7 @@ def _moe_down_words_kernel(
     g_base = tl.where(routed, w2_scale_ptr + e * w2_sge, s2_scale_ptr)
     g_sn = tl.where(routed, w2_sgn, s2_sgn)
     y *= tl.load(g_base[:, None] + rows[None, :] * g_sn[:, None], mask=used[:, None] & row_mask[None, :], other=0.0)
-    y = y.to(dtype).to(tl.float32)  # each expert's output, rounded
-    mix = tl.load(topk_weights_ptr + t * K + j, mask=routed, other=0.0)
-    out = tl.sum(tl.where(routed[:, None], mix[:, None] * y, 0.0), axis=0).to(dtype)
-    if SLOTS > K:  # plus the shared expert, weight 1
-        out = (out.to(tl.float32) + tl.sum(tl.where((j == K)[:, None], y, 0.0), axis=0)).to(dtype)
-    tl.store(out_ptr + t * H + rows, out, mask=row_mask)
+    _store_combined(y, topk_weights_ptr, out_ptr + t * H + rows, row_mask, t, K, SLOTS)
 
 
 @triton.jit
@@ -320,11 +338,7 @@ def _moe_down_dense_kernel(
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
-    dtype = out_ptr.dtype.element_ty
-    j = tl.arange(0, 8)  # slots: K routed experts, then the shared one
-    routed = j < K
-    used = j < SLOTS
-    e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg").to(tl.int64)
+    j, routed, used, e = _token_slots(ids_ptr, t, K, SLOTS)
     n_k = tl.where(routed, I, IS)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
     w_sn = tl.where(routed, w2_sn, s2_sn)
@@ -336,12 +350,7 @@ def _moe_down_dense_kernel(
     a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
     a = tl.load(a_rows[:, None] + kk[None, :], mask=used[:, None] & (kk[None, :] < n_k[:, None]), other=0.0)
     y = tl.sum(w.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)  # [8, BLOCK_H]
-    y = y.to(dtype).to(tl.float32)  # each expert's output, rounded
-    mix = tl.load(topk_weights_ptr + t * K + j, mask=routed, other=0.0)
-    out = tl.sum(tl.where(routed[:, None], mix[:, None] * y, 0.0), axis=0).to(dtype)
-    if SLOTS > K:  # plus the shared expert, weight 1
-        out = (out.to(tl.float32) + tl.sum(tl.where((j == K)[:, None], y, 0.0), axis=0)).to(dtype)
-    tl.store(out_ptr + t * H + rows, out, mask=row_mask)
+    _store_combined(y, topk_weights_ptr, out_ptr + t * H + rows, row_mask, t, K, SLOTS)
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,

@@ -26,7 +26,7 @@ from . import nvfp4
 from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, packed_words,
                     scale_strides, weight_tile)
 from .pdl import launch_args, pdl_prologue
-from .split_k import arrival_counters, finish_split, pick_splits
+from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
@@ -61,13 +61,7 @@ def _nvfp4_gemv_kernel(
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    nb = tl.program_id(1)
-    s = tl.program_id(2)
-    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    k_lo = s * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     if PREFETCH > 0:
         # every split is PREFETCH whole steps (the launcher checks): their weights are loaded
         # before the wait for the previous kernel, whose output x is read after it (pdl.py)

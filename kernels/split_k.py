@@ -62,6 +62,18 @@ def finish_split(y, scale, out_ptrs, part_ptr, offs, mask, s, split_stride, coun
             tl.store(out_ptrs, (total * scale).to(out_ptrs.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def gemv_program(N, K, k_per_split, BLOCK_N: tl.constexpr):
+    """The split-K GEMV grid (token, row block, split) -> (t, nb, s, rows [BLOCK_N], row_mask,
+    k range [k_lo, k_hi) of this split)."""
+    t = tl.program_id(0)
+    nb = tl.program_id(1)
+    s = tl.program_id(2)
+    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = s * k_per_split
+    return t, nb, s, rows, rows < N, k_lo, tl.minimum(k_lo + k_per_split, K)
+
+
 # SMs assumed without a GPU: the interpreter keeps grids small; scripts/compile_kernels.py sets
 # the H200's count to compile the launches a GPU would make
 HOST_SMS = 4
