@@ -41,7 +41,9 @@ class FlintAttention:
         self.window = 0 if self.is_full else config.sliding_window
         self.sm_scale = 1.0 / math.sqrt(config.head_dim)
 
-    def forward(self, h: torch.Tensor, batch: StepBatch, kv: KVCache) -> torch.Tensor:
+    def forward(self, qkv: torch.Tensor, batch: StepBatch, kv: KVCache) -> torch.Tensor:
+        """qkv: the QKV projection of the normed input [N, (Hq + 2 Hk) D] (the decoder layer folds
+        the input RMSNorm into it) -> the o_proj output [N, H]."""
         c, ops = self.config, self.ops
         k_cache, v_cache = kv.layer(self.layer)
         # Full layers write K/V before attention (distinct slots). A sliding layer's ring write
@@ -49,7 +51,6 @@ class FlintAttention:
         # overwrite ring slots that its own earlier tokens still read.
         write_now = self.is_full or batch.decode_only
         slots = batch.full_slots if self.is_full else batch.ring_slots
-        qkv = ops.linear(h, self.qkv_proj)  # [N, (Hq + 2 Hk) D]
         q, k, v = ops.qk_norm_rope(
             qkv, self.q_norm, self.k_norm, batch.positions, self.cos_sin, c.rms_norm_eps,
             c.num_attention_heads, c.num_key_value_heads,
@@ -66,19 +67,21 @@ class FlintAttention:
 
 
 class FlintMLP:
-    def __init__(self, prefix: str, w: dict, ops: Ops):
-        self.ops = ops
+    def __init__(self, config: FlintConfig, prefix: str, w: dict, ops: Ops):
+        self.ops, self.eps = ops, config.rms_norm_eps
         self.gate_up = ops.concat_rows([w[prefix + "gate_proj.weight"], w[prefix + "up_proj.weight"]])
         self.down = w[prefix + "down_proj.weight"]
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(self.ops.silu_mul(self.ops.linear(h, self.gate_up)), self.down)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor):
+        """-> (MLP(rms_norm(residual + x)), residual + x): the norm folded into gate/up."""
+        gate_up, residual = self.ops.norm_linear(x, residual, norm_w, self.eps, self.gate_up)
+        return self.ops.linear(self.ops.silu_mul(gate_up), self.down), residual
 
 
 class FlintMoE:
     def __init__(self, config: FlintConfig, layer: int, w: dict, ops: Ops):
         p = f"model.layers.{layer}.mlp."
-        self.config, self.ops = config, ops
+        self.config, self.ops, self.eps = config, ops, config.rms_norm_eps
         self.router = w[p + "gate.weight"]
         self.bias = w[p + "gate.e_score_correction_bias"].float()
         self.w13 = ops.concat_rows([w[p + "experts.gate_proj.weight"], w[p + "experts.up_proj.weight"]], dim=1)
@@ -87,11 +90,13 @@ class FlintMoE:
                                            w[p + "shared_experts.up_proj.weight"]])
         self.shared_w2 = w[p + "shared_experts.down_proj.weight"]
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor):
+        """-> (MoE(rms_norm(residual + x)), residual + x): the norm folded into the router."""
         c = self.config
-        ids, weights = self.ops.router(h, self.router, self.bias, c.num_experts_per_tok,
-                                       c.routed_scaling_factor, c.norm_topk_prob)
-        return self.ops.moe(h, ids, weights, self.w13, self.w2, self.shared_w13, self.shared_w2)
+        h, ids, weights, residual = self.ops.norm_router(x, residual, norm_w, self.eps, self.router, self.bias,
+                                                         c.num_experts_per_tok, c.routed_scaling_factor,
+                                                         c.norm_topk_prob)
+        return self.ops.moe(h, ids, weights, self.w13, self.w2, self.shared_w13, self.shared_w2), residual
 
 
 class FlintDecoderLayer:
@@ -101,17 +106,16 @@ class FlintDecoderLayer:
         self.input_norm = w[p + "input_layernorm.weight"]
         self.post_norm = w[p + "post_attention_layernorm.weight"]
         self.self_attn = FlintAttention(config, layer, w, ops, cos_sin)
-        self.mlp = FlintMoE(config, layer, w, ops) if config.is_moe_layer(layer) else FlintMLP(p + "mlp.", w, ops)
+        self.mlp = (FlintMoE(config, layer, w, ops) if config.is_moe_layer(layer)
+                    else FlintMLP(config, p + "mlp.", w, ops))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: StepBatch, kv: KVCache):
-        """x: the previous sublayer's output [N, H]; residual: the running sum (None at layer 0)."""
-        if residual is None:
-            residual, h = x, self.ops.rms_norm(x, self.input_norm, self.eps)
-        else:
-            h = self.ops.rms_norm(x, self.input_norm, self.eps, residual=residual)  # residual += x
-        x = self.self_attn.forward(h, batch, kv)
-        h = self.ops.rms_norm(x, self.post_norm, self.eps, residual=residual)
-        return self.mlp.forward(h), residual
+        """x: the previous sublayer's output [N, H]; residual: the running sum (None at layer 0).
+        Each residual add + RMSNorm is folded into the op after it (at decode sizes one launch)."""
+        attn = self.self_attn
+        qkv, residual = self.ops.norm_linear(x, residual, self.input_norm, self.eps, attn.qkv_proj)
+        x = attn.forward(qkv, batch, kv)  # [N, H]
+        return self.mlp.forward(x, residual, self.post_norm)
 
 
 class FlintModel:
@@ -136,9 +140,9 @@ class FlintModel:
     def forward_low_latency(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
         """The same function for an all-decode step of a few tokens, in fewer, fatter kernels per
         layer: [residual + norm + QKV + Q/K norm + RoPE + KV write], attention, o_proj,
-        [residual + norm], [router + top-k], [gate/up of the chosen and shared experts],
-        [down + combine]. (A residual + norm prologue inside the router measured slower than the
-        separate RMSNorm on an H200: benchmarks/NOTES.md.)"""
+        [residual + norm + router + top-k], [gate/up of the chosen and shared experts],
+        [down + combine]. (The regular path folds the norms too; this one also folds Q/K norm,
+        RoPE and the KV write into the QKV launch: benchmarks/NOTES.md.)"""
         c, ops = self.config, self.ops
         x, residual = self.embed[batch.input_ids], None  # [N, H]
         for layer in self.layers:
@@ -153,7 +157,7 @@ class FlintModel:
                 attn.window, block_tables=batch.block_tables if attn.is_full else None,
                 ring_rows=None if attn.is_full else batch.ring_rows, decode_only=True, max_query_len=1)
             x = ops.linear(out.reshape(out.shape[0], -1), attn.o_proj)
-            x = mlp.forward(ops.rms_norm(x, layer.post_norm, c.rms_norm_eps, residual=residual))
+            x, residual = mlp.forward(x, residual, layer.post_norm)
         return self._head(x, residual, batch)
 
     def _head(self, x: torch.Tensor, residual: torch.Tensor, batch: StepBatch) -> torch.Tensor:

@@ -9,6 +9,7 @@ Weights of linears and experts are dense tensors or NVFP4Weight (W4A16, weights/
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +30,9 @@ from flint_kernels import sampling as sampling_k
 from flint_kernels import swiglu as swiglu_k
 
 BACKENDS = ("torch", "triton")
+# The residual add + RMSNorm folded into the GEMV or router after it at decode sizes (one launch
+# fewer, twice a layer); FLINT_FOLD_NORM=0: the separate rms_norm launch (a benchmark knob).
+FOLD_NORM = os.environ.get("FLINT_FOLD_NORM", "1") == "1"
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class Ops:
     linear: Callable          # (x [T, K], w [N, K] dense or NVFP4) -> [T, N]
     concat_rows: Callable     # ([w_a, w_b, ...], dim=0) -> one weight, rows stacked (done at load)
     rms_norm: Callable        # (x, w, eps, residual=None) -> y; residual += x first when given
+    # the residual add + RMSNorm + the op after it; residual is consumed (use the one returned)
+    norm_linear: Callable     # (x, residual | None, norm_w, eps, w) -> (linear(rms_norm(..)), residual + x)
+    norm_router: Callable     # (x, residual | None, norm_w, eps, w, bias, top_k, scaling, renorm)
+    #                              -> (h = rms_norm(..), ids, weights, residual + x)
     qk_norm_rope: Callable    # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache, slot_mapping)
     attention: Callable       # (q, k, v, qsl, context_lens, k_cache, v_cache, sinks, scale, window, ...)
     cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip)
@@ -85,6 +93,44 @@ def linear_triton(x: torch.Tensor, w) -> torch.Tensor:
     return F.linear(x, w)  # prefill, and the LM head, with cuBLAS
 
 
+def norm_linear_torch(x, residual, norm_w, eps, w):
+    if residual is None:
+        return linear_torch(rms_k.rms_norm_torch(x, norm_w, eps), w), x
+    return linear_torch(rms_k.rms_norm_torch(x, norm_w, eps, residual=residual), w), residual
+
+
+def _foldable(x, residual) -> bool:
+    return FOLD_NORM and x.is_contiguous() and (
+        residual is None or (residual.dtype == x.dtype and residual.is_contiguous()))
+
+
+def norm_linear_triton(x, residual, norm_w, eps, w):
+    """Decode batches: the RMSNorm folded into the GEMV (one launch); else rms_norm, then linear."""
+    fold = _foldable(x, residual)
+    if fold and x.shape[1] <= rms_k.MAX_HIDDEN:
+        if isinstance(w, NVFP4Weight) and x.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS:
+            return nvfp4_k.rms_norm_nvfp4_linear(x, residual, norm_w, eps, w)
+        if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(x, w):
+            return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w)
+    if residual is None:
+        return linear_triton(rms_k.rms_norm(x, norm_w, eps), w), x
+    return linear_triton(rms_k.rms_norm(x, norm_w, eps, residual=residual), w), residual
+
+
+def norm_router_torch(x, residual, norm_w, eps, w, bias, top_k, scaling, renormalize):
+    h = rms_k.rms_norm_torch(x, norm_w, eps, residual=residual)
+    return (h, *router_k.router_topk_torch(h, w, bias, top_k, scaling, renormalize),
+            x if residual is None else residual)
+
+
+def norm_router_triton(x, residual, norm_w, eps, w, bias, top_k, scaling, renormalize):
+    """Decode batches: the RMSNorm folded into the router (one launch); else rms_norm, then router."""
+    if _foldable(x, residual) and router_k.folds_norm(x, w):
+        return router_k.rms_norm_router_topk(x, residual, norm_w, eps, w, bias, top_k, scaling, renormalize)
+    h = rms_k.rms_norm(x, norm_w, eps, residual=residual)
+    return (h, *router_k.router_topk(h, w, bias, top_k, scaling, renormalize), x if residual is None else residual)
+
+
 def _attention_torch(*args, decode_only: bool, max_query_len: int, **kwargs):
     return attention_k.attention_torch(*args, **kwargs)
 
@@ -106,6 +152,8 @@ TORCH_OPS = Ops(
     linear=linear_torch,
     concat_rows=concat_rows,
     rms_norm=rms_k.rms_norm_torch,
+    norm_linear=norm_linear_torch,
+    norm_router=norm_router_torch,
     qk_norm_rope=qk_k.qk_norm_rope_torch,
     attention=_attention_torch,
     cache_write=cache_write_torch,
@@ -123,6 +171,8 @@ def triton_ops() -> Ops:
         linear=linear_triton,
         concat_rows=concat_rows,
         rms_norm=rms_k.rms_norm,
+        norm_linear=norm_linear_triton,
+        norm_router=norm_router_triton,
         qk_norm_rope=qk_k.qk_norm_rope,
         attention=_attention_triton,
         cache_write=cache_write_torch,

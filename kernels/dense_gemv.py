@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
+from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -48,14 +49,20 @@ def _dense_gemv_kernel(
     out_ptr,       # [T, N], contiguous
     part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
     counter_ptr,   # [T, cdiv(N, BLOCK_N)] int32, zero between launches
-    T, N, K, stride_xt, stride_wn, k_per_split,
+    res_ptr,       # [T, K] residual stream before the add (NORM and HAS_RESIDUAL), strided like x
+    res_out_ptr,   # [T, K] residual + x, contiguous (written by the programs (t, 0, 0))
+    norm_w_ptr,    # [K] RMSNorm weight (NORM)
+    T, N, K, stride_xt, stride_wn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
-    PREFETCH: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
+    """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it)."""
     t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_wn
     x_row = x_ptr + t * stride_xt
+    res_row = res_ptr + t * stride_xt
     if PREFETCH > 0:
         # every split is PREFETCH whole steps (the launcher checks): weights first, then the wait
         # for the previous kernel, whose output x is read after it (pdl.py)
@@ -63,17 +70,24 @@ def _dense_gemv_kernel(
         if PREFETCH > 1:
             w1 = tl.load(w_rows + (k_lo + BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
         pdl_prologue(PDL)
-        x0 = tl.load(x_row + k_lo + cols).to(tl.float32)
+        rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
+                                 HAS_RESIDUAL, BLOCK_H)
+        x0 = _x_cols(x_row, res_row, norm_w_ptr, k_lo + cols, rstd, NORM, HAS_RESIDUAL)
         acc = tl.sum(w0.to(tl.float32) * x0[None, :], axis=1)
         if PREFETCH > 1:
-            x1 = tl.load(x_row + k_lo + BLOCK_K + cols).to(tl.float32)
+            x1 = _x_cols(x_row, res_row, norm_w_ptr, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
             acc += tl.sum(w1.to(tl.float32) * x1[None, :], axis=1)
     else:
         pdl_prologue(PDL)
+        rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
+                                 HAS_RESIDUAL, BLOCK_H)
         acc = tl.zeros([BLOCK_N], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
             k = k0 + cols
-            if MASK_K:
+            if NORM:
+                w = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < k_hi), other=0.0)
+                x = folded_norm(x_row, res_row, norm_w_ptr, k, k < k_hi, rstd, HAS_RESIDUAL).to(tl.float32)
+            elif MASK_K:
                 w = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < k_hi), other=0.0)
                 x = tl.load(x_row + k, mask=k < k_hi, other=0.0).to(tl.float32)
             else:
@@ -84,14 +98,42 @@ def _dense_gemv_kernel(
                  counter_ptr + t * tl.num_programs(1) + nb, SPLIT)
 
 
+@triton.jit
+def _x_cols(x_row, res_row, norm_w_ptr, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """fp32 activations at columns k (all inside the row): x, or rms_norm(residual + x) with NORM."""
+    if NORM:
+        return folded_norm(x_row, res_row, norm_w_ptr, k, k >= 0, rstd, HAS_RESIDUAL).to(tl.float32)
+    return tl.load(x_row + k).to(tl.float32)
+
+
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
     """x [T, K] (T <= MAX_TOKENS), w [N, K] of x's dtype -> [T, N] in x.dtype (fp32 accumulation).
     num_splits: K splits (default: about two programs per SM, and at most two steps a split)."""
     n, k = _check_inputs(x, w)
-    t = x.shape[0]
-    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _launch(x, w, out, num_splits, None)
+    return out
+
+
+def rms_norm_dense_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
+                        w: torch.Tensor, num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add + RMSNorm before a linear, folded into the GEMV (one launch instead of
+    two): -> (rms_norm(residual + x, norm_w) @ W.T [T, N], residual + x [T, K] in a new tensor;
+    x itself when residual is None). Same bits as rms_norm(x, norm_w, eps, residual) then
+    dense_gemv. x, residual: contiguous [T, K] of one dtype."""
+    n, k = _check_inputs(x, w)
+    check_norm_inputs("rms_norm_dense_gemv", x, residual, norm_w, MAX_TOKENS)
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    res_out = x if residual is None else torch.empty_like(x)
+    _launch(x, w, out, num_splits, (residual, res_out, norm_w, eps))
+    return out, res_out
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int | None, norm: tuple | None):
+    """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in."""
+    (t, k), n = x.shape, w.shape[0]
     if t == 0 or n == 0:
-        return out
+        return
     block_k = min(BLOCK_K, triton.next_power_of_2(k))
     k_blocks = triton.cdiv(k, block_k)
     tiles = t * triton.cdiv(n, BLOCK_N)
@@ -104,12 +146,14 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) 
     prefetch = steps if k % k_per_split == 0 and steps <= 2 else 0
     part = torch.empty((splits, t, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = arrival_counters(tiles, x.device) if splits > 1 else out
+    residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)
     _dense_gemv_kernel[(t, triton.cdiv(n, BLOCK_N), splits)](
         x_ptr=x, w_ptr=w, out_ptr=out, part_ptr=part, counter_ptr=counters,
-        T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split,
+        res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w,
+        T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split, eps=eps,
         BLOCK_N=BLOCK_N, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
-        STAGES=STAGES, **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
-    return out
+        STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+        BLOCK_H=triton.next_power_of_2(k), **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -124,6 +168,13 @@ def uses_dense_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
     an LM head), operands of one dtype with unit stride in K."""
     return (x.dim() == 2 and x.shape[0] <= MAX_TOKENS and w.dim() == 2 and w.shape[0] <= MAX_ROWS
             and x.dtype == w.dtype and x.stride(-1) == 1 and w.stride(-1) == 1)
+
+
+def rms_norm_dense_gemv_torch(x, residual, norm_w, eps, w, num_splits=None):
+    """Same signature and semantics as `rms_norm_dense_gemv` (residual itself is not modified)."""
+    check_norm_inputs("rms_norm_dense_gemv", x, residual, norm_w, MAX_TOKENS)
+    res_out = x if residual is None else residual.clone()
+    return F.linear(rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out), w), res_out
 
 
 def dense_gemv_torch(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .rms_norm import folded_norm
+
 GROUP = 16  # weights per E4M3 block scale
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_VALUES = E2M1_MAGNITUDES + (0.0,) + tuple(-m for m in E2M1_MAGNITUDES[1:])  # code -> value
@@ -190,7 +192,9 @@ def fp4_scale_unit(PTX: tl.constexpr):
 
 @triton.jit
 def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
-                  KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr = False):
+                  KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr = False,
+                  res_ptr=None, norm_w_ptr=None, rstd=1.0, NORM: tl.constexpr = False,
+                  HAS_RESIDUAL: tl.constexpr = False):
     """GEMV step of an NVFP4 matrix read as 32-bit words (8 weights each, k = 8 w + j in nibble
     j): -> [BLOCK_N, KW / 2] fp32, for rows `rows` and words [kw0, kw0 + KW), the sums over
     each 16-weight block of E2M1 * block scale * x[k]; the global scale is not applied. Sum
@@ -199,9 +203,11 @@ def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, st
     x_ptr: x[0] of one token (any float dtype); words_ptr: the packed bytes viewed as int32
     [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs its
     decode (fp4_word_nibbles) and one FMA; each x value serves all the rows; the block scale
-    multiplies each block's sum once. (fp4_load_words then fp4_dot_loaded: the two halves.)"""
+    multiplies each block's sum once. (fp4_load_words then fp4_dot_loaded: the two halves.)
+    NORM: x is rms_norm(residual + x) folded in (fp4_dot_loaded)."""
     words, s = fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn, KW, MASK_K)
-    return fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW, MASK_K, PTX)
+    return fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW, MASK_K, PTX, res_ptr, norm_w_ptr, rstd, NORM,
+                          HAS_RESIDUAL)
 
 
 @triton.jit
@@ -224,14 +230,20 @@ def fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_w
 
 
 @triton.jit
-def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
-    """The activation half of fp4_dot_words, on what fp4_load_words returned."""
+def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr,
+                   res_ptr=None, norm_w_ptr=None, rstd=1.0, NORM: tl.constexpr = False,
+                   HAS_RESIDUAL: tl.constexpr = False):
+    """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
+    activation is rms_norm(residual + x) with norm weight norm_w_ptr, computed here column by
+    column (rms_norm.folded_norm) from the row's rstd (rms_norm.folded_rstd)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
     nibbles = fp4_word_nibbles(words, PTX)
     part = tl.zeros(words.shape, tl.float32)
     for j in tl.static_range(8):  # nibble by nibble, x read with stride 8
-        if MASK_K:
+        if NORM:
+            x = folded_norm(x_ptr, res_ptr, norm_w_ptr, kw * 8 + j, k_mask, rstd, HAS_RESIDUAL)
+        elif MASK_K:
             x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
         else:
             x = tl.load(x_ptr + kw * 8 + j)

@@ -26,6 +26,7 @@ from . import nvfp4
 from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, packed_words,
                     scale_strides, weight_tile)
 from .pdl import launch_args, pdl_prologue
+from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -56,12 +57,21 @@ def _nvfp4_gemv_kernel(
     out_ptr,       # [T, N], contiguous
     part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
     counter_ptr,   # [T, cdiv(N, BLOCK_N)] int32, zero between launches
-    T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split,
+    res_ptr,       # [T, K] residual stream before the add (NORM and HAS_RESIDUAL), strided like x
+    res_out_ptr,   # [T, K] residual + x, contiguous (written by the programs (t, 0, 0))
+    norm_w_ptr,    # [K] RMSNorm weight (NORM)
+    T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
+    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T: the residual add and RMSNorm
+    of the previous launch folded in (every program takes the row's rstd from all K columns, a
+    few KB from L2, and normalises the columns it reads)."""
     t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
+    x_row = x_ptr + t * stride_xt
+    res_row = res_ptr + t * stride_xt
     if PREFETCH > 0:
         # every split is PREFETCH whole steps (the launcher checks): their weights are loaded
         # before the wait for the previous kernel, whose output x is read after it (pdl.py)
@@ -72,25 +82,35 @@ def _nvfp4_gemv_kernel(
             w1, s1 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + BLOCK_K // 8, K // 8, stride_wn,
                                     stride_sn, BLOCK_K // 8, False)
         pdl_prologue(PDL)
-        x_row = x_ptr + t * stride_xt
-        acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, BLOCK_K // 8, False, PTX)
+        rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
+                                 HAS_RESIDUAL, BLOCK_H)
+        acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, BLOCK_K // 8, False, PTX, res_row, norm_w_ptr, rstd,
+                             NORM, HAS_RESIDUAL)
         if PREFETCH > 1:
-            acc += fp4_dot_loaded(x_row, w1, s1, kw0 + BLOCK_K // 8, K // 8, BLOCK_K // 8, False, PTX)
+            acc += fp4_dot_loaded(x_row, w1, s1, kw0 + BLOCK_K // 8, K // 8, BLOCK_K // 8, False, PTX, res_row,
+                                  norm_w_ptr, rstd, NORM, HAS_RESIDUAL)
     elif WORDS:
         pdl_prologue(PDL)
+        rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
+                                 HAS_RESIDUAL, BLOCK_H)
         acc = tl.zeros([BLOCK_N, BLOCK_K // 16], tl.float32)  # one sum per block of 16 weights
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            acc += fp4_dot_words(x_ptr + t * stride_xt, w_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8,
-                                 stride_wn, stride_sn, BLOCK_K // 8, MASK_K, PTX)
+            acc += fp4_dot_words(x_row, w_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8,
+                                 stride_wn, stride_sn, BLOCK_K // 8, MASK_K, PTX, res_row, norm_w_ptr, rstd,
+                                 NORM, HAS_RESIDUAL)
     else:
         pdl_prologue(PDL)
+        rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
+                                 HAS_RESIDUAL, BLOCK_H)
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
-            if MASK_K:
-                x = tl.load(x_ptr + t * stride_xt + cols, mask=cols < K, other=0.0).to(tl.float32)
+            if NORM:
+                x = folded_norm(x_row, res_row, norm_w_ptr, cols, cols < K, rstd, HAS_RESIDUAL).to(tl.float32)
+            elif MASK_K:
+                x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
             else:
-                x = tl.load(x_ptr + t * stride_xt + cols).to(tl.float32)
+                x = tl.load(x_row + cols).to(tl.float32)
             w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, True)
             acc += w * x[None, :]
     y = tl.sum(acc, axis=1)  # [BLOCK_N]
@@ -151,10 +171,30 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
     """x [T, K], w NVFP4 [N, K] (`.packed`, `.scales`, `.scale`) -> [T, N] in x.dtype.
     num_splits: K splits (default: enough programs for two per SM)."""
     n, k = _check_inputs(x, w)
-    t = x.shape[0]
-    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _launch(x, w, out, num_splits, None)
+    return out
+
+
+def rms_norm_nvfp4_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float, w,
+                          num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add + RMSNorm before a linear, folded into its GEMV (one launch instead of
+    two): -> (rms_norm(residual + x, norm_w) @ W.T [T, N], residual + x [T, K] in a new tensor;
+    x itself when residual is None). Same bits as rms_norm(x, norm_w, eps, residual) then
+    nvfp4_linear. x, residual: contiguous [T, K] of one dtype, T <= GEMV_MAX_TOKENS."""
+    n, k = _check_inputs(x, w)
+    check_norm_inputs("rms_norm_nvfp4_linear", x, residual, norm_w, GEMV_MAX_TOKENS)
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    res_out = x if residual is None else torch.empty_like(x)
+    _launch(x, w, out, num_splits, (residual, res_out, norm_w, eps))
+    return out, res_out
+
+
+def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm: tuple | None) -> None:
+    """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in (GEMV only)."""
+    (t, k), n = x.shape, out.shape[1]
     if t == 0 or n == 0:
-        return out
+        return
     _, stride_gn = scale_strides(w)
     words = nvfp4.GEMV_WORDS
     if t <= GEMV_MAX_TOKENS:
@@ -180,19 +220,23 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
         # whole word steps a split, loaded before the wait for the previous kernel (pdl.py)
         steps = k_per_split // block_k
         prefetch = steps if (GEMV_PREFETCH and words and k % k_per_split == 0 and steps <= 2) else 0
+        residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
+            res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
+            NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
             **launch_args(x.device, prefetches=prefetch > 0),
             NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
             num_warps=GEMV_WARPS)
     else:
+        if norm is not None:
+            raise ValueError(f"nvfp4_linear: the folded RMSNorm takes at most {GEMV_MAX_TOKENS} tokens, got {t}")
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=w.packed, stride_pn=w.packed.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             **launch_args(x.device),
             num_warps=warps, num_stages=stages)
-    return out
 
 
 def _gemm_tiles(t: int, n: int) -> tuple[int, int, int, int]:
@@ -205,6 +249,14 @@ def _gemm_tiles(t: int, n: int) -> tuple[int, int, int, int]:
     if t <= 64:
         return 64, 64, 4, 4
     return 128, 128, 8, 3
+
+
+def rms_norm_nvfp4_linear_torch(x, residual, norm_w, eps, w, num_splits=None):
+    """Same signature and semantics as `rms_norm_nvfp4_linear` (residual itself is not modified)."""
+    check_norm_inputs("rms_norm_nvfp4_linear", x, residual, norm_w, GEMV_MAX_TOKENS)
+    res_out = x if residual is None else residual.clone()
+    h = rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out)
+    return nvfp4_linear_torch(h, w), res_out
 
 
 def nvfp4_linear_torch(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Tensor:

@@ -77,6 +77,43 @@ def residual_rstd(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, H, eps, HAS_RESIDU
     return tl.rsqrt(sumsq / H + eps)[:, None]
 
 
+@triton.jit
+def folded_rstd(x_row, res_row, res_out_row, H, eps, write_res, HAS_RESIDUAL: tl.constexpr,
+                BLOCK_H: tl.constexpr):
+    """Prologue of a kernel with the residual add + RMSNorm folded in (one token row): -> its fp32
+    reciprocal RMS over H columns of residual + x (x alone without HAS_RESIDUAL); stores the
+    updated residual row to res_out_row when write_res (one program of the launch does)."""
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    a = tl.load(x_row + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        a = (a.to(tl.float32) + tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)).to(a.dtype)
+        tl.store(res_out_row + cols, a, mask=mask & write_res)
+    af = a.to(tl.float32)
+    return tl.rsqrt(tl.sum(af * af, axis=0) / H + eps)
+
+
+@triton.jit
+def maybe_folded_rstd(x_row, res_row, res_out_row, K, eps, write_res, NORM: tl.constexpr,
+                      HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
+    """folded_rstd when NORM (a kernel with the RMSNorm folded in optionally), else 1."""
+    if NORM:
+        return folded_rstd(x_row, res_row, res_out_row, K, eps, write_res, HAS_RESIDUAL, BLOCK_H)
+    return 1.0
+
+
+@triton.jit
+def folded_norm(x_row, res_row, norm_w_ptr, offs, mask, rstd, HAS_RESIDUAL: tl.constexpr):
+    """Columns `offs` of rms_norm(residual + x) given folded_rstd's rstd, in x's dtype, rounded
+    as `_rms_norm_kernel` rounds (its output bits)."""
+    dtype = x_row.dtype.element_ty
+    a = tl.load(x_row + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        a = (a.to(tl.float32) + tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+    nw = tl.load(norm_w_ptr + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw).to(dtype)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], weight [H] -> [T, H] in x's dtype (residual's dtype when given; residual += x)."""
@@ -121,3 +158,18 @@ def _check_inputs(x, weight, residual):
     if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
         raise ValueError(f"rms_norm: residual has shape {tuple(residual.shape)} strides "
                          f"{residual.stride()}, expected {tuple(x.shape)} with unit stride in H")
+
+
+def check_norm_inputs(where: str, x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor,
+                      max_tokens: int) -> None:
+    """Inputs of a launch with the residual add + RMSNorm folded in: contiguous x [T <= max_tokens, H]
+    (H <= MAX_HIDDEN: a program holds a row), residual None or like x, norm_w [H]."""
+    if x.dim() != 2 or not x.is_contiguous() or x.shape[0] > max_tokens or x.shape[1] > MAX_HIDDEN:
+        raise ValueError(f"{where}: x has shape {tuple(x.shape)} strides {x.stride()}, expected contiguous "
+                         f"[T <= {max_tokens}, H <= {MAX_HIDDEN}]")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or not residual.is_contiguous()):
+        raise ValueError(f"{where}: residual is {residual.dtype} {tuple(residual.shape)}, expected contiguous "
+                         f"{x.dtype} {tuple(x.shape)}")
+    if norm_w.shape != (x.shape[1],) or not norm_w.is_contiguous():
+        raise ValueError(f"{where}: norm_w has shape {tuple(norm_w.shape)}, expected contiguous ({x.shape[1]},)")

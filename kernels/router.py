@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
+from .rms_norm import check_norm_inputs, folded_norm, folded_rstd, rms_norm_torch
 from .split_k import arrival_counters, last_to_arrive, num_sms
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -33,6 +34,9 @@ GEMV_MAX_T = 8         # decode batches up to here read W once per token (8 MB o
 GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
 GEMV_TILE = 4096       # [BLOCK_E, H chunk] elements a decode program loads at once (128 a thread)
 GEMV_WARPS = 1         # one warp: the top-k's reductions are shuffles, with no barriers between warps
+# with the RMSNorm folded in, a program also normalises a whole row (2048 values: 64 a thread
+# and 255 registers at one warp); 4 warps share it (FLINT_ROUTER_NORM_WARPS: benchmark knob)
+GEMV_NORM_WARPS = int(os.environ.get("FLINT_ROUTER_NORM_WARPS", "4"))
 NO_KEY = tl.constexpr(-(2 ** 63 - 1))  # below every expert's key: masked or already chosen
 
 
@@ -45,18 +49,29 @@ def _router_kernel(
     weights_ptr,  # [T, TOP_K] fp32
     logits_ptr,   # [T, E] fp32 scratch
     counter_ptr,  # [cdiv(T, BLOCK_T)] int32, zero between launches
-    T, E, H, stride_xt, stride_we, scaling,
+    res_ptr,      # [T, H] residual stream before the add (NORM and HAS_RESIDUAL), strided like x
+    res_out_ptr,  # [T, H] residual + x, contiguous (NORM: written by the programs (t, 0))
+    h_ptr,        # [T, H] rms_norm(residual + x), contiguous (NORM: written by the programs (t, 0))
+    norm_w_ptr,   # [H] RMSNorm weight (NORM)
+    T, E, H, stride_xt, stride_we, scaling, eps,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):
+    """NORM (decode tiles with ONE_CHUNK): x is the previous sublayer's output and the router
+    reads rms_norm(residual + x), computed in every program (the RMSNorm launch folded in); the
+    programs of expert block 0 also store it (h, for the experts) and residual + x."""
     tt = tl.program_id(0)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = tokens < T
     e_mask = experts < E
-    if USE_DOT:
+    if NORM:
+        logits = _logits_norm(x_ptr + tt * stride_xt, res_ptr + tt * stride_xt, res_out_ptr + tt * H,
+                              h_ptr + tt * H, norm_w_ptr, w_ptr, experts, e_mask, H, stride_we, eps,
+                              tl.program_id(1) == 0, BLOCK_E, BLOCK_H, HAS_RESIDUAL, PDL)
+    elif USE_DOT:
         pdl_prologue(PDL)
         logits = _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
                              BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION)
@@ -87,6 +102,23 @@ def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, str
             w = w.to(tl.float32)
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
     return acc
+
+
+@triton.jit
+def _logits_norm(x_row, res_row, res_out_row, h_row, norm_w_ptr, w_ptr, experts, e_mask, H, stride_we, eps,
+                 write, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 PDL: tl.constexpr):
+    """[1, BLOCK_E] fp32 logits of one token from rms_norm(residual + x) (BLOCK_H >= H): the weight
+    rows are loaded before the PDL prologue, the norm after it; `write`: store h and residual + x."""
+    cols = tl.arange(0, BLOCK_H)
+    c_mask = cols < H
+    w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
+                mask=e_mask[:, None] & c_mask[None, :], other=0.0)  # [BLOCK_E, BLOCK_H]
+    pdl_prologue(PDL)
+    rstd = folded_rstd(x_row, res_row, res_out_row, H, eps, write, HAS_RESIDUAL, BLOCK_H)
+    h = folded_norm(x_row, res_row, norm_w_ptr, cols, c_mask, rstd, HAS_RESIDUAL)  # [BLOCK_H]
+    tl.store(h_row + cols, h, mask=c_mask & write)
+    return tl.sum(h.to(tl.float32)[None, :] * w.to(tl.float32), axis=1)[None, :]
 
 
 @triton.jit
@@ -152,6 +184,36 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
     tile: (tokens, experts) per program, powers of two: (1, any) sums products, (16, >= 16) uses
     tl.dot; None: (1, GEMV_BLOCK_E) up to GEMV_MAX_T tokens, else (16, 16-64 by the SM count)."""
     _check_inputs(x, weight, bias, top_k)
+    return _launch(x, weight, bias, top_k, scaling, renormalize, tile, None)
+
+
+def folds_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether rms_norm_router_topk takes this launch: a decode batch whose programs load their
+    weight rows in one chunk (H <= GEMV_TILE / GEMV_BLOCK_E)."""
+    return x.shape[0] <= GEMV_MAX_T and triton.next_power_of_2(x.shape[1]) <= GEMV_TILE // GEMV_BLOCK_E
+
+
+def rms_norm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
+                         weight: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float, renormalize: bool,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The residual add + RMSNorm before the router, folded into it (one launch instead of two):
+    -> (h = rms_norm(residual + x, norm_w) [T, H], ids, weights, residual + x [T, H] in a new
+    tensor; x itself when residual is None). Same bits as rms_norm(x, norm_w, eps, residual)
+    then router_topk(h, ...). Decode batches (folds_norm); x, residual contiguous, one dtype."""
+    _check_inputs(x, weight, bias, top_k)
+    check_norm_inputs("rms_norm_router_topk", x, residual, norm_w, GEMV_MAX_T)
+    if not folds_norm(x, weight):
+        raise ValueError(f"rms_norm_router_topk: hidden size {x.shape[1]}, expected at most "
+                         f"{GEMV_TILE // GEMV_BLOCK_E} (one chunk a program)")
+    h = torch.empty_like(x)
+    res_out = x if residual is None else torch.empty_like(x)
+    ids, weights = _launch(x, weight, bias, top_k, scaling, renormalize, (1, GEMV_BLOCK_E),
+                           (residual, res_out, h, norm_w, eps))
+    return h, ids, weights, res_out
+
+
+def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm):
+    """norm: (residual or None, res_out, h, norm_w, eps) to fold the RMSNorm in (decode tiles)."""
     t, h = x.shape
     e = weight.shape[0]
     ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
@@ -168,14 +230,18 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
     one_chunk = not use_dot and block_h >= h  # a decode program loads its weight rows at once
     logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     fp32 = torch.float32 in (x.dtype, weight.dtype)
+    residual, res_out, h_out, norm_w, eps = norm or (None, x, x, x, 0.0)
     _router_kernel[tiles](
         x_ptr=x, w_ptr=weight, bias_ptr=bias, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
         counter_ptr=arrival_counters(tiles[0], x.device),
-        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), scaling=float(scaling),
+        res_ptr=x if residual is None else residual, res_out_ptr=res_out, h_ptr=h_out, norm_w_ptr=norm_w,
+        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), scaling=float(scaling), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32", ONE_CHUNK=one_chunk,
-        **launch_args(x.device, prefetches=one_chunk), num_warps=4 if use_dot else GEMV_WARPS,
+        NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+        **launch_args(x.device, prefetches=one_chunk),
+        num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,
     )
     return ids, weights
 
@@ -195,6 +261,14 @@ def _tile(t: int, e: int, device: torch.device, asked: tuple[int, int] | None) -
     while block_e > 16 and triton.cdiv(t, BLOCK_T) * triton.cdiv(e, block_e) < num_sms(device):
         block_e //= 2
     return BLOCK_T, block_e
+
+
+def rms_norm_router_topk_torch(x, residual, norm_w, eps, weight, bias, top_k, scaling, renormalize):
+    """Same signature and semantics as `rms_norm_router_topk` (residual itself is not modified)."""
+    check_norm_inputs("rms_norm_router_topk", x, residual, norm_w, GEMV_MAX_T)
+    res_out = x if residual is None else residual.clone()
+    h = rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out)
+    return (h, *router_topk_torch(h, weight, bias, top_k, scaling, renormalize), res_out)
 
 
 def router_topk_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,

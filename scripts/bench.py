@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from flint_backend import ops
 from flint_backend.config import FlintConfig
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
@@ -38,7 +39,7 @@ from flint_backend.engine.sampling_params import SamplingParams
 from flint_backend.engine.sequence import SequenceStatus
 from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.weights.nvfp4 import NVFP4Weight
-from flint_kernels import nvfp4, nvfp4_linear, pdl
+from flint_kernels import moe_gemv, nvfp4, nvfp4_linear, pdl, router
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -308,11 +309,15 @@ def main() -> None:
                         "async_scheduling": not args.no_async_scheduling,
                         "copy_tb_s": round(bandwidth / 1e12, 3), "torch": torch.__version__,
                         # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS,
-                        # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_FP4_GEMV_PREFETCH, FLINT_PDL)
+                        # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_FP4_GEMV_PREFETCH, FLINT_PDL,
+                        # FLINT_FP4_MOE_SPLIT_SHARED, FLINT_MOE_DOWN_DENSE, FLINT_FOLD_NORM, FLINT_ROUTER_NORM_WARPS)
                         "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS,
                                   "nvfp4_moe_down_words": nvfp4.MOE_DOWN_WORDS,
                                   "nvfp4_gemv_prefetch": nvfp4_linear.GEMV_PREFETCH,
-                                  "pdl": pdl.ENABLED, "pdl_prefetch_only": pdl.PREFETCH_ONLY}},
+                                  "pdl": pdl.ENABLED, "pdl_prefetch_only": pdl.PREFETCH_ONLY,
+                                  "nvfp4_moe_split_shared": moe_gemv.SPLIT_SHARED,
+                                  "moe_down_dense": moe_gemv.DOWN_DENSE, "fold_norm": ops.FOLD_NORM,
+                                  "router_norm_warps": router.GEMV_NORM_WARPS}},
                "formats": []}
     formats = args.formats.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)

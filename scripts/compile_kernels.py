@@ -199,6 +199,10 @@ def moe_launches() -> list:
     router_w, bias = torch.randn(e, h, dtype=bf16), torch.zeros(e)
     cases = [(f"router T={t}", router, lambda t=t: router.router_topk(torch.randn(t, h, dtype=bf16), router_w, bias,
                                                                          k, 2.5, True)) for t in (1, 64, 8192)]
+    hw = torch.randn(h, dtype=bf16)
+    cases += [(f"router + rms_norm T={t}", router, lambda t=t: router.rms_norm_router_topk(
+        torch.randn(t, h, dtype=bf16), torch.randn(t, h, dtype=bf16), hw, 1e-5, router_w, bias, k, 2.5, True))
+        for t in (1, 8)]
     for fmt, fp4 in [("bf16", False), ("nvfp4", True)]:
         cases += [(f"moe small {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv(*args(t, fp4)))
                   for t in (1, 8, 16)]
@@ -234,6 +238,17 @@ def w4a16_launches() -> list:
             dense = torch.randn(n, k, dtype=bf16)
             cases.append((f"dense_gemv {name} T=1", gemv,
                           lambda k=k, dense=dense: gemv.dense_gemv(torch.randn(1, k, dtype=bf16), dense)))
+    # the residual add + RMSNorm folded into the GEMVs after a norm (qkv, dense MLP gate/up)
+    hw = torch.randn(2048, dtype=bf16)
+    for name in ("qkv", "gate_up"):
+        n, k = shapes[name]
+        w, dense = nvfp4(n, k, per_row=True), torch.randn(n, k, dtype=bf16)
+        for t in (1, 4):
+            x = torch.randn(t, k, dtype=bf16)
+            cases.append((f"nvfp4_linear + rms_norm {name} T={t}", lin,
+                          lambda x=x, w=w: lin.rms_norm_nvfp4_linear(x, x.clone(), hw, 1e-5, w)))
+            cases.append((f"dense_gemv + rms_norm {name} T={t}", gemv,
+                          lambda x=x, dense=dense: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense)))
     return cases
 
 
