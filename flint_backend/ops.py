@@ -31,8 +31,15 @@ from flint_kernels import swiglu as swiglu_k
 
 BACKENDS = ("torch", "triton")
 # The residual add + RMSNorm folded into the GEMV or router after it at decode sizes (one launch
-# fewer, twice a layer); FLINT_FOLD_NORM=0: the separate rms_norm launch (a benchmark knob).
-FOLD_NORM = os.environ.get("FLINT_FOLD_NORM", "1") == "1"
+# fewer, up to twice a layer). FLINT_FOLD_NORM (a benchmark knob): "dense" (the default) folds it
+# into the router and the BF16 GEMVs but not the NVFP4 ones, "1" into all, "0" into none. On the
+# H200 the NVFP4 GEMV's fold (the norm redone at each of 8 nibble-strided x loads) cost as much
+# as the launch it saves: NVFP4 100K 2.678 ms/token with all folds, 2.680 with none; BF16 2.974
+# with all, 3.085 before (benchmarks/NOTES.md §12).
+FOLD_MODES = ("0", "1", "dense")
+FOLD_NORM = os.environ.get("FLINT_FOLD_NORM", "dense")
+if FOLD_NORM not in FOLD_MODES:
+    raise ValueError(f"FLINT_FOLD_NORM: got {FOLD_NORM!r}, expected one of {FOLD_MODES}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ def norm_linear_torch(x, residual, norm_w, eps, w):
 
 
 def _foldable(x, residual) -> bool:
-    return FOLD_NORM and x.is_contiguous() and (
+    return FOLD_NORM != "0" and x.is_contiguous() and (
         residual is None or (residual.dtype == x.dtype and residual.is_contiguous()))
 
 
@@ -108,7 +115,7 @@ def norm_linear_triton(x, residual, norm_w, eps, w):
     """Decode batches: the RMSNorm folded into the GEMV (one launch); else rms_norm, then linear."""
     fold = _foldable(x, residual)
     if fold and x.shape[1] <= rms_k.MAX_HIDDEN:
-        if isinstance(w, NVFP4Weight) and x.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS:
+        if isinstance(w, NVFP4Weight) and x.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS and FOLD_NORM == "1":
             return nvfp4_k.rms_norm_nvfp4_linear(x, residual, norm_w, eps, w)
         if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(x, w):
             return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w)

@@ -49,8 +49,10 @@ WORDS_MAX_K, WORDS_TILE = (256, 1 << 16) if INTERPRET else (2048, 1 << 14)
 DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (16, 8)
 # NVFP4 word gate/up with a shared expert: two launches, the shared expert's then the routed
 # ones', each loading its weights before the PDL wait (the routed launch may: the router that
-# wrote its expert ids is then two kernels back). FLINT_FP4_MOE_SPLIT_SHARED=0: one launch.
-SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "1") == "1"
+# wrote its expert ids is then two kernels back). Off by default: on the H200 the launch it adds
+# cost more than the prefetch saved (NVFP4 100K 2.678 ms/token split, 2.628 in one launch;
+# benchmarks/NOTES.md §12). FLINT_FP4_MOE_SPLIT_SHARED=1: two launches.
+SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # Dense (BF16) down weights, up to 8 slots of at most DOWN_DENSE_MAX_I: the same one-load launch
 # (_moe_down_dense_kernel), DOWN_DENSE_ROWS rows of every slot a program (4 x 8 x 512 bf16 = 32 KB,
 # 64 registers a thread at 4 warps), loaded before the PDL wait. FLINT_MOE_DOWN_DENSE=0: the

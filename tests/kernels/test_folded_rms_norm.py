@@ -113,10 +113,13 @@ def test_errors_name_the_argument():
                              bias, 2, 1.0, True)
 
 
+@pytest.mark.parametrize("mode", ["1", "dense", "0"])
 @pytest.mark.parametrize("t", [1, 5, 9], ids=["fused", "gemm", "prefill-router"])
-def test_ops_fold_at_decode_sizes_and_compose_beyond(t, monkeypatch):
-    """ops.norm_linear / norm_router: the folded launch at decode sizes, rms_norm then the op
-    beyond; both equal the torch table's composition."""
+def test_ops_fold_at_decode_sizes_and_compose_beyond(t, mode, monkeypatch):
+    """ops.norm_linear / norm_router: the folded launch at decode sizes (FLINT_FOLD_NORM: all,
+    all but the NVFP4 GEMVs, none), rms_norm then the op beyond; all equal the torch table's
+    composition."""
+    monkeypatch.setattr(ops_module, "FOLD_NORM", mode)
     calls = []
     for name in ("rms_norm_dense_gemv", "rms_norm_nvfp4_linear"):
         module = ops_module.dense_gemv_k if "dense" in name else ops_module.nvfp4_k
@@ -131,7 +134,8 @@ def test_ops_fold_at_decode_sizes_and_compose_beyond(t, monkeypatch):
         y_ref, res_ref = torch_ops.norm_linear(x, residual.clone(), norm_w, 1e-5, w)
         assert_scaled_close(y, y_ref)  # interpreter: bf16 roundings truncate
         torch.testing.assert_close(res, res_ref, **BF16)
-    assert calls == (["rms_norm_dense_gemv", "rms_norm_nvfp4_linear"] if t == 1 else [])
+    folded = {"1": ["rms_norm_dense_gemv", "rms_norm_nvfp4_linear"], "dense": ["rms_norm_dense_gemv"], "0": []}
+    assert calls == (folded[mode] if t == 1 else [])
     router_w, bias = torch.randn(16, 128, device=DEVICE).to(torch.bfloat16), torch.randn(16, device=DEVICE)
     got = triton_ops.norm_router(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 1.5, False)
     expected = torch_ops.norm_router(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 1.5, False)
