@@ -234,15 +234,20 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
                    res_ptr=None, norm_w_ptr=None, rstd=1.0, NORM: tl.constexpr = False,
                    HAS_RESIDUAL: tl.constexpr = False):
     """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
-    activation is rms_norm(residual + x) with norm weight norm_w_ptr, computed here column by
-    column (rms_norm.folded_norm) from the row's rstd (rms_norm.folded_rstd)."""
+    activation is rms_norm(residual + x) with norm weight norm_w_ptr, computed here from the
+    row's rstd (rms_norm.folded_rstd) once for the step's [KW, 8] columns (rms_norm.folded_norm),
+    then nibble j's column picked out of each word's 8 (in-thread selects)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
     nibbles = fp4_word_nibbles(words, PTX)
     part = tl.zeros(words.shape, tl.float32)
+    if NORM:
+        j8 = tl.arange(0, 8)[None, :]
+        h = folded_norm(x_ptr, res_ptr, norm_w_ptr, kw[:, None] * 8 + j8, k_mask[:, None] & (j8 < 8), rstd,
+                        HAS_RESIDUAL).to(tl.float32)  # [KW, 8]
     for j in tl.static_range(8):  # nibble by nibble, x read with stride 8
         if NORM:
-            x = folded_norm(x_ptr, res_ptr, norm_w_ptr, kw * 8 + j, k_mask, rstd, HAS_RESIDUAL)
+            x = tl.sum(tl.where(j8 == j, h, 0.0), axis=1)
         elif MASK_K:
             x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
         else:
