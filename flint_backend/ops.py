@@ -31,13 +31,12 @@ from flint_kernels import swiglu as swiglu_k
 
 BACKENDS = ("torch", "triton")
 # The residual add + RMSNorm folded into the GEMV or router after it at decode sizes (one launch
-# fewer, up to twice a layer). FLINT_FOLD_NORM (a benchmark knob): "dense" (the default) folds it
-# into the router and the BF16 GEMVs but not the NVFP4 ones, "1" into all, "0" into none. On the
-# H200 the NVFP4 GEMV's fold (the norm redone at each of 8 nibble-strided x loads) cost as much
-# as the launch it saves: NVFP4 100K 2.678 ms/token with all folds, 2.680 with none; BF16 2.974
-# with all, 3.085 before (benchmarks/NOTES.md §12).
+# fewer, twice a layer). FLINT_FOLD_NORM (a benchmark knob): "1" (the default) into all, "dense"
+# into the router and the BF16 GEMVs only, "0" into none. H200, batch-1 decode at 100K
+# (benchmarks/NOTES.md §12): NVFP4 2.642 ms/token with none, 2.636 "dense", 2.549 all; BF16 3.085
+# before, 2.974 with all.
 FOLD_MODES = ("0", "1", "dense")
-FOLD_NORM = os.environ.get("FLINT_FOLD_NORM", "dense")
+FOLD_NORM = os.environ.get("FLINT_FOLD_NORM", "1")
 if FOLD_NORM not in FOLD_MODES:
     raise ValueError(f"FLINT_FOLD_NORM: got {FOLD_NORM!r}, expected one of {FOLD_MODES}")
 

@@ -124,6 +124,11 @@ GEMV_WORDS = os.environ.get("FLINT_FP4_GEMV_WORDS", "1") == "1"   # nvfp4_linear
 MOE_WORDS = os.environ.get("FLINT_FP4_MOE_WORDS", "1") == "1"     # moe_gemv's gate/up launch
 MOE_DOWN_WORDS = os.environ.get("FLINT_FP4_MOE_DOWN_WORDS", "1") == "1"  # and its down launch
 PTX_DECODE = os.environ.get("FLINT_FP4_PTX", "1") == "1"
+# nvfp4_linear's prefetching GEMV reads x as one [KW, 8] block of vector loads with an in-thread
+# select per nibble (fp4_dot_loaded's X_BLOCK), as its RMSNorm-folded form does (0.09 ms/token
+# faster than eight stride-8 loads there, benchmarks/NOTES.md §12); FLINT_FP4_X_BLOCK=0: the
+# stride-8 loads (a benchmark knob, read at import).
+X_BLOCK_LOADS = os.environ.get("FLINT_FP4_X_BLOCK", "1") == "1"
 
 
 # The PTX decode of fp4_dot_words (nvfp4.PTX_DECODE): a word's E2M1 codes become FP8 E4M3
@@ -232,7 +237,7 @@ def fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_w
 @triton.jit
 def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr,
                    res_ptr=None, norm_w_ptr=None, rstd=1.0, NORM: tl.constexpr = False,
-                   HAS_RESIDUAL: tl.constexpr = False):
+                   HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False):
     """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
     activation is rms_norm(residual + x) with norm weight norm_w_ptr, computed here from the
     row's rstd (rms_norm.folded_rstd) once for the step's [KW, 8] columns (rms_norm.folded_norm),
@@ -241,14 +246,18 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
     k_mask = kw < n_words
     nibbles = fp4_word_nibbles(words, PTX)
     part = tl.zeros(words.shape, tl.float32)
-    if NORM:
+    if NORM or X_BLOCK:  # the step's x as one [KW, 8] block (vector loads), a word's 8 values a row
         j8 = tl.arange(0, 8)[None, :]
-        h = folded_norm(x_ptr, res_ptr, norm_w_ptr, kw[:, None] * 8 + j8, k_mask[:, None] & (j8 < 8), rstd,
-                        HAS_RESIDUAL).to(tl.float32)  # [KW, 8]
-    for j in tl.static_range(8):  # nibble by nibble, x read with stride 8
+        offs = kw[:, None] * 8 + j8
+        x_mask = k_mask[:, None] & (j8 < 8)
         if NORM:
-            x = tl.sum(tl.where(j8 == j, h, 0.0), axis=1)
-        elif MASK_K:
+            xs = folded_norm(x_ptr, res_ptr, norm_w_ptr, offs, x_mask, rstd, HAS_RESIDUAL).to(tl.float32)
+        else:
+            xs = tl.load(x_ptr + offs, mask=x_mask, other=0.0).to(tl.float32)
+    for j in tl.static_range(8):  # nibble by nibble
+        if NORM or X_BLOCK:  # column j of the block, picked in-thread
+            x = tl.sum(tl.where(j8 == j, xs, 0.0), axis=1)
+        elif MASK_K:  # x read with stride 8
             x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
         else:
             x = tl.load(x_ptr + kw * 8 + j)

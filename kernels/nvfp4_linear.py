@@ -63,7 +63,7 @@ def _nvfp4_gemv_kernel(
     T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
-    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
+    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, X_BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T: the residual add and RMSNorm
@@ -85,10 +85,10 @@ def _nvfp4_gemv_kernel(
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
         acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, BLOCK_K // 8, False, PTX, res_row, norm_w_ptr, rstd,
-                             NORM, HAS_RESIDUAL)
+                             NORM, HAS_RESIDUAL, X_BLOCK)
         if PREFETCH > 1:
             acc += fp4_dot_loaded(x_row, w1, s1, kw0 + BLOCK_K // 8, K // 8, BLOCK_K // 8, False, PTX, res_row,
-                                  norm_w_ptr, rstd, NORM, HAS_RESIDUAL)
+                                  norm_w_ptr, rstd, NORM, HAS_RESIDUAL, X_BLOCK)
     elif WORDS:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -225,6 +225,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
             res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
+            X_BLOCK=nvfp4.X_BLOCK_LOADS,
             **launch_args(x.device, prefetches=prefetch > 0),
             NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
             num_warps=GEMV_WARPS)
