@@ -72,7 +72,7 @@ def plot(runs: list[dict], path: Path) -> None:
     floors = set()  # one floor line per format: it depends on the bytes, not on the run
     for run in runs:
         ctx = [d["context"] for d in run["decode"]]
-        tag = f" ({run['meta']['commit']}, {run['meta']['date'][11:16]} UTC)" if several else ""
+        tag = f" ({run['meta']['commit']}, {run['meta']['date'][:10]} {run['meta']['date'][11:16]} UTC)" if several else ""
         ax.plot(ctx, [d["ms_per_token"] for d in run["decode"]], "o-", label=f"{run['format']} measured{tag}")
         if run["format"] not in floors:
             floors.add(run["format"])
@@ -83,7 +83,8 @@ def plot(runs: list[dict], path: Path) -> None:
     ax.set_ylabel("ms / token (batch 1)")
     m = runs[0]["meta"]
     commits = ", ".join(dict.fromkeys(run["meta"]["commit"] for run in runs))
-    ax.set_title(f"flint-40b decode, {m['gpu']}, {m['date'][:10]}, commits {commits}", fontsize=9)
+    dates = " to ".join(dict.fromkeys(run["meta"]["date"][:10] for run in (runs[0], runs[-1])))
+    ax.set_title(f"flint-40b decode, {m['gpu']}, {dates}, commits {commits}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
