@@ -119,8 +119,9 @@ def rms_norm_dense_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_w: 
                         w: torch.Tensor, num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add + RMSNorm before a linear, folded into the GEMV (one launch instead of
     two): -> (rms_norm(residual + x, norm_w) @ W.T [T, N], residual + x [T, K] in a new tensor;
-    x itself when residual is None). Same bits as rms_norm(x, norm_w, eps, residual) then
-    dense_gemv. x, residual: contiguous [T, K] of one dtype."""
+    x itself when residual is None). Computes rms_norm(x, norm_w, eps, residual) then dense_gemv
+    with their roundings (the sum of squares may be reduced in another order). x, residual:
+    contiguous [T, K] of one dtype."""
     n, k = _check_inputs(x, w)
     check_norm_inputs("rms_norm_dense_gemv", x, residual, norm_w, MAX_TOKENS)
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)

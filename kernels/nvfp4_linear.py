@@ -180,8 +180,9 @@ def rms_norm_nvfp4_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_w
                           num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add + RMSNorm before a linear, folded into its GEMV (one launch instead of
     two): -> (rms_norm(residual + x, norm_w) @ W.T [T, N], residual + x [T, K] in a new tensor;
-    x itself when residual is None). Same bits as rms_norm(x, norm_w, eps, residual) then
-    nvfp4_linear. x, residual: contiguous [T, K] of one dtype, T <= GEMV_MAX_TOKENS."""
+    x itself when residual is None). Computes rms_norm(x, norm_w, eps, residual) then nvfp4_linear
+    with their roundings (the sum of squares may be reduced in another order). x, residual:
+    contiguous [T, K] of one dtype, T <= GEMV_MAX_TOKENS."""
     n, k = _check_inputs(x, w)
     check_norm_inputs("rms_norm_nvfp4_linear", x, residual, norm_w, GEMV_MAX_TOKENS)
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)

@@ -198,7 +198,7 @@ def rms_norm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_w:
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The residual add + RMSNorm before the router, folded into it (one launch instead of two):
     -> (h = rms_norm(residual + x, norm_w) [T, H], ids, weights, residual + x [T, H] in a new
-    tensor; x itself when residual is None). Same bits as rms_norm(x, norm_w, eps, residual)
+    tensor; x itself when residual is None). Computes rms_norm(x, norm_w, eps, residual)
     then router_topk(h, ...). Decode batches (folds_norm); x, residual contiguous, one dtype."""
     _check_inputs(x, weight, bias, top_k)
     check_norm_inputs("rms_norm_router_topk", x, residual, norm_w, GEMV_MAX_T)

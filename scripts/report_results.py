@@ -72,7 +72,8 @@ def plot(runs: list[dict], path: Path) -> None:
     floors = set()  # one floor line per format: it depends on the bytes, not on the run
     for run in runs:
         ctx = [d["context"] for d in run["decode"]]
-        tag = f" ({run['meta']['commit']}, {run['meta']['date'][:10]} {run['meta']['date'][11:16]} UTC)" if several else ""
+        date = run["meta"]["date"]
+        tag = f" ({run['meta']['commit']}, {date[:10]} {date[11:16]} UTC)" if several else ""
         ax.plot(ctx, [d["ms_per_token"] for d in run["decode"]], "o-", label=f"{run['format']} measured{tag}")
         if run["format"] not in floors:
             floors.add(run["format"])
