@@ -100,9 +100,8 @@ def linear_triton(x: torch.Tensor, w) -> torch.Tensor:
 
 
 def norm_linear_torch(x, residual, norm_w, eps, w):
-    if residual is None:
-        return linear_torch(rms_k.rms_norm_torch(x, norm_w, eps), w), x
-    return linear_torch(rms_k.rms_norm_torch(x, norm_w, eps, residual=residual), w), residual
+    h = rms_k.rms_norm_torch(x, norm_w, eps, residual=residual)
+    return linear_torch(h, w), x if residual is None else residual
 
 
 def _foldable(x, residual) -> bool:
@@ -112,15 +111,13 @@ def _foldable(x, residual) -> bool:
 
 def norm_linear_triton(x, residual, norm_w, eps, w):
     """Decode batches: the RMSNorm folded into the GEMV (one launch); else rms_norm, then linear."""
-    fold = _foldable(x, residual)
-    if fold and x.shape[1] <= rms_k.MAX_HIDDEN:
+    if _foldable(x, residual) and x.shape[1] <= rms_k.MAX_HIDDEN:
         if isinstance(w, NVFP4Weight) and x.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS and FOLD_NORM == "1":
             return nvfp4_k.rms_norm_nvfp4_linear(x, residual, norm_w, eps, w)
         if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(x, w):
             return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w)
-    if residual is None:
-        return linear_triton(rms_k.rms_norm(x, norm_w, eps), w), x
-    return linear_triton(rms_k.rms_norm(x, norm_w, eps, residual=residual), w), residual
+    h = rms_k.rms_norm(x, norm_w, eps, residual=residual)
+    return linear_triton(h, w), x if residual is None else residual
 
 
 def norm_router_torch(x, residual, norm_w, eps, w, bias, top_k, scaling, renormalize):

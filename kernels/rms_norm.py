@@ -52,16 +52,31 @@ def residual_norm_tile(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, k0, H, rstd, 
     """Prologue of the fused low-latency kernels, columns [k0, k0 + BLOCK_K) of token rows `toks`:
     -> (rms_norm(residual + x) given the rows' rstd [BLOCK_T, 1], residual + x (rounded like the
     reference's residual add), their offsets and mask). Call with rstd = 0 to sum squares first."""
-    dtype = x_ptr.dtype.element_ty
     cols = k0 + tl.arange(0, BLOCK_K)
     kmask = cols < H
     m = tmask[:, None] & kmask[None, :]
     off = toks[:, None] * H + cols[None, :]
-    a = tl.load(x_ptr + off, mask=m, other=0.0)
+    a = residual_add(x_ptr, res_in_ptr, off, m, HAS_RESIDUAL)
+    return scale_normed(a, norm_w_ptr, cols[None, :], kmask[None, :], rstd), a, off, m
+
+
+@triton.jit
+def residual_add(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr):
+    """x at offs, plus the residual stream when HAS_RESIDUAL, rounded to x's dtype like the
+    reference's residual add."""
+    a = tl.load(x_ptr + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        a = (a.to(tl.float32) + tl.load(res_in_ptr + off, mask=m, other=0.0).to(tl.float32)).to(dtype)
-    nw = tl.load(norm_w_ptr + cols, mask=kmask, other=0.0).to(dtype).to(tl.float32)
-    return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw[None, :]).to(dtype), a, off, m
+        a = (a.to(tl.float32) + tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(a.dtype)
+    return a
+
+
+@triton.jit
+def scale_normed(a, norm_w_ptr, cols, mask, rstd):
+    """rms_norm of a (residual + x) given its rows' rstd, with `_rms_norm_kernel`'s roundings: the
+    normalised value and the weight each in a's dtype, their product rounded to it."""
+    dtype = a.dtype
+    nw = tl.load(norm_w_ptr + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw).to(dtype)
 
 
 @triton.jit
@@ -85,9 +100,8 @@ def folded_rstd(x_row, res_row, res_out_row, H, eps, write_res, HAS_RESIDUAL: tl
     updated residual row to res_out_row when write_res (one program of the launch does)."""
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    a = tl.load(x_row + cols, mask=mask, other=0.0)
+    a = residual_add(x_row, res_row, cols, mask, HAS_RESIDUAL)
     if HAS_RESIDUAL:
-        a = (a.to(tl.float32) + tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)).to(a.dtype)
         tl.store(res_out_row + cols, a, mask=mask & write_res)
     af = a.to(tl.float32)
     return tl.rsqrt(tl.sum(af * af, axis=0) / H + eps)
@@ -106,12 +120,7 @@ def maybe_folded_rstd(x_row, res_row, res_out_row, K, eps, write_res, NORM: tl.c
 def folded_norm(x_row, res_row, norm_w_ptr, offs, mask, rstd, HAS_RESIDUAL: tl.constexpr):
     """Columns `offs` of rms_norm(residual + x) given folded_rstd's rstd, in x's dtype, rounded
     as `_rms_norm_kernel` rounds (its output bits)."""
-    dtype = x_row.dtype.element_ty
-    a = tl.load(x_row + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        a = (a.to(tl.float32) + tl.load(res_row + offs, mask=mask, other=0.0).to(tl.float32)).to(dtype)
-    nw = tl.load(norm_w_ptr + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
-    return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw).to(dtype)
+    return scale_normed(residual_add(x_row, res_row, offs, mask, HAS_RESIDUAL), norm_w_ptr, offs, mask, rstd)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
