@@ -57,7 +57,7 @@ def residual_norm_tile(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, k0, H, rstd, 
     m = tmask[:, None] & kmask[None, :]
     off = toks[:, None] * H + cols[None, :]
     a = residual_add(x_ptr, res_in_ptr, off, m, HAS_RESIDUAL)
-    return scale_normed(a, norm_w_ptr, cols[None, :], kmask[None, :], rstd), a, off, m
+    return scale_normed(a, norm_w_ptr, cols, kmask, rstd), a, off, m  # weight [BLOCK_K], broadcast
 
 
 @triton.jit
