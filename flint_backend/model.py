@@ -46,11 +46,19 @@ class FlintAttention:
         the input RMSNorm into it) -> the o_proj output [N, H]."""
         c, ops = self.config, self.ops
         k_cache, v_cache = kv.layer(self.layer)
-        # Full layers write K/V before attention (distinct slots). A sliding layer's ring write
-        # waits until after attention unless every sequence has one token: a chunk would
-        # overwrite ring slots that its own earlier tokens still read.
-        write_now = self.is_full or batch.decode_only
         slots = batch.full_slots if self.is_full else batch.ring_slots
+        paged = dict(block_tables=batch.block_tables if self.is_full else None,
+                     ring_rows=None if self.is_full else batch.ring_rows)
+        if batch.decode_only:  # the Q/K norm, RoPE and cache write inside the attention launches
+            out = ops.decode_attention_qkv(
+                qkv, self.q_norm, self.k_norm, batch.positions, self.cos_sin, c.rms_norm_eps,
+                c.num_attention_heads, c.num_key_value_heads, k_cache, v_cache, slots, batch.context_lens,
+                self.sinks, self.sm_scale, self.window, **paged)  # [N, Hq, D]
+            return ops.linear(out.reshape(out.shape[0], -1), self.o_proj)
+        # Full layers write K/V before attention (distinct slots). A sliding layer's ring write
+        # waits until after attention: a chunk would overwrite ring slots that its own earlier
+        # tokens still read.
+        write_now = self.is_full
         q, k, v = ops.qk_norm_rope(
             qkv, self.q_norm, self.k_norm, batch.positions, self.cos_sin, c.rms_norm_eps,
             c.num_attention_heads, c.num_key_value_heads,
@@ -58,9 +66,7 @@ class FlintAttention:
             slot_mapping=slots if write_now else None)
         out = ops.attention(
             q, k, v, batch.query_start_loc, batch.context_lens, k_cache, v_cache, self.sinks, self.sm_scale,
-            self.window, block_tables=batch.block_tables if self.is_full else None,
-            ring_rows=None if self.is_full else batch.ring_rows,
-            decode_only=batch.decode_only, max_query_len=batch.max_query_len)  # [N, Hq, D]
+            self.window, **paged, decode_only=False, max_query_len=batch.max_query_len)  # [N, Hq, D]
         if not write_now:
             ops.cache_write(k, v, k_cache, v_cache, slots)
         return ops.linear(out.reshape(out.shape[0], -1), self.o_proj)
@@ -161,7 +167,8 @@ class FlintModel:
         return self._head(x, residual, batch)
 
     def _head(self, x: torch.Tensor, residual: torch.Tensor, batch: StepBatch) -> torch.Tensor:
-        residual = residual.index_select(0, batch.sample_rows)  # only sampled rows need the head
-        h = self.ops.rms_norm(x.index_select(0, batch.sample_rows), self.norm, self.config.rms_norm_eps,
-                              residual=residual)
+        if batch.sample_rows.shape[0] != x.shape[0]:  # only sampled rows need the head (increasing rows:
+            residual = residual.index_select(0, batch.sample_rows)  # as many as x means all of them)
+            x = x.index_select(0, batch.sample_rows)
+        h = self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, residual=residual)
         return self.ops.linear(h, self.lm_head).float()

@@ -39,6 +39,12 @@ FOLD_MODES = ("0", "1", "dense")
 FOLD_NORM = os.environ.get("FLINT_FOLD_NORM", "1")
 if FOLD_NORM not in FOLD_MODES:
     raise ValueError(f"FLINT_FOLD_NORM: got {FOLD_NORM!r}, expected one of {FOLD_MODES}")
+# Decode steps: the Q/K norm, RoPE and cache write done inside the decode-attention launches
+# (decode_attention_qkv: a launch fewer a layer). FLINT_FUSE_QK_NORM_ROPE=0 (a benchmark knob):
+# qk_norm_rope, then decode_attention.
+FUSE_QK_NORM_ROPE = os.environ.get("FLINT_FUSE_QK_NORM_ROPE", "1")
+if FUSE_QK_NORM_ROPE not in ("0", "1"):
+    raise ValueError(f"FLINT_FUSE_QK_NORM_ROPE: got {FUSE_QK_NORM_ROPE!r}, expected '0' or '1'")
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,9 @@ class Ops:
     #                              -> (h = rms_norm(..), ids, weights, residual + x)
     qk_norm_rope: Callable    # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache, slot_mapping)
     attention: Callable       # (q, k, v, qsl, context_lens, k_cache, v_cache, sinks, scale, window, ...)
+    # decode steps (one token a sequence): qk_norm_rope (writing the cache) + attention in one op
+    decode_attention_qkv: Callable  # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache,
+    #                                  slot_mapping, context_lens, sinks, scale, window, block_tables, ring_rows)
     cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip)
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
     router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
@@ -150,6 +159,23 @@ def _attention_triton(q, k, v, query_start_loc, context_lens, k_cache, v_cache, 
                              max_query_len, block_tables=block_tables, ring_rows=ring_rows)
 
 
+def _decode_attention_qkv_torch(*args, **kwargs):
+    from flint_kernels.decode_attention import decode_attention_qkv_torch
+    return decode_attention_qkv_torch(*args, **kwargs)
+
+
+def _decode_attention_qkv_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
+                                 context_lens, sinks, sm_scale, window, block_tables=None, ring_rows=None):
+    from flint_kernels.decode_attention import decode_attention, decode_attention_qkv
+
+    if FUSE_QK_NORM_ROPE == "1":
+        return decode_attention_qkv(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
+                                    context_lens, sinks, sm_scale, window, block_tables, ring_rows)
+    q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
+    return decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                            block_tables=block_tables, ring_rows=ring_rows)
+
+
 TORCH_OPS = Ops(
     name="torch",
     linear=linear_torch,
@@ -159,6 +185,7 @@ TORCH_OPS = Ops(
     norm_router=norm_router_torch,
     qk_norm_rope=qk_k.qk_norm_rope_torch,
     attention=_attention_torch,
+    decode_attention_qkv=_decode_attention_qkv_torch,
     cache_write=cache_write_torch,
     silu_mul=swiglu_k.silu_mul_torch,
     router=router_k.router_topk_torch,
@@ -178,6 +205,7 @@ def triton_ops() -> Ops:
         norm_router=norm_router_triton,
         qk_norm_rope=qk_k.qk_norm_rope,
         attention=_attention_triton,
+        decode_attention_qkv=_decode_attention_qkv_triton,
         cache_write=cache_write_torch,
         silu_mul=swiglu_k.silu_mul,
         router=router_k.router_topk,

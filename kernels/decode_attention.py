@@ -7,7 +7,13 @@ fp32 scratch. The reduce program (b, query head) merges the partials online, iss
 before it knows the context length, and adds the new token (read from k/v) and the sink, each
 exactly once. A single non-empty split (short or
 empty context) adds them itself and writes the output from its registers; the reduce program
-then exits. The grid and scratch depend only on (B, num_splits), never on context lengths, so a
+then exits.
+
+`decode_attention_qkv` takes the raw QKV projection instead of q/k/v: both kernels normalise
+and rotate the heads they read themselves (qk_norm_rope.py's semantics, a few KB from L2 per
+program), and split 0 of each KV head writes this step's K/V into the cache, so a decode layer
+needs no qk_norm_rope launch. No program of the launch reads that slot: cached positions are
+[lo, ctx), the new token is at ctx, and a ring holds at least the window. The grid and scratch depend only on (B, num_splits), never on context lengths, so a
 captured CUDA graph replays for any lengths: splits past a sequence's length exit at once.
 (Merging in the last split to arrive instead of a second launch measured slower on the H200:
 a full layer at 100K 70.5 us vs 61.0, a sliding one 8.36 vs 6.53; benchmarks/NOTES.md §9.)
@@ -21,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import qk_norm_rope as qk_norm_rope_k
 from .attention import attention_torch, check_attention_inputs
 from .split_k import num_sms
 from .pdl import launch_args, pdl_prologue
@@ -71,12 +78,17 @@ def _decode_split_kernel(
     part_acc_ptr,      # [B, Hq, num_splits, D] fp32: unnormalised sum of p * v
     part_ml_ptr,       # [B, Hq, num_splits, 2] fp32: running max (log2 units), sum of p
     out_ptr,           # [B, Hq, D]
+    q_norm_ptr,        # [D] (FROM_QKV: q/k/v point into the raw qkv rows, normed and rotated here)
+    k_norm_ptr,        # [D]
+    positions_ptr,     # [B] int (FROM_QKV and USE_ROPE)
+    cos_sin_ptr,       # [max_pos, D] fp32: cos | sin (FROM_QKV and USE_ROPE)
+    slots_ptr,         # [B] int64 cache slot of this step's K/V, -1 = no write (FROM_QKV)
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_bt,
-    qk_scale, window, num_splits,
+    qk_scale, window, num_splits, eps,
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
@@ -88,8 +100,19 @@ def _decode_split_kernel(
         return
     rows = tl.arange(0, BLOCK_G)  # query heads h*G + rows
     cols = tl.arange(0, D)
-    q = tl.load(q_ptr + b * stride_qb + (h * G + rows[:, None]) * stride_qh + cols[None, :],
-                mask=rows[:, None] < G, other=0.0)  # [BLOCK_G, D]
+    cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)
+    q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
+                    D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
+    if FROM_QKV:
+        if s == 0:  # this step's K/V into the cache, once per KV head
+            slot = tl.load(slots_ptr + b)
+            kv_new = tl.maximum(slot, 0) * (HK * D) + h * D + cols[None, :]  # [1, D]
+            one = tl.arange(0, 1)
+            k_new = _load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps,
+                                D, True, USE_ROPE)
+            v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[None, :])
+            tl.store(k_cache_ptr + kv_new, k_new.to(k_cache_ptr.dtype.element_ty), mask=slot >= 0)
+            tl.store(v_cache_ptr + kv_new, v_new.to(v_cache_ptr.dtype.element_ty), mask=slot >= 0)
     if DOT_FP32:
         q = q.to(tl.float32)
     table = block_tables_ptr + b * stride_bt
@@ -133,24 +156,61 @@ def _decode_split_kernel(
         tl.store(part_ml_ptr + (part + s) * 2, m, mask=head_ok)
         tl.store(part_ml_ptr + (part + s) * 2 + 1, l, mask=head_ok)
         return
-    out = _finish_one_split(q, m, l, acc, k_ptr + b * stride_kb + h * stride_kh,
-                            v_ptr + b * stride_vb + h * stride_vh, sinks_ptr + h * G + rows, head_ok, qk_scale, D,
-                            USE_SINKS)
+    one = tl.arange(0, 1)
+    k_new = _load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps, D,
+                        FROM_QKV, USE_ROPE).to(tl.float32)  # [1, D]
+    v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[None, :]).to(tl.float32)
+    out = _finish_one_split(q, m, l, acc, k_new, v_new, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
 
 
 @triton.jit
-def _finish_one_split(q, m, l, acc, k_new_ptr, v_new_ptr, sink_ptrs, head_ok, qk_scale, D: tl.constexpr,
-                      USE_SINKS: tl.constexpr):
-    """Normalised output [BLOCK_G, D] of a KV head's G query heads when one split saw every cached
-    position: its partial (m, l, acc), the new token (which always sees itself) and the sink."""
+def _cos_sin_row(positions_ptr, cos_sin_ptr, b, D: tl.constexpr, USE_ROPE: tl.constexpr):
+    """The cos | sin row [D] of sequence b's position (the table's first row when not rotating)."""
+    if USE_ROPE:
+        return cos_sin_ptr + tl.load(positions_ptr + b).to(tl.int64) * D
+    return cos_sin_ptr
+
+
+@triton.jit
+def _load_heads(ptr, heads, head_ok, stride_h, weight_ptr, cos_row, eps, D: tl.constexpr,
+                NORM_ROPE: tl.constexpr, USE_ROPE: tl.constexpr):
+    """Heads [R, D] at ptr + heads * stride_h (heads [R]): as stored, or (NORM_ROPE) raw
+    projections put through qk_norm_rope.py's per-head RMSNorm (fp32 statistics, rounded after
+    the norm and after the weight) and NeoX RoPE (fp32, rounded), in x's dtype. Rotate-half
+    pairs column c with column (c + D/2) % D, loaded a second time (L1/L2) rather than moved
+    between threads."""
     cols = tl.arange(0, D)
-    k_new = tl.load(k_new_ptr + cols).to(tl.float32)  # [D]
-    v_new = tl.load(v_new_ptr + cols).to(tl.float32)
-    m_out = tl.sum(q.to(tl.float32) * k_new[None, :], axis=1) * qk_scale  # the new token's score, p = 1
+    offs = heads[:, None] * stride_h
+    x = tl.load(ptr + offs + cols[None, :], mask=head_ok[:, None], other=0.0)
+    if NORM_ROPE:
+        HALF: tl.constexpr = D // 2
+        partner = (cols + HALF) % D
+        xf = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]
+        w = tl.load(weight_ptr + cols).to(x.dtype).to(tl.float32)
+        y = ((xf * rstd).to(x.dtype).to(tl.float32) * w[None, :]).to(x.dtype)
+        if USE_ROPE:
+            xr = tl.load(ptr + offs + partner[None, :], mask=head_ok[:, None], other=0.0).to(tl.float32)
+            wr = tl.load(weight_ptr + partner).to(x.dtype).to(tl.float32)
+            yr = ((xr * rstd).to(x.dtype).to(tl.float32) * wr[None, :]).to(x.dtype).to(tl.float32)
+            cos = tl.load(cos_row + cols % HALF)[None, :]
+            sin = tl.load(cos_row + HALF + cols % HALF)[None, :]
+            # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
+            y = (y.to(tl.float32) * cos + tl.where(cols[None, :] < HALF, -yr, yr) * sin).to(x.dtype)
+        x = y
+    return x
+
+
+@triton.jit
+def _finish_one_split(q, m, l, acc, k_new, v_new, sink_ptrs, head_ok, qk_scale, USE_SINKS: tl.constexpr):
+    """Normalised output [BLOCK_G, D] of a KV head's G query heads when one split saw every cached
+    position: its partial (m, l, acc), the new token (k_new, v_new [1, D] fp32; it always sees
+    itself) and the sink."""
+    m_out = tl.sum(q.to(tl.float32) * k_new, axis=1) * qk_scale  # the new token's score, p = 1
     l_out = tl.full(m_out.shape, 1.0, tl.float32)
-    acc_out = tl.zeros(acc.shape, tl.float32) + v_new[None, :]
+    acc_out = tl.zeros(acc.shape, tl.float32) + v_new
     if USE_SINKS:  # the sink: a score with no value
         sink = tl.load(sink_ptrs, mask=head_ok, other=0.0) * 1.4426950408889634
         m_out, l_out, acc_out = _merge(m_out, l_out, acc_out, sink, 1.0, 0.0)
@@ -168,10 +228,14 @@ def _decode_reduce_kernel(
     part_acc_ptr,      # [B, Hq, num_splits, D] fp32
     part_ml_ptr,       # [B, Hq, num_splits, 2] fp32
     out_ptr,           # [B, Hq, D]
+    q_norm_ptr,        # [D] (FROM_QKV, as in the split kernel)
+    k_norm_ptr,        # [D]
+    positions_ptr,     # [B] int
+    cos_sin_ptr,       # [max_pos, D] fp32
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
-    qk_scale, window, num_splits,
+    qk_scale, window, num_splits, eps,
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_SINKS: tl.constexpr, PDL: tl.constexpr,
+    USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (b, query head): one pass over the splits' partials, BLOCK_S at a time, merged
     online. Every load is issued without waiting for the context length (partials of splits
@@ -184,8 +248,12 @@ def _decode_reduce_kernel(
     hk = hq // G
     _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)
     cols = tl.arange(0, D)
-    q = tl.load(q_ptr + b * stride_qb + hq * stride_qh + cols).to(tl.float32)
-    k = tl.load(k_ptr + b * stride_kb + hk * stride_kh + cols).to(tl.float32)
+    one = tl.arange(0, 1)
+    cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)
+    q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
+                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
+    k = tl.reshape(_load_heads(k_ptr + b * stride_kb, hk + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps, D,
+                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
     v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
     m = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself: p = 1 at m
     l = tl.full([], 1.0, tl.float32)
@@ -227,55 +295,86 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      out: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
     """q [B, Hq, D], k/v [B, Hk, D] (token b at position context_lens[b]) -> out [B, Hq, D].
     num_splits: the split grid axis (default: enough programs for WAVES per SM, capped by the window)."""
-    batch, hq, d = q.shape
     check_attention_inputs("decode_attention", q, k, v, None, context_lens, k_cache, v_cache, sinks,
                            window, block_tables, ring_rows)
+    return _launch("decode_attention", q, k, v, None, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                   block_tables, ring_rows, out, num_splits)
+
+
+def decode_attention_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                         positions: torch.Tensor, cos_sin: torch.Tensor | None, eps: float,
+                         num_q_heads: int, num_kv_heads: int,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                         context_lens: torch.Tensor, sinks: torch.Tensor | None, sm_scale: float, window: int,
+                         block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
+                         out: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """qk_norm_rope (writing this step's K/V to the cache) then decode_attention, in the attention
+    launches: qkv [B, (Hq + 2 Hk) D] raw projections -> out [B, Hq, D]. Arguments as in those two."""
+    b, d, writes = qk_norm_rope_k.check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
+                                               num_kv_heads, k_cache, v_cache, slot_mapping, "decode_attention_qkv")
+    if not writes:
+        raise ValueError("decode_attention_qkv: k_cache, v_cache and slot_mapping are required")
+    hq, hk = num_q_heads, num_kv_heads
+    q = qkv[:, :hq * d].view(b, hq, d)
+    k = qkv[:, hq * d:(hq + hk) * d].view(b, hk, d)
+    v = qkv[:, (hq + hk) * d:].view(b, hk, d)
+    check_attention_inputs("decode_attention_qkv", q, k, v, None, context_lens, k_cache, v_cache, sinks,
+                           window, block_tables, ring_rows)
+    fused = dict(q_norm_ptr=q_weight, k_norm_ptr=k_weight, positions_ptr=positions,
+                 cos_sin_ptr=cos_sin if cos_sin is not None else q_weight, slots_ptr=slot_mapping, eps=eps,
+                 USE_ROPE=cos_sin is not None)
+    return _launch("decode_attention_qkv", q, k, v, fused, k_cache, v_cache, context_lens, sinks, sm_scale,
+                   window, block_tables, ring_rows, out, num_splits)
+
+
+def _launch(name: str, q, k, v, fused: dict | None, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+            block_tables, ring_rows, out, num_splits) -> torch.Tensor:
+    """The split and reduce launches; fused: decode_attention_qkv's norm/RoPE/cache arguments."""
+    batch, hq, d = q.shape
     hk = k.shape[1]
     if context_lens.shape != (batch,):
-        raise ValueError(f"decode_attention: context_lens has shape {tuple(context_lens.shape)}, "
+        raise ValueError(f"{name}: context_lens has shape {tuple(context_lens.shape)}, "
                          f"expected ({batch},): one new token per sequence")
     if d & (d - 1) or d < 16:
-        raise ValueError(f"decode_attention: head_dim {d}, expected a power of two >= 16")
+        raise ValueError(f"{name}: head_dim {d}, expected a power of two >= 16")
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty((batch, hq, d), dtype=q.dtype, device=q.device)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
-        raise ValueError(f"decode_attention: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} "
+        raise ValueError(f"{name}: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} "
                          f"{tuple(q.shape)} with unit stride in D")
     if batch == 0:
         return out
     splits = num_splits or _default_num_splits(batch, hk, window, q.device)
     if not 1 <= splits <= MAX_SPLITS:
-        raise ValueError(f"decode_attention: num_splits {splits}, expected 1..{MAX_SPLITS}")
+        raise ValueError(f"{name}: num_splits {splits}, expected 1..{MAX_SPLITS}")
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, hq, splits, 2), dtype=torch.float32, device=q.device)
     paged = block_tables is not None
-    _decode_split_kernel[(batch, hk, splits)](
-        q_ptr=q, k_ptr=k, v_ptr=v, k_cache_ptr=k_cache, v_cache_ptr=v_cache, context_lens_ptr=context_lens,
-        block_tables_ptr=block_tables if paged else context_lens,
-        ring_rows_ptr=context_lens if paged else ring_rows,
-        sinks_ptr=sinks if sinks is not None else part_ml,
-        part_acc_ptr=part_acc, part_ml_ptr=part_ml,
-        out_ptr=out,
-        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
-        stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
-        stride_bt=block_tables.stride(0) if paged else 0,
-        qk_scale=sm_scale * LOG2E, window=window, num_splits=splits,
-        HK=hk, G=hq // hk, D=d, ROWS_PER=k_cache.shape[1],
-        BLOCK_G=max(16, triton.next_power_of_2(hq // hk)), BLOCK_N=TILE_N,
-        PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **launch_args(q.device),
-        num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
-    )
-    _decode_reduce_kernel[(batch, hq)](
+    from_qkv = fused is not None
+    if not from_qkv:  # pointers the kernels do not read
+        fused = dict(q_norm_ptr=part_ml, k_norm_ptr=part_ml, positions_ptr=context_lens, cos_sin_ptr=part_ml,
+                     slots_ptr=context_lens, eps=0.0, USE_ROPE=False)
+    fused = dict(fused)
+    slots = fused.pop("slots_ptr")
+    common = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
         sinks_ptr=sinks if sinks is not None else part_ml,
         part_acc_ptr=part_acc, part_ml_ptr=part_ml, out_ptr=out,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
-        qk_scale=sm_scale * LOG2E, window=window, num_splits=splits,
-        G=hq // hk, D=d, BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), BLOCK_N=TILE_N,
-        USE_SINKS=sinks is not None, **launch_args(q.device), num_warps=REDUCE_WARPS)
+        qk_scale=sm_scale * LOG2E, window=window, num_splits=splits, G=hq // hk, D=d, BLOCK_N=TILE_N,
+        USE_SINKS=sinks is not None, FROM_QKV=from_qkv, **fused, **launch_args(q.device))
+    _decode_split_kernel[(batch, hk, splits)](
+        k_cache_ptr=k_cache, v_cache_ptr=v_cache,
+        block_tables_ptr=block_tables if paged else context_lens,
+        ring_rows_ptr=context_lens if paged else ring_rows, slots_ptr=slots,
+        stride_bt=block_tables.stride(0) if paged else 0,
+        HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
+        PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **common, num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
+    )
+    _decode_reduce_kernel[(batch, hq)](
+        BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), **common, num_warps=REDUCE_WARPS)
     return out
 
 
@@ -300,3 +399,18 @@ def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return result
     out.copy_(result)
     return out
+
+
+def decode_attention_qkv_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                               positions: torch.Tensor, cos_sin: torch.Tensor | None, eps: float,
+                               num_q_heads: int, num_kv_heads: int,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                               context_lens: torch.Tensor, sinks: torch.Tensor | None, sm_scale: float,
+                               window: int, block_tables: torch.Tensor | None = None,
+                               ring_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                               num_splits: int | None = None) -> torch.Tensor:
+    """Same signature and semantics as `decode_attention_qkv`: qk_norm_rope_torch, then attention."""
+    q, k, v = qk_norm_rope_k.qk_norm_rope_torch(qkv, q_weight, k_weight, positions, cos_sin, eps, num_q_heads,
+                                                num_kv_heads, k_cache, v_cache, slot_mapping)
+    return decode_attention_torch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                                  block_tables=block_tables, ring_rows=ring_rows, out=out)

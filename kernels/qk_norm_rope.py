@@ -128,7 +128,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
 
     heads_per_program: Q heads per program, a power of two (K/V blocks take as many, at most Hk);
     None: one at decode, wider as N grows (about TARGET_PROGRAMS programs)."""
-    n, d, write = _check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
+    n, d, write = check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
                                 num_kv_heads, k_cache, v_cache, slot_mapping)
     q = torch.empty((n, num_q_heads, d), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((n, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
@@ -167,7 +167,7 @@ def qk_norm_rope_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torc
                        slot_mapping: torch.Tensor | None = None,
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same signature and semantics as `qk_norm_rope`, in plain torch."""
-    n, d, write = _check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
+    n, d, write = check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
                                 num_kv_heads, k_cache, v_cache, slot_mapping)
     hq, hk = num_q_heads, num_kv_heads
     q = _norm(qkv[:, :hq * d].reshape(n, hq, d), q_weight, eps)  # [N, Hq, D]
@@ -200,36 +200,38 @@ def _rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def _check_inputs(qkv, q_weight, k_weight, positions, cos_sin, hq, hk, k_cache, v_cache, slot_mapping):
+def check_inputs(qkv, q_weight, k_weight, positions, cos_sin, hq, hk, k_cache, v_cache, slot_mapping,
+                 name: str = "qk_norm_rope"):
+    """-> (N, head_dim, whether the cache is written); ValueError naming `name` and the field."""
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
-        raise ValueError(f"qk_norm_rope: qkv has shape {tuple(qkv.shape)} strides {qkv.stride()}, "
+        raise ValueError(f"{name}: qkv has shape {tuple(qkv.shape)} strides {qkv.stride()}, "
                          "expected [N, (Hq + 2*Hk) * D] with unit stride in the last dim")
     n, width = qkv.shape
     if hq <= 0 or hk <= 0 or width % (hq + 2 * hk):
-        raise ValueError(f"qk_norm_rope: qkv width {width} with num_q_heads={hq}, num_kv_heads={hk}, "
+        raise ValueError(f"{name}: qkv width {width} with num_q_heads={hq}, num_kv_heads={hk}, "
                          "expected a multiple of Hq + 2*Hk")
     d = width // (hq + 2 * hk)
     if d % 2 or d & (d - 1):
-        raise ValueError(f"qk_norm_rope: head_dim {d}, expected a power of two (RoPE rotates halves)")
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        raise ValueError(f"{name}: head_dim {d}, expected a power of two (RoPE rotates halves)")
+    for field, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         if w.shape != (d,) or not w.is_contiguous():
-            raise ValueError(f"qk_norm_rope: {name} has shape {tuple(w.shape)}, expected contiguous ({d},)")
+            raise ValueError(f"{name}: {field} has shape {tuple(w.shape)}, expected contiguous ({d},)")
     if positions.shape != (n,):
-        raise ValueError(f"qk_norm_rope: positions has shape {tuple(positions.shape)}, expected ({n},)")
+        raise ValueError(f"{name}: positions has shape {tuple(positions.shape)}, expected ({n},)")
     if cos_sin is not None and (cos_sin.dim() != 2 or cos_sin.shape[1] != d
                                 or cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous()):
-        raise ValueError(f"qk_norm_rope: cos_sin is {cos_sin.dtype} {tuple(cos_sin.shape)}, "
+        raise ValueError(f"{name}: cos_sin is {cos_sin.dtype} {tuple(cos_sin.shape)}, "
                          f"expected contiguous float32 [max_pos, {d}]")
     given = [x is not None for x in (k_cache, v_cache, slot_mapping)]
     if any(given) and not all(given):
-        raise ValueError("qk_norm_rope: k_cache, v_cache and slot_mapping go together; "
+        raise ValueError(f"{name}: k_cache, v_cache and slot_mapping go together; "
                          f"got k_cache={given[0]}, v_cache={given[1]}, slot_mapping={given[2]}")
     if all(given):
-        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        for field, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             if cache.shape[-2:] != (hk, d) or not cache.is_contiguous():
-                raise ValueError(f"qk_norm_rope: {name} has shape {tuple(cache.shape)}, "
+                raise ValueError(f"{name}: {field} has shape {tuple(cache.shape)}, "
                                  f"expected contiguous [..., {hk}, {d}]")
         if slot_mapping.shape != (n,) or slot_mapping.dtype != torch.int64:
-            raise ValueError(f"qk_norm_rope: slot_mapping is {slot_mapping.dtype} "
+            raise ValueError(f"{name}: slot_mapping is {slot_mapping.dtype} "
                              f"{tuple(slot_mapping.shape)}, expected int64 ({n},)")
     return n, d, all(given)

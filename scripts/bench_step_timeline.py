@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Where a replayed batch-1 decode step's time goes, kernel by kernel, on the critical path.
+
+    python scripts/bench_step_timeline.py --formats nvfp4,bf16 --context 100000 \
+        --variant flint_backend.ops.FUSE_QK_NORM_ROPE=0 --out benchmarks/timeline.json
+
+Eager per-kernel sums (bench.py's breakdown) overstate under PDL: a kernel's time includes its
+wait for the one before. Here one CUDA graph of the decode step (bucket 1) is replayed under
+torch.profiler and each kernel is charged end(i) - end(i-1): what the step would lose without
+it (with PDL a kernel cannot complete before its predecessor, so these sum to the step's span).
+Rows group kernels by name. Each --variant sets module attributes (the launchers read their
+knobs at each call) and recaptures the graph, so variants compare in one process; the table
+also gives each variant's replay time without the profiler. Prints markdown, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from flint_backend.engine.engine import LLMEngine
+from flint_backend.engine.engine_args import EngineArgs
+from scripts.bench import copy_bandwidth, kv_bytes_per_token, start_at_context, weight_bytes_per_token
+
+REPLAYS = 20
+PROFILED = 3
+
+
+def parse_variant(text: str) -> list[tuple[str, str, str]]:
+    """"pkg.module.ATTR=value[,pkg.module.ATTR=value]" -> [(module, attr, value)]; "" is the default."""
+    out = []
+    for item in filter(None, text.split(",")):
+        target, _, value = item.partition("=")
+        module, _, attr = target.rpartition(".")
+        if not module or not _:
+            raise ValueError(f"--variant: got {item!r}, expected module.ATTR=value")
+        out.append((module, attr, value))
+    return out
+
+
+def set_variant(settings: list[tuple[str, str, str]]) -> dict:
+    """Sets the attributes (values parsed as the attribute's current type) -> the old values."""
+    old = {}
+    for module, attr, value in settings:
+        mod = importlib.import_module(module)
+        current = getattr(mod, attr)
+        old[(module, attr)] = current
+        typed = value if isinstance(current, str) else (value in ("1", "true", "True") if isinstance(current, bool)
+                                                         else type(current)(value))
+        setattr(mod, attr, typed)
+    return old
+
+
+def capture(engine: LLMEngine, seq) -> torch.cuda.CUDAGraph:
+    graphs = engine.runner.graphs
+    graphs._fill([seq], 1)
+    batch, forward = graphs._batch(1), graphs._forward(1)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward(batch, engine.runner.kv)  # compiles what the variant launches
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(batch, engine.runner.kv)
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / REPLAYS
+
+
+def short(name: str) -> str:
+    name = name.split("(")[0]
+    return name if len(name) < 48 else name[:45] + "..."
+
+
+def timeline(graph: torch.cuda.CUDAGraph) -> dict:
+    """Profiles PROFILED replays -> per-kernel-name critical-path time of the median replay."""
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED):
+            graph.replay()
+            torch.cuda.synchronize()  # replays apart: each one's first kernel starts a new span
+    path = Path(tempfile.mkdtemp()) / "trace.json"
+    prof.export_chrome_trace(str(path))
+    kernels = sorted((e for e in json.loads(path.read_text())["traceEvents"]
+                      if e.get("cat") == "kernel" and e.get("ph") == "X"), key=lambda e: e["ts"])
+    per = len(kernels) // PROFILED
+    spans = []
+    for r in range(PROFILED):
+        ks = kernels[r * per:(r + 1) * per]
+        rows: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
+        prev_end = ks[0]["ts"]
+        for k in ks:
+            end = k["ts"] + k["dur"]
+            row = rows[short(k["name"])]
+            row[0] += end - prev_end
+            row[1] += 1
+            row[2] += k["dur"]
+            prev_end = max(prev_end, end)
+        spans.append((prev_end - ks[0]["ts"], rows))
+    span, rows = sorted(spans, key=lambda s: s[0])[PROFILED // 2]
+    table = [{"kernel": name, "calls": n, "critical_us": round(c, 1), "critical_us_per_call": round(c / n, 2),
+              "duration_us": round(d, 1)} for name, (c, n, d) in rows.items()]
+    return {"span_us": round(span, 1), "kernels_per_step": per,
+            "rows": sorted(table, key=lambda r: -r["critical_us"])}
+
+
+def run_format(fmt: str, args) -> dict:
+    engine = LLMEngine(EngineArgs(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None,
+                                  dtype="bfloat16", device="cuda", block_size=64, max_num_seqs=64,
+                                  max_model_len=args.max_model_len, kv_cache_memory_fraction=args.kv_fraction))
+    seq = start_at_context(engine, args.context, 10)
+    result = {"format": fmt, "context": args.context, "weight_bytes_per_token": weight_bytes_per_token(engine),
+              "kv_bytes": kv_bytes_per_token(engine.config, args.context), "variants": []}
+    for text in [""] + args.variant:
+        old = set_variant(parse_variant(text))
+        graph = capture(engine, seq)
+        ms = replay_ms(graph)
+        row = {"variant": text or "default", "replay_ms": round(ms, 4), **timeline(graph)}
+        result["variants"].append(row)
+        print(f"  {fmt} {row['variant']}: replay {ms:.3f} ms, profiled span {row['span_us'] / 1e3:.3f} ms, "
+              f"{row['kernels_per_step']} kernels", flush=True)
+        del graph
+        for (module, attr), value in old.items():
+            setattr(importlib.import_module(module), attr, value)
+    return result
+
+
+def print_tables(results: dict, top: int = 20) -> None:
+    for fmt in results["formats"]:
+        for v in fmt["variants"]:
+            print(f"\n### {fmt['format']} at {fmt['context']}: {v['variant']} (replay {v['replay_ms']:.3f} ms, "
+                  f"profiled span {v['span_us'] / 1e3:.3f} ms, {v['kernels_per_step']} kernels)\n")
+            print("| kernel | calls | critical us | us/call | kernel duration us |")
+            print("| --- | ---: | ---: | ---: | ---: |")
+            for r in v["rows"][:top]:
+                print(f"| {r['kernel']} | {r['calls']} | {r['critical_us']} | {r['critical_us_per_call']} | "
+                      f"{r['duration_us']} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="flint-40b")
+    parser.add_argument("--formats", default="nvfp4,bf16")
+    parser.add_argument("--context", type=int, default=100000)
+    parser.add_argument("--variant", action="append", default=[],
+                        help="module.ATTR=value[,...]: another graph with these knobs (repeatable)")
+    parser.add_argument("--kv-fraction", type=float, default=0.5)
+    parser.add_argument("--max-model-len", type=int, default=262144)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/timeline.json"))
+    parser.add_argument("--one-format", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    for text in args.variant:
+        parse_variant(text)
+    commit = os.environ.get("FLINT_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    results = {"meta": {"gpu": torch.cuda.get_device_name(), "commit": commit or "unknown",
+                        "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
+                        "command": "python scripts/bench_step_timeline.py " + " ".join(sys.argv[1:]),
+                        "copy_tb_s": round(copy_bandwidth("cuda") / 1e12, 3), "torch": torch.__version__},
+               "formats": []}
+    formats = args.formats.split(",")
+    for fmt in formats:
+        if args.one_format or len(formats) == 1:
+            results["formats"].append(run_format(fmt, args))
+        else:  # a fresh process per format, as bench.py does
+            out = Path(tempfile.mkdtemp()) / f"{fmt}.json"
+            subprocess.run([sys.executable, "-m", "scripts.bench_step_timeline",
+                            *_without(sys.argv[1:], ("--formats", "--out")),
+                            "--formats", fmt, "--out", str(out), "--one-format"], check=True)
+            results["formats"].append(json.loads(out.read_text())["formats"][0])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print_tables(results)
+
+
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in flags)):
+            out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    main()
