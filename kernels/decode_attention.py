@@ -7,7 +7,7 @@ fp32 scratch. The reduce program (b, query head) merges the partials online, iss
 before it knows the context length, and adds the new token (read from k/v) and the sink, each
 exactly once. A single non-empty split (short or
 empty context) adds them itself and writes the output from its registers; the reduce program
-then exits.
+then exits (a launch of one split has no reduce launch).
 
 `decode_attention_qkv` takes the raw QKV projection instead of q/k/v: both kernels normalise
 and rotate the heads they read themselves (qk_norm_rope.py's semantics, a few KB from L2 per
@@ -39,6 +39,12 @@ LOG2E = 1.4426950408889634
 TILE_N = 64            # cached positions per tile
 MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
 WAVES = 2              # default splits aim at this many programs per SM
+# K/V tiles in flight per split program (cp.async): paged, 3 (~100 KB of shared memory: two
+# programs an SM); ring, 2
+PAGED_STAGES, RING_STAGES = 4, 3
+# Default splits of a sliding-window layer: None caps them at a tile each; 1 streams the window
+# in one program per KV head, which finishes the output itself, so the reduce launch is skipped
+WINDOW_SPLITS: int | None = None
 # splits a reduce program merges per step: on a GPU all of them at batch 1 (one round trip; 8
 # warps hold [128, D] fp32), the interpreter also runs the multi-step loop
 REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
@@ -371,10 +377,11 @@ def _launch(name: str, q, k, v, fused: dict | None, k_cache, v_cache, context_le
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
         PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **common, num_warps=4, num_stages=4 if paged else 3,  # paged: 3 K/V tiles in flight (~100 KB smem)
+        **common, num_warps=4, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
-    _decode_reduce_kernel[(batch, hq)](
-        BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), **common, num_warps=REDUCE_WARPS)
+    if splits > 1:  # else the one split wrote every output itself
+        _decode_reduce_kernel[(batch, hq)](
+            BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), **common, num_warps=REDUCE_WARPS)
     return out
 
 
@@ -382,7 +389,7 @@ def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torc
     """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
     splits = triton.cdiv(WAVES * num_sms(torch.device(device)), batch * num_kv_heads)
     if window:
-        splits = min(splits, triton.cdiv(window, TILE_N))
+        splits = min(splits, triton.cdiv(window, TILE_N) if WINDOW_SPLITS is None else WINDOW_SPLITS)
     return max(1, min(MAX_SPLITS, splits))
 
 

@@ -34,6 +34,7 @@ from scripts.bench import copy_bandwidth, kv_bytes_per_token, start_at_context, 
 
 REPLAYS = 20
 PROFILED = 3
+REPLAY_GAP_US = 100.0  # no kernel of a replayed step starts this long after the one before ends
 
 
 def parse_variant(text: str) -> list[tuple[str, str, str]]:
@@ -106,25 +107,32 @@ def timeline(graph: torch.cuda.CUDAGraph) -> dict:
     prof.export_chrome_trace(str(path))
     kernels = sorted((e for e in json.loads(path.read_text())["traceEvents"]
                       if e.get("cat") == "kernel" and e.get("ph") == "X"), key=lambda e: e["ts"])
-    per = len(kernels) // PROFILED
+    replays, last_end = [], None  # the replays ran apart (synchronized): split at the gaps
+    for k in kernels:
+        if last_end is None or k["ts"] - last_end > REPLAY_GAP_US:
+            replays.append([])
+        replays[-1].append(k)
+        last_end = k["ts"] + k["dur"] if last_end is None else max(last_end, k["ts"] + k["dur"])
     spans = []
-    for r in range(PROFILED):
-        ks = kernels[r * per:(r + 1) * per]
+    for ks in replays:
         rows: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
-        prev_end = ks[0]["ts"]
+        sequence, prev_end = [], ks[0]["ts"]
         for k in ks:
             end = k["ts"] + k["dur"]
+            critical = max(0.0, end - prev_end)
             row = rows[short(k["name"])]
-            row[0] += end - prev_end
+            row[0] += critical
             row[1] += 1
             row[2] += k["dur"]
+            sequence.append([short(k["name"]), round(critical, 2), round(k["dur"], 2)])
             prev_end = max(prev_end, end)
-        spans.append((prev_end - ks[0]["ts"], rows))
-    span, rows = sorted(spans, key=lambda s: s[0])[PROFILED // 2]
+        spans.append((prev_end - ks[0]["ts"], rows, sequence))
+    span, rows, sequence = sorted(spans, key=lambda s: s[0])[len(spans) // 2]
     table = [{"kernel": name, "calls": n, "critical_us": round(c, 1), "critical_us_per_call": round(c / n, 2),
               "duration_us": round(d, 1)} for name, (c, n, d) in rows.items()]
-    return {"span_us": round(span, 1), "kernels_per_step": per,
-            "rows": sorted(table, key=lambda r: -r["critical_us"])}
+    return {"span_us": round(span, 1), "kernels_per_step": len(sequence), "replays_seen": len(replays),
+            "rows": sorted(table, key=lambda r: -r["critical_us"]),
+            "sequence": sequence}  # [kernel, critical us, duration us] in launch order
 
 
 def run_format(fmt: str, args) -> dict:
@@ -158,6 +166,8 @@ def print_tables(results: dict, top: int = 20) -> None:
             for r in v["rows"][:top]:
                 print(f"| {r['kernel']} | {r['calls']} | {r['critical_us']} | {r['critical_us_per_call']} | "
                       f"{r['duration_us']} |")
+            mid = len(v["sequence"]) // 2  # one stretch of the step in launch order: a layer or two
+            print("\nin order from kernel", mid, ": " + ", ".join(f"{k} {c}/{d}" for k, c, d in v["sequence"][mid:mid + 18]))
 
 
 def main() -> None:
