@@ -44,6 +44,12 @@ GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
 # Splits of one or two word steps load all their weights before waiting for the previous kernel,
 # so with PDL the read overlaps that kernel (pdl.py); FLINT_FP4_GEMV_PREFETCH=0: the pipelined loop
 GEMV_PREFETCH = os.environ.get("FLINT_FP4_GEMV_PREFETCH", "1") == "1"
+# Up to this many word steps a split prefetches (1..4); GEMV_MAX_SPLITS caps the K splits where
+# the splits still prefetch (None: as many as give two programs an SM). One split of four steps (o_proj's K = 4096 with
+# GEMV_MAX_SPLITS = 1) saves the split-K round trip (partial store, arrival atomic, reload) for
+# twice the registers. Benchmark knobs.
+GEMV_PREFETCH_STEPS = 2
+GEMV_MAX_SPLITS: int | None = None
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
 
@@ -75,20 +81,32 @@ def _nvfp4_gemv_kernel(
     if PREFETCH > 0:
         # every split is PREFETCH whole steps (the launcher checks): their weights are loaded
         # before the wait for the previous kernel, whose output x is read after it (pdl.py)
+        KW: tl.constexpr = BLOCK_K // 8
         kw0 = k_lo // 8
-        w0, s0 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0, K // 8, stride_wn, stride_sn,
-                                BLOCK_K // 8, False)
+        w0, s0 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0, K // 8, stride_wn, stride_sn, KW, False)
         if PREFETCH > 1:
-            w1, s1 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + BLOCK_K // 8, K // 8, stride_wn,
-                                    stride_sn, BLOCK_K // 8, False)
+            w1, s1 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + KW, K // 8, stride_wn, stride_sn,
+                                    KW, False)
+        if PREFETCH > 2:
+            w2, s2 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + 2 * KW, K // 8, stride_wn, stride_sn,
+                                    KW, False)
+        if PREFETCH > 3:
+            w3, s3 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + 3 * KW, K // 8, stride_wn, stride_sn,
+                                    KW, False)
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
-        acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, BLOCK_K // 8, False, PTX, res_row, norm_w_ptr, rstd,
+        acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, KW, False, PTX, res_row, norm_w_ptr, rstd,
                              NORM, HAS_RESIDUAL, X_BLOCK)
         if PREFETCH > 1:
-            acc += fp4_dot_loaded(x_row, w1, s1, kw0 + BLOCK_K // 8, K // 8, BLOCK_K // 8, False, PTX, res_row,
-                                  norm_w_ptr, rstd, NORM, HAS_RESIDUAL, X_BLOCK)
+            acc += fp4_dot_loaded(x_row, w1, s1, kw0 + KW, K // 8, KW, False, PTX, res_row, norm_w_ptr, rstd,
+                                  NORM, HAS_RESIDUAL, X_BLOCK)
+        if PREFETCH > 2:
+            acc += fp4_dot_loaded(x_row, w2, s2, kw0 + 2 * KW, K // 8, KW, False, PTX, res_row, norm_w_ptr, rstd,
+                                  NORM, HAS_RESIDUAL, X_BLOCK)
+        if PREFETCH > 3:
+            acc += fp4_dot_loaded(x_row, w3, s3, kw0 + 3 * KW, K // 8, KW, False, PTX, res_row, norm_w_ptr, rstd,
+                                  NORM, HAS_RESIDUAL, X_BLOCK)
     elif WORDS:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -206,6 +224,10 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
     k_blocks = triton.cdiv(k, block_k)
     splits = num_splits or pick_splits(tiles, k_blocks, x.device)
+    if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_MAX_SPLITS is not None:
+        fewer = min(splits, GEMV_MAX_SPLITS)
+        if triton.cdiv(k_blocks, fewer) <= GEMV_PREFETCH_STEPS:  # only where the splits still prefetch
+            splits = fewer
     if not 1 <= splits <= k_blocks:
         raise ValueError(f"nvfp4_linear: num_splits {splits}, expected 1..{k_blocks} for K={k}")
     k_per_split = triton.cdiv(k_blocks, splits) * block_k
@@ -220,7 +242,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         data = packed_words(w) if words else w.packed
         # whole word steps a split, loaded before the wait for the previous kernel (pdl.py)
         steps = k_per_split // block_k
-        prefetch = steps if (GEMV_PREFETCH and words and k % k_per_split == 0 and steps <= 2) else 0
+        prefetch = steps if (GEMV_PREFETCH and words and k % k_per_split == 0 and steps <= GEMV_PREFETCH_STEPS) else 0
         residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,

@@ -65,6 +65,29 @@ def test_matches_dequantise_then_matmul(t, n, k, splits, dtype, words):
     torch.testing.assert_close(got, nvfp4_linear_torch(x, w), **TOL[dtype])
 
 
+@pytest.mark.parametrize("k", [768, 1024])
+@pytest.mark.parametrize("norm", [False, True])
+def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
+    # GEMV_MAX_SPLITS = 1 and GEMV_PREFETCH_STEPS = 4: K in one split, every step loaded before x
+    # (the interpreter's step is 256 weights: 3 or 4 steps); with and without the folded RMSNorm
+    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_MAX_SPLITS", 1)
+    w = weight(40, k, seed=k, per_row=True)
+    gen = torch.Generator(DEVICE).manual_seed(k)
+    x = torch.randn(2, k, device=DEVICE, generator=gen)
+    if not norm:
+        torch.testing.assert_close(nvfp4_linear(x, w), nvfp4_linear_torch(x, w), **TOL[torch.float32])
+        return
+    residual = torch.randn(2, k, device=DEVICE, generator=gen)
+    norm_w = 1 + 0.1 * torch.randn(k, device=DEVICE, generator=gen)
+    got, got_res = nvfp4_linear_module.rms_norm_nvfp4_linear(x, residual, norm_w, 1e-6, w)
+    exp, exp_res = nvfp4_linear_module.rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-6, w)
+    torch.testing.assert_close(got, exp, **TOL[torch.float32])
+    torch.testing.assert_close(got_res, exp_res, rtol=0, atol=0)
+
+
 def test_split_k_is_deterministic():
     w = weight(16, 2048, seed=3)
     x = torch.randn(2, 2048, device=DEVICE)
