@@ -40,6 +40,12 @@ BLOCK_N = 128 if INTERPRET else int(os.environ.get("FLINT_DENSE_GEMV_ROWS", "8")
 WARPS = 4 if INTERPRET else int(os.environ.get("FLINT_DENSE_GEMV_WARPS", "4"))
 BLOCK_K = 128 if INTERPRET else 1024
 STAGES = 3
+# Up to this many steps a split loads before the wait (1..4); MAX_SPLITS caps the K splits where
+# the splits still prefetch (None: two programs an SM and at most two steps a split). One split
+# of four steps (o_proj's K = 4096) saves the split-K round trip for twice the registers (with
+# WARPS = 8, as many a thread). Benchmark knobs.
+PREFETCH_STEPS = 2
+MAX_SPLITS: int | None = None
 
 
 @triton.jit
@@ -69,14 +75,20 @@ def _dense_gemv_kernel(
         w0 = tl.load(w_rows + (k_lo + cols)[None, :], mask=row_mask[:, None], other=0.0)
         if PREFETCH > 1:
             w1 = tl.load(w_rows + (k_lo + BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
+        if PREFETCH > 2:
+            w2 = tl.load(w_rows + (k_lo + 2 * BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
+        if PREFETCH > 3:
+            w3 = tl.load(w_rows + (k_lo + 3 * BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
-        x0 = _x_cols(x_row, res_row, norm_w_ptr, k_lo + cols, rstd, NORM, HAS_RESIDUAL)
-        acc = tl.sum(w0.to(tl.float32) * x0[None, :], axis=1)
+        acc = _dot_step(w0, x_row, res_row, norm_w_ptr, k_lo + cols, rstd, NORM, HAS_RESIDUAL)
         if PREFETCH > 1:
-            x1 = _x_cols(x_row, res_row, norm_w_ptr, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
-            acc += tl.sum(w1.to(tl.float32) * x1[None, :], axis=1)
+            acc += _dot_step(w1, x_row, res_row, norm_w_ptr, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
+        if PREFETCH > 2:
+            acc += _dot_step(w2, x_row, res_row, norm_w_ptr, k_lo + 2 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
+        if PREFETCH > 3:
+            acc += _dot_step(w3, x_row, res_row, norm_w_ptr, k_lo + 3 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
     else:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -99,11 +111,14 @@ def _dense_gemv_kernel(
 
 
 @triton.jit
-def _x_cols(x_row, res_row, norm_w_ptr, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """fp32 activations at columns k (all inside the row): x, or rms_norm(residual + x) with NORM."""
+def _dot_step(w, x_row, res_row, norm_w_ptr, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """[BLOCK_N] fp32 sums of a loaded weight step w [BLOCK_N, BLOCK_K] times the activations at
+    columns k (all inside the row): x, or rms_norm(residual + x) with NORM."""
     if NORM:
-        return folded_norm(x_row, res_row, norm_w_ptr, k, k >= 0, rstd, HAS_RESIDUAL).to(tl.float32)
-    return tl.load(x_row + k).to(tl.float32)
+        x = folded_norm(x_row, res_row, norm_w_ptr, k, k >= 0, rstd, HAS_RESIDUAL).to(tl.float32)
+    else:
+        x = tl.load(x_row + k).to(tl.float32)
+    return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
 
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
@@ -139,12 +154,14 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
     k_blocks = triton.cdiv(k, block_k)
     tiles = t * triton.cdiv(n, BLOCK_N)
     splits = num_splits or max(pick_splits(tiles, k_blocks, x.device), _pow2_at_least(triton.cdiv(k_blocks, 2)))
+    if num_splits is None and MAX_SPLITS is not None and triton.cdiv(k_blocks, min(splits, MAX_SPLITS)) <= PREFETCH_STEPS:
+        splits = min(splits, MAX_SPLITS)  # only where the splits still prefetch
     if not 1 <= splits <= k_blocks:
         raise ValueError(f"dense_gemv: num_splits {splits}, expected 1..{k_blocks} for K={k}")
     k_per_split = triton.cdiv(k_blocks, splits) * block_k
     splits = triton.cdiv(k, k_per_split)  # no empty split
     steps = k_per_split // block_k
-    prefetch = steps if k % k_per_split == 0 and steps <= 2 else 0
+    prefetch = steps if k % k_per_split == 0 and steps <= PREFETCH_STEPS else 0
     part = torch.empty((splits, t, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = arrival_counters(tiles, x.device) if splits > 1 else out
     residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)

@@ -35,6 +35,25 @@ def test_matches_f_linear(t, n, k, splits, dtype):
     torch.testing.assert_close(got, F.linear(x, w), **TOL[dtype])
 
 
+@pytest.mark.parametrize("k", [384, 512])
+@pytest.mark.parametrize("norm", [False, True])
+def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
+    # MAX_SPLITS = 1 and PREFETCH_STEPS = 4: K in one split, every step loaded before x (the
+    # interpreter's step is 128 columns: 3 or 4 steps); with and without the folded RMSNorm
+    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
+    monkeypatch.setattr(dense_gemv_module, "MAX_SPLITS", 1)
+    x, w = operands(2, 24, k, torch.float32, seed=k)
+    if not norm:
+        torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.float32])
+        return
+    residual, _ = operands(2, 1, k, torch.float32, seed=k + 1)
+    norm_w = 1 + 0.1 * operands(1, 1, k, torch.float32, seed=k + 2)[0][0]
+    got, got_res = dense_gemv_module.rms_norm_dense_gemv(x, residual, norm_w, 1e-6, w)
+    exp, exp_res = dense_gemv_module.rms_norm_dense_gemv_torch(x, residual, norm_w, 1e-6, w)
+    torch.testing.assert_close(got, exp, **TOL[torch.float32])
+    torch.testing.assert_close(got_res, exp_res, rtol=0, atol=0)
+
+
 def test_one_hot_rows_read_back_the_weights_exactly():
     x, w = operands(1, 40, 256, torch.float32, seed=1)
     x = torch.eye(256, device=DEVICE)[[3, 200]]
