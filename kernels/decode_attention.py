@@ -96,7 +96,8 @@ def _decode_split_kernel(
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PDL: tl.constexpr,
 ):
-    pdl_prologue(PDL)
+    # the step's metadata (context lengths, positions, slots, ring rows, block tables: copied in
+    # by the host, written by no kernel of the step) is read before the PDL wait (pdl.py)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -107,30 +108,31 @@ def _decode_split_kernel(
     rows = tl.arange(0, BLOCK_G)  # query heads h*G + rows
     cols = tl.arange(0, D)
     cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)
-    q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
-                    D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
-    if FROM_QKV:
-        if s == 0:  # this step's K/V into the cache, once per KV head
-            slot = tl.load(slots_ptr + b)
-            kv_new = tl.maximum(slot, 0) * (HK * D) + h * D + cols[None, :]  # [1, D]
-            one = tl.arange(0, 1)
-            k_new = _load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps,
-                                D, True, USE_ROPE)
-            v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[None, :])
-            tl.store(k_cache_ptr + kv_new, k_new.to(k_cache_ptr.dtype.element_ty), mask=slot >= 0)
-            tl.store(v_cache_ptr + kv_new, v_new.to(v_cache_ptr.dtype.element_ty), mask=slot >= 0)
-    if DOT_FP32:
-        q = q.to(tl.float32)
+    new_slot = tl.load(slots_ptr + b) if FROM_QKV else -1  # this step's K/V go there (-1: nowhere)
     table = block_tables_ptr + b * stride_bt
     ring_base = 0
     if not PAGED:
         ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
-    m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
-    l = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
     # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
     pos_next = start + tl.arange(0, BLOCK_N)
     block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
+    pdl_prologue(PDL)
+    q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
+                    D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
+    if FROM_QKV:
+        if s == 0:  # this step's K/V into the cache, once per KV head
+            kv_new = tl.maximum(new_slot, 0) * (HK * D) + h * D + cols[None, :]  # [1, D]
+            one = tl.arange(0, 1)
+            k_new = _load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps,
+                                D, True, USE_ROPE)
+            v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[None, :])
+            tl.store(k_cache_ptr + kv_new, k_new.to(k_cache_ptr.dtype.element_ty), mask=new_slot >= 0)
+            tl.store(v_cache_ptr + kv_new, v_new.to(v_cache_ptr.dtype.element_ty), mask=new_slot >= 0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
     for kstart in range(start, end, BLOCK_N):
         pos = kstart + tl.arange(0, BLOCK_N)
         valid = pos < end
@@ -163,9 +165,9 @@ def _decode_split_kernel(
         tl.store(part_ml_ptr + (part + s) * 2 + 1, l, mask=head_ok)
         return
     one = tl.arange(0, 1)
-    k_new = _load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps, D,
-                        FROM_QKV, USE_ROPE).to(tl.float32)  # [1, D]
-    v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[None, :]).to(tl.float32)
+    k_new = tl.reshape(_load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps,
+                                   D, FROM_QKV, USE_ROPE), [D]).to(tl.float32)
+    v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols).to(tl.float32)
     out = _finish_one_split(q, m, l, acc, k_new, v_new, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
@@ -212,11 +214,11 @@ def _load_heads(ptr, heads, head_ok, stride_h, weight_ptr, cos_row, eps, D: tl.c
 @triton.jit
 def _finish_one_split(q, m, l, acc, k_new, v_new, sink_ptrs, head_ok, qk_scale, USE_SINKS: tl.constexpr):
     """Normalised output [BLOCK_G, D] of a KV head's G query heads when one split saw every cached
-    position: its partial (m, l, acc), the new token (k_new, v_new [1, D] fp32; it always sees
+    position: its partial (m, l, acc), the new token (k_new, v_new [D] fp32; it always sees
     itself) and the sink."""
-    m_out = tl.sum(q.to(tl.float32) * k_new, axis=1) * qk_scale  # the new token's score, p = 1
+    m_out = tl.sum(q.to(tl.float32) * k_new[None, :], axis=1) * qk_scale  # the new token's score, p = 1
     l_out = tl.full(m_out.shape, 1.0, tl.float32)
-    acc_out = tl.zeros(acc.shape, tl.float32) + v_new
+    acc_out = tl.zeros(acc.shape, tl.float32) + v_new[None, :]
     if USE_SINKS:  # the sink: a score with no value
         sink = tl.load(sink_ptrs, mask=head_ok, other=0.0) * 1.4426950408889634
         m_out, l_out, acc_out = _merge(m_out, l_out, acc_out, sink, 1.0, 0.0)
@@ -248,14 +250,14 @@ def _decode_reduce_kernel(
     past the sequence's non-empty ones are loaded, then masked), so with BLOCK_S >= num_splits
     the program makes one round trip to memory. Nothing is stored when one split wrote the
     output itself."""
-    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
-    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)
+    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
+    cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)  # the wait (pdl.py)
+    pdl_prologue(PDL)
     cols = tl.arange(0, D)
     one = tl.arange(0, 1)
-    cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)
     q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
                                FROM_QKV, USE_ROPE), [D]).to(tl.float32)
     k = tl.reshape(_load_heads(k_ptr + b * stride_kb, hk + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps, D,

@@ -14,7 +14,10 @@ this grid got here or exited). Before it a kernel may only load weights ("prefet
 the router and the MoE down launch load their weight tiles first, so their HBM read overlaps
 the previous kernel; the MoE down launch also reads the router's expert ids, written two
 kernels back: a program runs only after every program of the kernel between has passed its
-wait, i.e. after the router completed). A kernel launched without the attribute, e.g. a torch
+wait, i.e. after the router completed), and the step's metadata that the host copies in before
+the step and no kernel writes (context lengths, positions, cache slots, block tables: the
+decode-attention launches). A program runs only after the kernel before it passed its wait, so
+every launch and copy before that kernel has completed. A kernel launched without the attribute, e.g. a torch
 op, waits for the previous kernel to complete as usual; one launched after such a kernel
 starts at its completion.
 

@@ -169,6 +169,13 @@ def launches() -> list[tuple[str, object, object]]:
         ("decode B=1 one split", decode_attention, lambda: decode_attention.decode_attention(
             q[:1], k[:1], v_view[:1], paged, paged, lens[:1], None, scale, 0, block_tables=tables[:1, :1].contiguous(),
             num_splits=1)),
+        # the decode layers' default: Q/K norm, RoPE and the cache write inside the attention launches
+        ("decode_attention_qkv B=1 full", decode_attention, lambda: decode_attention.decode_attention_qkv(
+            qkv[:1], dw, dw, slots[:1], None, 1e-5, hq, hk, paged, paged, slots[:1], lens[:1], sinks, scale, 0,
+            block_tables=tables[:1])),
+        ("decode_attention_qkv B=1 ring", decode_attention, lambda: decode_attention.decode_attention_qkv(
+            qkv[:1], dw, dw, slots[:1], cos_sin, 1e-5, hq, hk, ring, ring, slots[:1], lens[:1], sinks, scale, 513,
+            ring_rows=rows[:1])),
         ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
     ] + moe_launches() + w4a16_launches() + sampling_launches() + low_latency_launches()
