@@ -39,10 +39,13 @@ FOLD_MODES = ("0", "1", "dense")
 FOLD_NORM = os.environ.get("FLINT_FOLD_NORM", "1")
 if FOLD_NORM not in FOLD_MODES:
     raise ValueError(f"FLINT_FOLD_NORM: got {FOLD_NORM!r}, expected one of {FOLD_MODES}")
-# Decode steps: the Q/K norm, RoPE and cache write done inside the decode-attention launches
-# (decode_attention_qkv: a launch fewer a layer). FLINT_FUSE_QK_NORM_ROPE=0 (a benchmark knob):
-# qk_norm_rope, then decode_attention.
-FUSE_QK_NORM_ROPE = os.environ.get("FLINT_FUSE_QK_NORM_ROPE", "1")
+# Decode steps: FLINT_FUSE_QK_NORM_ROPE=1 does the Q/K norm, RoPE and cache write inside the
+# decode-attention launches (decode_attention_qkv: a launch fewer a layer); 0 (the default):
+# qk_norm_rope, then decode_attention. Measured on the H200 (benchmarks/NOTES.md §13), the fused
+# launches lose: NVFP4 100K graph replay 2.570 ms unfused, 2.695 fused (BF16 3.034, 3.168): the
+# qk_norm_rope launch costs ~1.2 us of the step's critical path, the norms moved into the split
+# and reduce programs ~3.6 us (their per-head reductions and partner loads before the first tile).
+FUSE_QK_NORM_ROPE = os.environ.get("FLINT_FUSE_QK_NORM_ROPE", "0")
 if FUSE_QK_NORM_ROPE not in ("0", "1"):
     raise ValueError(f"FLINT_FUSE_QK_NORM_ROPE: got {FUSE_QK_NORM_ROPE!r}, expected '0' or '1'")
 
@@ -105,7 +108,7 @@ def linear_triton(x: torch.Tensor, w) -> torch.Tensor:
         return nvfp4_k.nvfp4_linear(x, w)
     if dense_gemv_k.uses_dense_gemv(x, w):  # decode batches: a GEMV that takes part in PDL
         return dense_gemv_k.dense_gemv(x, w)
-    return F.linear(x, w)  # prefill, and the LM head, with cuBLAS
+    return F.linear(x, w)  # prefill with cuBLAS
 
 
 def norm_linear_torch(x, residual, norm_w, eps, w):

@@ -28,10 +28,11 @@ from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_TOKENS = 4
-# Weights with more rows stay with cuBLAS: LM heads (the 151552 x 2048 one reaches ~4.2 TB/s there,
-# and it ends the step, so it has no successor to overlap); flint-40b's widest other linear is the
-# dense MLP's 20480-row gate/up.
-MAX_ROWS = 32768
+# Up to this many rows, LM heads included: flint-40b's 151552 x 2048 head (cuBLAS reaches ~4.2 TB/s
+# on it) takes 141.7 us of the replayed NVFP4 step's critical path here, 151.5 with cuBLAS (graph
+# replay 2.564 vs 2.570 ms at 100K; BF16 3.027 vs 3.034; benchmarks/NOTES.md §13): its weight
+# loads start under the final RMSNorm's launch.
+MAX_ROWS = 1 << 20
 # a step: BLOCK_N rows x 1024 columns (16 KB of bf16 at 8 rows: 32 registers a thread at 4 warps;
 # with two prefetched steps a program takes 127 registers (sm_90), so four share an SM and ~80% of
 # a 5120 x 2048 weight's 640 programs read at once). FLINT_DENSE_GEMV_ROWS / _WARPS: benchmark knobs.
@@ -182,8 +183,8 @@ def _pow2_at_least(n: int) -> int:
 
 
 def uses_dense_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether ops.linear runs this dense linear here: decode batches, up to MAX_ROWS outputs (not
-    an LM head), operands of one dtype with unit stride in K."""
+    """Whether ops.linear runs this dense linear here: decode batches, up to MAX_ROWS outputs (LM
+    heads included), operands of one dtype with unit stride in K."""
     return (x.dim() == 2 and x.shape[0] <= MAX_TOKENS and w.dim() == 2 and w.shape[0] <= MAX_ROWS
             and x.dtype == w.dtype and x.stride(-1) == 1 and w.stride(-1) == 1)
 

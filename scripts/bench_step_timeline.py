@@ -56,8 +56,12 @@ def set_variant(settings: list[tuple[str, str, str]]) -> dict:
         mod = importlib.import_module(module)
         current = getattr(mod, attr)
         old[(module, attr)] = current
-        typed = value if isinstance(current, str) else (value in ("1", "true", "True") if isinstance(current, bool)
-                                                         else type(current)(value))
+        if current is None or isinstance(current, int) and not isinstance(current, bool):
+            typed = None if value == "None" else int(value)  # ints, and int knobs that default to None
+        elif isinstance(current, bool):
+            typed = value in ("1", "true", "True")
+        else:
+            typed = type(current)(value)
         setattr(mod, attr, typed)
     return old
 
@@ -137,7 +141,8 @@ def timeline(graph: torch.cuda.CUDAGraph) -> dict:
 
 def run_format(fmt: str, args) -> dict:
     engine = LLMEngine(EngineArgs(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None,
-                                  dtype="bfloat16", device="cuda", block_size=64, max_num_seqs=64,
+                                  dtype="bfloat16", device="cuda", kernel_backend="triton", block_size=64,
+                                  max_num_seqs=64,
                                   max_model_len=args.max_model_len, kv_cache_memory_fraction=args.kv_fraction))
     seq = start_at_context(engine, args.context, 10)
     result = {"format": fmt, "context": args.context, "weight_bytes_per_token": weight_bytes_per_token(engine),

@@ -71,7 +71,7 @@ def test_which_linears_it_takes():
     assert not uses_dense_gemv(torch.cat([x, x]), w)                # a prefill chunk: cuBLAS
     assert not uses_dense_gemv(x.float(), w)                         # mixed dtypes
     head = torch.empty(dense_gemv_module.MAX_ROWS + 1, 64, dtype=torch.bfloat16, device="meta")
-    assert not uses_dense_gemv(x.to("meta"), head)                   # an LM head
+    assert not uses_dense_gemv(x.to("meta"), head)                   # wider than any LM head
 
 
 def test_errors_name_the_argument():
