@@ -115,7 +115,7 @@ def test_errors_name_the_field():
 @pytest.mark.parametrize("batch,context,layout", [(1, 100_000, "paged"), (1, 1024, "paged"), (8, 32768, "paged"),
                                                   (1, 5000, "ring"), (8, 511, "ring"), (64, 600, "ring")])
 def test_real_shapes(batch, context, layout):
-    contexts = [context - 13 * i for i in range(batch)]
+    contexts = [(context - 13 * i) % (context + 1) for i in range(batch)]  # spread over [0, context]
     rope = layout == "ring"
     step = make_step([(c, 1) for c in contexts], hq=32, hk=4, d=128, dtype=torch.bfloat16, layout=layout,
                      rows_per=64 if layout == "paged" else 513, device=DEVICE)
