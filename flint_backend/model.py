@@ -47,13 +47,13 @@ class FlintAttention:
         c, ops = self.config, self.ops
         k_cache, v_cache = kv.layer(self.layer)
         slots = batch.full_slots if self.is_full else batch.ring_slots
-        paged = dict(block_tables=batch.block_tables if self.is_full else None,
-                     ring_rows=None if self.is_full else batch.ring_rows)
+        cache_rows = dict(block_tables=batch.block_tables if self.is_full else None,
+                          ring_rows=None if self.is_full else batch.ring_rows)
         if batch.decode_only:  # the Q/K norm, RoPE and cache write inside the attention launches
             out = ops.decode_attention_qkv(
                 qkv, self.q_norm, self.k_norm, batch.positions, self.cos_sin, c.rms_norm_eps,
                 c.num_attention_heads, c.num_key_value_heads, k_cache, v_cache, slots, batch.context_lens,
-                self.sinks, self.sm_scale, self.window, **paged)  # [N, Hq, D]
+                self.sinks, self.sm_scale, self.window, **cache_rows)  # [N, Hq, D]
             return ops.linear(out.reshape(out.shape[0], -1), self.o_proj)
         # Full layers write K/V before attention (distinct slots). A sliding layer's ring write
         # waits until after attention: a chunk would overwrite ring slots that its own earlier
@@ -66,7 +66,7 @@ class FlintAttention:
             slot_mapping=slots if write_now else None)
         out = ops.attention(
             q, k, v, batch.query_start_loc, batch.context_lens, k_cache, v_cache, self.sinks, self.sm_scale,
-            self.window, **paged, decode_only=False, max_query_len=batch.max_query_len)  # [N, Hq, D]
+            self.window, **cache_rows, decode_only=False, max_query_len=batch.max_query_len)  # [N, Hq, D]
         if not write_now:
             ops.cache_write(k, v, k_cache, v_cache, slots)
         return ops.linear(out.reshape(out.shape[0], -1), self.o_proj)

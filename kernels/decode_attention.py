@@ -9,12 +9,16 @@ exactly once. A single non-empty split (short or
 empty context) adds them itself and writes the output from its registers; the reduce program
 then exits (a launch of one split has no reduce launch).
 
+The grid and scratch depend only on (B, num_splits), never on context lengths, so a captured
+CUDA graph replays for any lengths: splits past a sequence's length exit at once.
+
 `decode_attention_qkv` takes the raw QKV projection instead of q/k/v: both kernels normalise
 and rotate the heads they read themselves (qk_norm_rope.py's semantics, a few KB from L2 per
 program), and split 0 of each KV head writes this step's K/V into the cache, so a decode layer
 needs no qk_norm_rope launch. No program of the launch reads that slot: cached positions are
-[lo, ctx), the new token is at ctx, and a ring holds at least the window. The grid and scratch depend only on (B, num_splits), never on context lengths, so a
-captured CUDA graph replays for any lengths: splits past a sequence's length exit at once.
+[lo, ctx), the new token is at ctx, and a ring holds at least the window. (Measured slower than
+qk_norm_rope then decode_attention on the H200, so the engine uses it only with
+FLINT_FUSE_QK_NORM_ROPE=1: benchmarks/NOTES.md §13.)
 (Merging in the last split to arrive instead of a second launch measured slower on the H200:
 a full layer at 100K 70.5 us vs 61.0, a sliding one 8.36 vs 6.53; benchmarks/NOTES.md §9.)
 """
@@ -44,6 +48,7 @@ WAVES = 2              # default splits aim at this many programs per SM
 PAGED_STAGES, RING_STAGES = 4, 3
 # Default splits of a sliding-window layer: None caps them at a tile each; 1 streams the window
 # in one program per KV head, which finishes the output itself, so the reduce launch is skipped
+# (a benchmark knob: NVFP4 100K replay 2.570 -> 2.719 ms on the H200, benchmarks/NOTES.md §13)
 WINDOW_SPLITS: int | None = None
 # splits a reduce program merges per step: on a GPU all of them at batch 1 (one round trip; 8
 # warps hold [128, D] fp32), the interpreter also runs the multi-step loop
@@ -305,8 +310,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     num_splits: the split grid axis (default: enough programs for WAVES per SM, capped by the window)."""
     check_attention_inputs("decode_attention", q, k, v, None, context_lens, k_cache, v_cache, sinks,
                            window, block_tables, ring_rows)
-    return _launch("decode_attention", q, k, v, None, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                   block_tables, ring_rows, out, num_splits)
+    return _launch("decode_attention", q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                   block_tables, ring_rows, out, num_splits, None)
 
 
 def decode_attention_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -319,7 +324,8 @@ def decode_attention_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: to
     """qk_norm_rope (writing this step's K/V to the cache) then decode_attention, in the attention
     launches: qkv [B, (Hq + 2 Hk) D] raw projections -> out [B, Hq, D]. Arguments as in those two."""
     b, d, writes = qk_norm_rope_k.check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
-                                               num_kv_heads, k_cache, v_cache, slot_mapping, "decode_attention_qkv")
+                                               num_kv_heads, k_cache, v_cache, slot_mapping,
+                                               "decode_attention_qkv")
     if not writes:
         raise ValueError("decode_attention_qkv: k_cache, v_cache and slot_mapping are required")
     hq, hk = num_q_heads, num_kv_heads
@@ -328,16 +334,15 @@ def decode_attention_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: to
     v = qkv[:, (hq + hk) * d:].view(b, hk, d)
     check_attention_inputs("decode_attention_qkv", q, k, v, None, context_lens, k_cache, v_cache, sinks,
                            window, block_tables, ring_rows)
-    fused = dict(q_norm_ptr=q_weight, k_norm_ptr=k_weight, positions_ptr=positions,
-                 cos_sin_ptr=cos_sin if cos_sin is not None else q_weight, slots_ptr=slot_mapping, eps=eps,
-                 USE_ROPE=cos_sin is not None)
-    return _launch("decode_attention_qkv", q, k, v, fused, k_cache, v_cache, context_lens, sinks, sm_scale,
-                   window, block_tables, ring_rows, out, num_splits)
+    return _launch("decode_attention_qkv", q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                   block_tables, ring_rows, out, num_splits,
+                   (q_weight, k_weight, positions, cos_sin, slot_mapping, eps))
 
 
-def _launch(name: str, q, k, v, fused: dict | None, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-            block_tables, ring_rows, out, num_splits) -> torch.Tensor:
-    """The split and reduce launches; fused: decode_attention_qkv's norm/RoPE/cache arguments."""
+def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, block_tables,
+            ring_rows, out, num_splits, from_qkv: tuple | None) -> torch.Tensor:
+    """The split and reduce launches. from_qkv: decode_attention_qkv's (q_weight, k_weight,
+    positions, cos_sin, slot_mapping, eps), q/k/v being views of the raw projections."""
     batch, hq, d = q.shape
     hk = k.shape[1]
     if context_lens.shape != (batch,):
@@ -358,12 +363,9 @@ def _launch(name: str, q, k, v, fused: dict | None, k_cache, v_cache, context_le
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, hq, splits, 2), dtype=torch.float32, device=q.device)
     paged = block_tables is not None
-    from_qkv = fused is not None
-    if not from_qkv:  # pointers the kernels do not read
-        fused = dict(q_norm_ptr=part_ml, k_norm_ptr=part_ml, positions_ptr=context_lens, cos_sin_ptr=part_ml,
-                     slots_ptr=context_lens, eps=0.0, USE_ROPE=False)
-    fused = dict(fused)
-    slots = fused.pop("slots_ptr")
+    # the norm/RoPE arguments; without from_qkv, pointers the kernels do not read
+    unused = (part_ml, part_ml, context_lens, None, context_lens, 0.0)
+    q_w, k_w, positions, cos_sin, slots, eps = from_qkv or unused
     common = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
         sinks_ptr=sinks if sinks is not None else part_ml,
@@ -371,7 +373,9 @@ def _launch(name: str, q, k, v, fused: dict | None, k_cache, v_cache, context_le
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
         qk_scale=sm_scale * LOG2E, window=window, num_splits=splits, G=hq // hk, D=d, BLOCK_N=TILE_N,
-        USE_SINKS=sinks is not None, FROM_QKV=from_qkv, **fused, **launch_args(q.device))
+        USE_SINKS=sinks is not None, q_norm_ptr=q_w, k_norm_ptr=k_w, positions_ptr=positions,
+        cos_sin_ptr=cos_sin if cos_sin is not None else part_ml, eps=eps, FROM_QKV=from_qkv is not None,
+        USE_ROPE=cos_sin is not None, **launch_args(q.device))
     _decode_split_kernel[(batch, hk, splits)](
         k_cache_ptr=k_cache, v_cache_ptr=v_cache,
         block_tables_ptr=block_tables if paged else context_lens,

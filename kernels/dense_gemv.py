@@ -42,9 +42,9 @@ WARPS = 4 if INTERPRET else int(os.environ.get("FLINT_DENSE_GEMV_WARPS", "4"))
 BLOCK_K = 128 if INTERPRET else 1024
 STAGES = 3
 # Up to this many steps a split loads before the wait (1..4); MAX_SPLITS caps the K splits where
-# the splits still prefetch (None: two programs an SM and at most two steps a split). One split
-# of four steps (o_proj's K = 4096) saves the split-K round trip for twice the registers (with
-# WARPS = 8, as many a thread). Benchmark knobs.
+# the splits still prefetch (None: two programs an SM and at most two steps a split). Benchmark
+# knobs: one split of four steps for o_proj (K = 4096) saves the split-K round trip but measured
+# slower on the H200 (BF16 100K replay 3.034 -> 3.094 ms with WARPS = 8, benchmarks/NOTES.md §13).
 PREFETCH_STEPS = 2
 MAX_SPLITS: int | None = None
 
@@ -155,8 +155,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
     k_blocks = triton.cdiv(k, block_k)
     tiles = t * triton.cdiv(n, BLOCK_N)
     splits = num_splits or max(pick_splits(tiles, k_blocks, x.device), _pow2_at_least(triton.cdiv(k_blocks, 2)))
-    if num_splits is None and MAX_SPLITS is not None and triton.cdiv(k_blocks, min(splits, MAX_SPLITS)) <= PREFETCH_STEPS:
-        splits = min(splits, MAX_SPLITS)  # only where the splits still prefetch
+    if num_splits is None and MAX_SPLITS is not None:
+        fewer = min(splits, MAX_SPLITS)
+        if triton.cdiv(k_blocks, fewer) <= PREFETCH_STEPS:  # only where the splits still prefetch
+            splits = fewer
     if not 1 <= splits <= k_blocks:
         raise ValueError(f"dense_gemv: num_splits {splits}, expected 1..{k_blocks} for K={k}")
     k_per_split = triton.cdiv(k_blocks, splits) * block_k

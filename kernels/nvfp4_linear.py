@@ -45,9 +45,9 @@ GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
 # so with PDL the read overlaps that kernel (pdl.py); FLINT_FP4_GEMV_PREFETCH=0: the pipelined loop
 GEMV_PREFETCH = os.environ.get("FLINT_FP4_GEMV_PREFETCH", "1") == "1"
 # Up to this many word steps a split prefetches (1..4); GEMV_MAX_SPLITS caps the K splits where
-# the splits still prefetch (None: as many as give two programs an SM). One split of four steps (o_proj's K = 4096 with
-# GEMV_MAX_SPLITS = 1) saves the split-K round trip (partial store, arrival atomic, reload) for
-# twice the registers. Benchmark knobs.
+# the splits still prefetch (None: as many as give two programs an SM). Benchmark knobs: one
+# split of four steps for o_proj (K = 4096, GEMV_MAX_SPLITS = 1) saves the split-K round trip but
+# measured slower on the H200 (NVFP4 100K replay 2.570 -> 2.604 ms, benchmarks/NOTES.md §13).
 GEMV_PREFETCH_STEPS = 2
 GEMV_MAX_SPLITS: int | None = None
 GEMM_BLOCK_K = 32 if INTERPRET else 64
@@ -242,7 +242,8 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         data = packed_words(w) if words else w.packed
         # whole word steps a split, loaded before the wait for the previous kernel (pdl.py)
         steps = k_per_split // block_k
-        prefetch = steps if (GEMV_PREFETCH and words and k % k_per_split == 0 and steps <= GEMV_PREFETCH_STEPS) else 0
+        whole = words and k % k_per_split == 0 and steps <= GEMV_PREFETCH_STEPS
+        prefetch = steps if GEMV_PREFETCH and whole else 0
         residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,

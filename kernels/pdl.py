@@ -17,9 +17,9 @@ kernels back: a program runs only after every program of the kernel between has 
 wait, i.e. after the router completed), and the step's metadata that the host copies in before
 the step and no kernel writes (context lengths, positions, cache slots, block tables: the
 decode-attention launches). A program runs only after the kernel before it passed its wait, so
-every launch and copy before that kernel has completed. A kernel launched without the attribute, e.g. a torch
-op, waits for the previous kernel to complete as usual; one launched after such a kernel
-starts at its completion.
+every launch and copy before that kernel has completed. A kernel launched without the
+attribute, e.g. a torch op, waits for the previous kernel to complete as usual; one launched
+after such a kernel starts at its completion.
 
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
 not under the Triton interpreter (it cannot run inline PTX), and FLINT_PDL (read at import) is

@@ -129,7 +129,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
     heads_per_program: Q heads per program, a power of two (K/V blocks take as many, at most Hk);
     None: one at decode, wider as N grows (about TARGET_PROGRAMS programs)."""
     n, d, write = check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
-                                num_kv_heads, k_cache, v_cache, slot_mapping)
+                               num_kv_heads, k_cache, v_cache, slot_mapping)
     q = torch.empty((n, num_q_heads, d), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((n, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
     v = qkv[:, (num_q_heads + num_kv_heads) * d:].view(n, num_kv_heads, d)
@@ -168,7 +168,7 @@ def qk_norm_rope_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torc
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same signature and semantics as `qk_norm_rope`, in plain torch."""
     n, d, write = check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
-                                num_kv_heads, k_cache, v_cache, slot_mapping)
+                               num_kv_heads, k_cache, v_cache, slot_mapping)
     hq, hk = num_q_heads, num_kv_heads
     q = _norm(qkv[:, :hq * d].reshape(n, hq, d), q_weight, eps)  # [N, Hq, D]
     k = _norm(qkv[:, hq * d:(hq + hk) * d].reshape(n, hk, d), k_weight, eps)  # [N, Hk, D]

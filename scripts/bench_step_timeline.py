@@ -172,7 +172,8 @@ def print_tables(results: dict, top: int = 20) -> None:
                 print(f"| {r['kernel']} | {r['calls']} | {r['critical_us']} | {r['critical_us_per_call']} | "
                       f"{r['duration_us']} |")
             mid = len(v["sequence"]) // 2  # one stretch of the step in launch order: a layer or two
-            print("\nin order from kernel", mid, ": " + ", ".join(f"{k} {c}/{d}" for k, c, d in v["sequence"][mid:mid + 18]))
+            stretch = ", ".join(f"{k} {c}/{d}" for k, c, d in v["sequence"][mid:mid + 18])
+            print(f"\nin order from kernel {mid} (critical/duration us): {stretch}")
 
 
 def main() -> None:

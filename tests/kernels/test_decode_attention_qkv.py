@@ -34,15 +34,21 @@ def _case(contexts, *, hq=8, hk=2, d=16, dtype=torch.float32, layout="paged", ro
     qw = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype).to(DEVICE)
     kw = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype).to(DEVICE)
     pos = step.context_lens.long()
-    if step.block_tables is not None:
-        slots = step.block_tables.long()[torch.arange(b), pos // rows_per] * rows_per + pos % rows_per
-    else:
-        slots = step.ring_rows.long() * rows_per + pos % rows_per
+    slots = _new_token_slots(step)
     if pad_last:
         slots[-1] = -1
     window = 9 if rope else 0  # sliding layers rotate, full layers (NoPE) see everything
     cos_sin = cos_sin_table(MAX_POS, d).to(DEVICE) if rope else None
     return step, (qkv, qw, kw, pos, cos_sin, 1e-6, hq, hk), slots, window
+
+
+def _new_token_slots(step) -> torch.Tensor:
+    """[B] int64: where each sequence's new token (at position context_lens) goes in the cache."""
+    pos, rows_per = step.context_lens.long(), step.k_cache.shape[1]
+    if step.block_tables is not None:
+        rows = torch.arange(pos.shape[0], device=pos.device)
+        return step.block_tables.long()[rows, pos // rows_per] * rows_per + pos % rows_per
+    return step.ring_rows.long() * rows_per + pos % rows_per
 
 
 def _run(fn, step, head, slots, window, num_splits=None):
@@ -124,11 +130,7 @@ def test_real_shapes(batch, context, layout):
     qw = (1 + 0.1 * torch.randn(128, generator=g)).bfloat16().to(DEVICE)
     kw = (1 + 0.1 * torch.randn(128, generator=g)).bfloat16().to(DEVICE)
     pos = step.context_lens.long()
-    rows_per = step.k_cache.shape[1]
-    if layout == "paged":
-        slots = step.block_tables.long()[torch.arange(batch, device=DEVICE), pos // rows_per] * rows_per + pos % rows_per
-    else:
-        slots = step.ring_rows.long() * rows_per + pos % rows_per
+    slots = _new_token_slots(step)
     cos_sin = cos_sin_table(context + 1, 128).to(DEVICE) if rope else None
     head = (qkv, qw, kw, pos, cos_sin, 1e-6, 32, 4)
     got, got_k, _ = _run(decode_attention_qkv, step, head, slots, 513 if rope else 0)
