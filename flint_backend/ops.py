@@ -21,6 +21,7 @@ from flint_backend.weights.nvfp4 import concat_rows as nvfp4_concat_rows
 from flint_kernels import attention as attention_k
 from flint_kernels import dense_gemv as dense_gemv_k
 from flint_kernels import moe as moe_k
+from flint_kernels import moe_gemv as moe_gemv_k
 from flint_kernels import norm_qkv_rope as norm_qkv_k
 from flint_kernels import nvfp4_linear as nvfp4_k
 from flint_kernels import qk_norm_rope as qk_k
@@ -49,6 +50,13 @@ FUSE_QK_NORM_ROPE = os.environ.get("FLINT_FUSE_QK_NORM_ROPE", "0")
 if FUSE_QK_NORM_ROPE not in ("0", "1"):
     raise ValueError(f"FLINT_FUSE_QK_NORM_ROPE: got {FUSE_QK_NORM_ROPE!r}, expected '0' or '1'")
 
+# Decode steps: the MoE top-k picked inside the expert launches from the router's logits
+# (router.rms_norm_router_logits, moe.fused_moe_routed), so the router launch ends at its
+# logits' store instead of an arrival counter and a one-program top-k tail;
+# FLINT_MOE_ROUTE_IN_EXPERTS=0: the router picks (rms_norm_router_topk, then fused_moe). Read at
+# each call (a benchmark knob).
+MOE_ROUTE_IN_EXPERTS = os.environ.get("FLINT_MOE_ROUTE_IN_EXPERTS", "1") == "1"
+
 
 @dataclass(frozen=True)
 class Ops:
@@ -69,6 +77,10 @@ class Ops:
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
     router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
     moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]; dense or NVFP4 experts
+    # the MoE block: residual add + RMSNorm, router, top-k, experts
+    norm_moe: Callable        # (x, residual | None, norm_w, eps, router_w, bias, top_k, scaling, renorm,
+    #                              w13, w2, shared_w13, shared_w2, l2_next=None) -> (MoE(rms_norm(..)), residual + x)
+    #                              l2_next: the weight read next (a hint: the kernels bring it into L2)
     sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
     # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
     norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
@@ -146,6 +158,27 @@ def norm_router_triton(x, residual, norm_w, eps, w, bias, top_k, scaling, renorm
     return (h, *router_k.router_topk(h, w, bias, top_k, scaling, renormalize), x if residual is None else residual)
 
 
+def norm_moe_torch(x, residual, norm_w, eps, router_w, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
+                   shared_w2, l2_next=None):
+    h, ids, weights, residual = norm_router_torch(x, residual, norm_w, eps, router_w, bias, top_k, scaling,
+                                                  renormalize)
+    return moe_k.fused_moe_torch(h, ids, weights, w13, w2, shared_w13, shared_w2), residual
+
+
+def norm_moe_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
+                    shared_w2, l2_next=None):
+    """Decode batches (MOE_ROUTE_IN_EXPERTS): the router launch stores logits and the expert
+    launches pick the top-k; else norm_router (its top-k in the router launch), then moe."""
+    if (MOE_ROUTE_IN_EXPERTS and _foldable(x, residual) and router_k.folds_norm(x, router_w)
+            and x.shape[0] <= moe_k.SMALL_BATCH_TOKENS and moe_gemv_k.routes_in_experts(w2, shared_w2, top_k)):
+        h, logits, residual = router_k.rms_norm_router_logits(x, residual, norm_w, eps, router_w)
+        return moe_k.fused_moe_routed(h, logits, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
+                                      shared_w2, l2_next), residual
+    h, ids, weights, residual = norm_router_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling,
+                                                   renormalize)
+    return moe_k.fused_moe(h, ids, weights, w13, w2, shared_w13, shared_w2, l2_next=l2_next), residual
+
+
 def _attention_torch(*args, decode_only: bool, max_query_len: int, **kwargs):
     return attention_k.attention_torch(*args, **kwargs)
 
@@ -193,6 +226,7 @@ TORCH_OPS = Ops(
     silu_mul=swiglu_k.silu_mul_torch,
     router=router_k.router_topk_torch,
     moe=moe_k.fused_moe_torch,
+    norm_moe=norm_moe_torch,
     norm_qkv_rope=norm_qkv_k.norm_qkv_rope_torch,
     sample=sampling_k.sample_torch,
 )
@@ -213,6 +247,7 @@ def triton_ops() -> Ops:
         silu_mul=swiglu_k.silu_mul,
         router=router_k.router_topk,
         moe=moe_k.fused_moe,
+        norm_moe=norm_moe_triton,
         sample=sampling_k.sample,
         norm_qkv_rope=norm_qkv_k.norm_qkv_rope,
     )

@@ -17,29 +17,67 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .moe_gemv import moe_gemv
+from .moe_gemv import moe_gemv, moe_gemv_routed, routes_in_experts
 from .moe_grouped import moe_grouped
 from .nvfp4 import dequantize_nvfp4, is_nvfp4, weight_shape
+from .router import route_from_logits_torch
 
 SMALL_BATCH_TOKENS = 16  # decode batches up to here take the GEMV path (tune on the GPU: bench_kernels.py)
 PATHS = ("small", "grouped")
 
 
 def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
-              shared_w13=None, shared_w2=None, path: str | None = None) -> torch.Tensor:
+              shared_w13=None, shared_w2=None, path: str | None = None, l2_next=None) -> torch.Tensor:
     """x [T, H], topk_ids [T, K] int32, topk_weights [T, K] fp32 -> [T, H] in x.dtype.
-    path: "small" or "grouped" forces a kernel path (default: by T, see SMALL_BATCH_TOKENS)."""
+    path: "small" or "grouped" forces a kernel path (default: by T, see SMALL_BATCH_TOKENS).
+    l2_next: a weight the small-batch down launch brings into L2 (a hint: l2_prefetch.py)."""
     _check_inputs(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
     path = path or ("small" if x.shape[0] <= SMALL_BATCH_TOKENS else "grouped")
     if path not in PATHS:
         raise ValueError(f"fused_moe: path {path!r}, expected one of {PATHS}")
-    run = moe_gemv if path == "small" else moe_grouped
-    return run(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
+    if path == "small":
+        return moe_gemv(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2, l2_next)
+    return moe_grouped(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
+
+
+def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
+                     renormalize: bool, w13, w2, shared_w13=None, shared_w2=None, l2_next=None) -> torch.Tensor:
+    """fused_moe routed from the router's fp32 logits [T, E] (router.rms_norm_router_logits):
+    the small-batch launches pick each token's top-k themselves (moe_gemv.moe_gemv_routed), so
+    no routing launch or tail sits between the router's GEMV and the experts. Same function as
+    router.route_from_logits_torch then fused_moe. Decode batches (T <= SMALL_BATCH_TOKENS)
+    whose down launch is a one-load kernel (moe_gemv.routes_in_experts)."""
+    t = x.shape[0]
+    if logits.dim() != 2 or logits.shape[0] != t or logits.dtype != torch.float32 or not logits.is_contiguous():
+        raise ValueError(f"fused_moe_routed: logits is {logits.dtype} {tuple(logits.shape)}, expected contiguous "
+                         f"float32 [{t}, E]")
+    e = logits.shape[1]
+    if bias.shape != (e,) or bias.dtype != torch.float32 or not bias.is_contiguous():
+        raise ValueError(f"fused_moe_routed: bias is {bias.dtype} {tuple(bias.shape)}, expected contiguous "
+                         f"float32 ({e},)")
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)  # shapes only: the launches read logits
+    _check_inputs(x, ids, ids.float(), w13, w2, shared_w13, shared_w2)
+    experts = weight_shape("fused_moe_routed: w13", w13, 3)[0]
+    if experts != e:
+        raise ValueError(f"fused_moe_routed: logits for {e} experts, expected {experts} (w13's)")
+    if not 1 <= top_k <= e:
+        raise ValueError(f"fused_moe_routed: top_k {top_k}, expected 1..{e}")
+    if t > SMALL_BATCH_TOKENS or not routes_in_experts(w2, shared_w2, top_k):
+        raise ValueError(f"fused_moe_routed: {t} tokens, top_k {top_k}: expected at most {SMALL_BATCH_TOKENS} "
+                         "tokens and experts whose down launch loads all slots at once (moe_gemv.routes_in_experts)")
+    return moe_gemv_routed(x, logits, bias, top_k, scaling, renormalize, w13, w2, shared_w13, shared_w2, l2_next)
+
+
+def fused_moe_routed_torch(x, logits, bias, top_k, scaling, renormalize, w13, w2, shared_w13=None, shared_w2=None,
+                           l2_next=None):
+    """Same signature and semantics as `fused_moe_routed` (l2_next: no effect)."""
+    ids, weights = route_from_logits_torch(logits, bias, top_k, scaling, renormalize)
+    return fused_moe_torch(x, ids, weights, w13, w2, shared_w13, shared_w2)
 
 
 def fused_moe_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
-                    shared_w13=None, shared_w2=None, path: str | None = None) -> torch.Tensor:
-    """Same signature and semantics as `fused_moe` (path is ignored). Each expert's output is
+                    shared_w13=None, shared_w2=None, path: str | None = None, l2_next=None) -> torch.Tensor:
+    """Same signature and semantics as `fused_moe` (path and l2_next are ignored). Each expert's output is
     rounded to x.dtype, weighted and summed in fp32 (as the reference)."""
     routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     ids = topk_ids.long()

@@ -26,7 +26,9 @@ import triton.language as tl
 from . import nvfp4
 from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_unit,
                     is_nvfp4, weight_args, weight_tile)
+from .l2_prefetch import address_of, l2_prefetch, l2_prefetch_share, weight_regions
 from .pdl import launch_args, pdl_prologue
+from .router import route_from_logits
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
 
@@ -59,6 +61,15 @@ SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # per-expert pipelined loop (_moe_down_kernel).
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
+# The gate/up programs bring their slot's down-projection rows into L2 (l2_prefetch.py): the
+# down launch's programs, kept off the SMs by the gate/up launch's registers, then load them from
+# L2. FLINT_MOE_L2_PREFETCH_DOWN=0: off (a benchmark knob, read at each launch; never under the
+# interpreter).
+L2_PREFETCH_DOWN = os.environ.get("FLINT_MOE_L2_PREFETCH_DOWN", "1") == "1"
+# The one-load down launches bring `l2_next` (the next layer's QKV weight, from the engine) into
+# L2 for the launch after them, whose programs they keep off the SMs. FLINT_MOE_L2_PREFETCH_NEXT=0:
+# off (a benchmark knob, read at each launch).
+L2_PREFETCH_NEXT = os.environ.get("FLINT_MOE_L2_PREFETCH_NEXT", "1") == "1"
 
 
 @triton.jit
@@ -123,24 +134,60 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
 
 
 @triton.jit
+def _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K: tl.constexpr, ROUTE: tl.constexpr,
+                 RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr):
+    """Expert id (int64; 0 for the shared slot k == K) of token t's slot k: the router's ids, or
+    (ROUTE) picked from the router's logits. Both are read past L1."""
+    if ROUTE:
+        ids, _ = route_from_logits(logits_ptr, bias_ptr, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
+                                   scaling, K, RENORMALIZE, E_POW2, 8)
+        e = tl.sum(tl.where(tl.arange(0, 8)[None, :] == k, ids, 0))
+    else:
+        e = tl.load(ids_ptr + t * K + k, mask=k < K, other=0, cache_modifier=".cg")
+    return tl.where(k < K, e, 0).to(tl.int64)
+
+
+@triton.jit
+def _prefetch_down_rows(base, scales_base, stride_n, stride_sn, nb, n_blocks, H, THREADS: tl.constexpr,
+                        FP4: tl.constexpr, ON: tl.constexpr):
+    """Into L2: block nb of n_blocks of the H rows of one expert's down projection (byte
+    addresses of its values and block scales, byte strides of a row)."""
+    rows = tl.cdiv(H, n_blocks)
+    r0 = (nb * rows).to(tl.int64)
+    n = tl.maximum(tl.minimum(rows, H - r0), 0)
+    l2_prefetch(base + r0 * stride_n, n * stride_n, THREADS, ON)
+    if FP4:
+        l2_prefetch(scales_base + r0 * stride_sn, n * stride_sn, THREADS, ON)
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,                # [T, H]
-    ids_ptr,              # [T, K] int32
+    ids_ptr,              # [T, K] int32 (not ROUTE)
+    logits_ptr,           # [T, E] fp32 router logits (ROUTE)
+    bias_ptr,             # [E] fp32 correction bias (ROUTE)
     inter_ptr,            # [T * SLOTS, I_MAX] in x.dtype
     w13_ptr, w13_scales_ptr, w13_scale_ptr,   # routed [E, 2I, H] (dense or NVFP4)
     s13_ptr, s13_scales_ptr, s13_scale_ptr,   # shared [2Is, H] (read when SLOTS > K)
     w13_se, w13_sn, w13_sse, w13_ssn, w13_sge, w13_sgn,
     s13_se, s13_sn, s13_sse, s13_ssn, s13_sge, s13_sgn,
-    H, I, IS, stride_xt, stride_inter,
+    d_ptr, d_scales_ptr,    # routed down [E, H, I] (values or NVFP4 bytes, block scales): L2_DOWN
+    ds_ptr, ds_scales_ptr,  # shared down [H, Is]
+    d_se, d_sn, d_sse, d_ssn, ds_sn, ds_ssn,  # their strides in bytes (expert, row)
+    H, I, IS, stride_xt, stride_inter, E, scaling,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
     WORDS: tl.constexpr, PTX: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr, PREFETCH: tl.constexpr,
-    PDL: tl.constexpr,
+    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
+    L2_DOWN: tl.constexpr, D_FP4: tl.constexpr, DS_FP4: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (slot, BLOCK_N rows) over slots [FIRST, FIRST + COUNT) of each token. PREFETCH
     (NVFP4 words, 1 or 2 steps spanning H): the expert id and the weight tile are loaded before
     the PDL prologue, which the launcher allows only when the router's ids are two kernels back
-    (the shared expert's launch in between, pdl.py)."""
+    (the shared expert's launch in between, pdl.py). ROUTE: a routed program picks its expert
+    from the router's logits itself (route_from_logits), instead of reading the router's ids.
+    L2_DOWN: each program also brings its share of its expert's down rows into L2 (H / row
+    blocks of them, and their block scales) for the down launch after it."""
     slot = (tl.program_id(0) // COUNT) * SLOTS + FIRST + tl.program_id(0) % COUNT
     nb = tl.program_id(1)
     t = slot // SLOTS
@@ -150,9 +197,16 @@ def _moe_gate_up_kernel(
         return
     rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
+    n_blocks = tl.cdiv(n_rows, BLOCK_N)
     if PREFETCH > 0:
-        e = tl.load(ids_ptr + t * K + k, mask=k < K, other=0, cache_modifier=".cg").to(tl.int64)
+        e = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
         routed = k < K
+        if routed:
+            _prefetch_down_rows(address_of(d_ptr) + e * d_se, address_of(d_scales_ptr) + e * d_sse, d_sn, d_ssn,
+                                nb, n_blocks, H, THREADS, D_FP4, L2_DOWN)
+        else:
+            _prefetch_down_rows(address_of(ds_ptr), address_of(ds_scales_ptr), ds_sn, ds_ssn, nb, n_blocks, H,
+                                THREADS, DS_FP4, L2_DOWN)
         gate, up = _gate_up_prefetched(
             x_row, tl.where(routed, w13_ptr + e * w13_se, s13_ptr),
             tl.where(routed, w13_scales_ptr + e * w13_sse, s13_scales_ptr),
@@ -164,11 +218,15 @@ def _moe_gate_up_kernel(
         return
     pdl_prologue(PDL)
     if k < K:
-        e = tl.load(ids_ptr + t * K + k).to(tl.int64)
+        e = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
+        _prefetch_down_rows(address_of(d_ptr) + e * d_se, address_of(d_scales_ptr) + e * d_sse, d_sn, d_ssn, nb,
+                            n_blocks, H, THREADS, D_FP4, L2_DOWN)
         gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
                                  w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
                                  BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX)
     else:
+        _prefetch_down_rows(address_of(ds_ptr), address_of(ds_scales_ptr), ds_sn, ds_ssn, nb, n_blocks, H, THREADS,
+                            DS_FP4, L2_DOWN)
         gate, up = _gate_up_rows(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
                                  s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
                                  WORDS, PTX)
@@ -241,26 +299,34 @@ def _moe_down_kernel(
 
 
 @triton.jit
-def _token_slots(ids_ptr, t, K: tl.constexpr, SLOTS: tl.constexpr):
+def _token_routing(ids_ptr, topk_weights_ptr, logits_ptr, bias_ptr, t, E, scaling, K: tl.constexpr,
+                   SLOTS: tl.constexpr, ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr):
     """The 8 slots of token t in the down launches -> (slot index j, routed (j < K), used
-    (j < SLOTS), expert id of the routed ones, int64). The ids are read past L1: they may be read
-    before the PDL prologue (the router is two kernels back, pdl.py)."""
+    (j < SLOTS), expert id of the routed ones (int64), router weight of the routed ones (fp32)):
+    the router's ids and weights, or (ROUTE) picked from its logits. Read past L1: the down
+    launches read them before the PDL prologue (the router is two kernels back, pdl.py)."""
     j = tl.arange(0, 8)  # slots: K routed experts, then the shared one
     routed = j < K
-    e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg").to(tl.int64)
-    return j, routed, j < SLOTS, e
+    if ROUTE:
+        ids, mix = route_from_logits(logits_ptr, bias_ptr, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
+                                     scaling, K, RENORMALIZE, E_POW2, 8)
+        e = tl.reshape(ids, [8])
+        mix = tl.reshape(mix, [8])
+    else:
+        e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg")
+        mix = tl.load(topk_weights_ptr + t * K + j, mask=routed, other=0.0, cache_modifier=".cg")
+    return j, routed, j < SLOTS, e.to(tl.int64), mix
 
 
 @triton.jit
-def _store_combined(y, topk_weights_ptr, out_ptrs, row_mask, t, K: tl.constexpr, SLOTS: tl.constexpr):
+def _store_combined(y, mix, out_ptrs, row_mask, K: tl.constexpr, SLOTS: tl.constexpr):
     """y [8 slots, BLOCK_H] fp32: each slot's down projection -> each rounded to out's dtype,
-    the routed ones combined with the router weights in fp32, rounded, plus the shared one
-    (weight 1), rounded: stored to out_ptrs [BLOCK_H]."""
+    the routed ones combined with the router weights mix [8] in fp32, rounded, plus the shared
+    one (weight 1), rounded: stored to out_ptrs [BLOCK_H]."""
     dtype = out_ptrs.dtype.element_ty
     j = tl.arange(0, 8)
     routed = j < K
     y = y.to(dtype).to(tl.float32)  # each expert's output, rounded
-    mix = tl.load(topk_weights_ptr + t * K + j, mask=routed, other=0.0)
     out = tl.sum(tl.where(routed[:, None], mix[:, None] * y, 0.0), axis=0).to(dtype)
     if SLOTS > K:  # plus the shared expert, weight 1
         out = (out.to(tl.float32) + tl.sum(tl.where((j == K)[:, None], y, 0.0), axis=0)).to(dtype)
@@ -268,18 +334,32 @@ def _store_combined(y, topk_weights_ptr, out_ptrs, row_mask, t, K: tl.constexpr,
 
 
 @triton.jit
+def _prefetch_next(nx_ptr, nxs_ptr, nx_bytes, nxs_bytes, THREADS: tl.constexpr, ON: tl.constexpr):
+    """Each program of the launch brings its share of the next launches' weight into L2 (the next
+    layer's QKV projection, whose programs this launch's registers keep off the SMs)."""
+    part = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    parts = tl.num_programs(0) * tl.num_programs(1)
+    l2_prefetch_share(nx_ptr, nx_bytes, part, parts, THREADS, ON)
+    l2_prefetch_share(nxs_ptr, nxs_bytes, part, parts, THREADS, ON)
+
+
+@triton.jit
 def _moe_down_words_kernel(
     inter_ptr,            # [T * SLOTS, I_MAX]
-    ids_ptr,              # [T, K] int32
-    topk_weights_ptr,     # [T, K] fp32
+    ids_ptr,              # [T, K] int32 (not ROUTE)
+    topk_weights_ptr,     # [T, K] fp32 (not ROUTE)
+    logits_ptr,           # [T, E] fp32 router logits (ROUTE)
+    bias_ptr,             # [E] fp32 correction bias (ROUTE)
     out_ptr,              # [T, H], contiguous
     w2_ptr, w2_scales_ptr, w2_scale_ptr,      # routed NVFP4 [E, H, I]: int32 words [E, H, I/8]
     s2_ptr, s2_scales_ptr, s2_scale_ptr,      # shared NVFP4 [H, Is]: int32 words (read when SLOTS > K)
     w2_se, w2_sn, w2_sse, w2_ssn, w2_sge, w2_sgn,
     s2_se, s2_sn, s2_sse, s2_ssn, s2_sge, s2_sgn,
-    H, I, IS, stride_inter,
+    H, I, IS, stride_inter, E, scaling,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, KW: tl.constexpr, PTX: tl.constexpr,
-    PDL: tl.constexpr,
+    nx_ptr, nxs_ptr, nx_bytes, nxs_bytes,  # the next launches' weight (values, scales): L2_NEXT
+    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
+    L2_NEXT: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (token, BLOCK_H output dims): the down projection of all the token's SLOTS experts
     in one load of [8 slots, BLOCK_H, KW] words (no per-expert loop: the read is one round trip),
@@ -290,7 +370,9 @@ def _moe_down_words_kernel(
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
-    j, routed, used, e = _token_slots(ids_ptr, t, K, SLOTS)
+    _prefetch_next(nx_ptr, nxs_ptr, nx_bytes, nxs_bytes, THREADS, L2_NEXT)
+    j, routed, used, e, mix = _token_routing(ids_ptr, topk_weights_ptr, logits_ptr, bias_ptr, t, E, scaling, K,
+                                             SLOTS, ROUTE, RENORMALIZE, E_POW2)
     n_words = tl.where(routed, I // 8, IS // 8)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
     w_sn = tl.where(routed, w2_sn, s2_sn)
@@ -316,21 +398,25 @@ def _moe_down_words_kernel(
     g_base = tl.where(routed, w2_scale_ptr + e * w2_sge, s2_scale_ptr)
     g_sn = tl.where(routed, w2_sgn, s2_sgn)
     y *= tl.load(g_base[:, None] + rows[None, :] * g_sn[:, None], mask=used[:, None] & row_mask[None, :], other=0.0)
-    _store_combined(y, topk_weights_ptr, out_ptr + t * H + rows, row_mask, t, K, SLOTS)
+    _store_combined(y, mix, out_ptr + t * H + rows, row_mask, K, SLOTS)
 
 
 @triton.jit
 def _moe_down_dense_kernel(
     inter_ptr,            # [T * SLOTS, I_MAX]
-    ids_ptr,              # [T, K] int32
-    topk_weights_ptr,     # [T, K] fp32
+    ids_ptr,              # [T, K] int32 (not ROUTE)
+    topk_weights_ptr,     # [T, K] fp32 (not ROUTE)
+    logits_ptr,           # [T, E] fp32 router logits (ROUTE)
+    bias_ptr,             # [E] fp32 correction bias (ROUTE)
     out_ptr,              # [T, H], contiguous
     w2_ptr,               # routed dense [E, H, I]
     s2_ptr,               # shared dense [H, Is] (read when SLOTS > K)
     w2_se, w2_sn, s2_sn,
-    H, I, IS, stride_inter,
+    H, I, IS, stride_inter, E, scaling,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
-    PDL: tl.constexpr,
+    nx_ptr, nxs_ptr, nx_bytes, nxs_bytes,  # the next launches' weight (values, scales): L2_NEXT
+    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
+    L2_NEXT: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
 ):
     """_moe_down_words_kernel for dense (BF16) weights: program (token, BLOCK_H output dims) loads
     the rows of all the token's SLOTS experts as one [8 slots, BLOCK_H, BLOCK_I] tile before the
@@ -340,7 +426,9 @@ def _moe_down_dense_kernel(
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
-    j, routed, used, e = _token_slots(ids_ptr, t, K, SLOTS)
+    _prefetch_next(nx_ptr, nxs_ptr, nx_bytes, nxs_bytes, THREADS, L2_NEXT)
+    j, routed, used, e, mix = _token_routing(ids_ptr, topk_weights_ptr, logits_ptr, bias_ptr, t, E, scaling, K,
+                                             SLOTS, ROUTE, RENORMALIZE, E_POW2)
     n_k = tl.where(routed, I, IS)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
     w_sn = tl.where(routed, w2_sn, s2_sn)
@@ -352,14 +440,41 @@ def _moe_down_dense_kernel(
     a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
     a = tl.load(a_rows[:, None] + kk[None, :], mask=used[:, None] & (kk[None, :] < n_k[:, None]), other=0.0)
     y = tl.sum(w.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)  # [8, BLOCK_H]
-    _store_combined(y, topk_weights_ptr, out_ptr + t * H + rows, row_mask, t, K, SLOTS)
+    _store_combined(y, mix, out_ptr + t * H + rows, row_mask, K, SLOTS)
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
-             shared_w13=None, shared_w2=None) -> torch.Tensor:
-    """Small-batch path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H]."""
+             shared_w13=None, shared_w2=None, l2_next=None) -> torch.Tensor:
+    """Small-batch path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H].
+    l2_next: a weight (dense or NVFP4, contiguous) the down launch brings into L2 for what follows."""
+    return _moe_gemv(x, topk_ids.shape[1], (topk_ids, topk_weights), None, w13, w2, shared_w13, shared_w2, l2_next)
+
+
+def routes_in_experts(w2, shared_w2=None, top_k: int = 1) -> bool:
+    """Whether moe_gemv_routed takes these experts: its down launch must be the one-load kernel
+    of NVFP4 words or of dense rows (<= 8 slots); the per-expert loop reads the router's ids."""
+    shared2 = w2[0] if shared_w2 is None else shared_w2
+    if top_k + (shared_w2 is not None) > 8:
+        return False
+    if is_nvfp4(w2) and is_nvfp4(shared2):
+        return nvfp4.MOE_DOWN_WORDS
+    i_max = max(w2.shape[-1], shared2.shape[-1])
+    return DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and i_max <= DOWN_DENSE_MAX_I
+
+
+def moe_gemv_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
+                    renormalize: bool, w13, w2, shared_w13=None, shared_w2=None, l2_next=None) -> torch.Tensor:
+    """moe_gemv with the top-k picked inside its launches from the router's fp32 logits [T, E]
+    (inputs checked by moe.fused_moe_routed; routes_in_experts holds): each gate/up program
+    picks after its PDL wait, each down program before it (the router is then two kernels
+    back), with router.route_from_logits, so the router launch ends at its logits' store."""
+    return _moe_gemv(x, top_k, None, (logits, bias, float(scaling), bool(renormalize)), w13, w2, shared_w13,
+                     shared_w2, l2_next)
+
+
+def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
+    """topk: (ids, weights) from the router, or route: (logits, bias, scaling, renormalize)."""
     t, h = x.shape
-    k = topk_ids.shape[1]
     i = w13.shape[-2] // 2
     has_shared = shared_w13 is not None
     i_s = shared_w13.shape[-2] // 2 if has_shared else i
@@ -371,6 +486,15 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         return out
     shared13 = shared_w13 if has_shared else w13[0]
     shared2 = shared_w2 if has_shared else w2[0]
+    if route is None:
+        topk_ids, topk_weights = topk
+        logits, bias, scaling, renormalize = topk_weights, topk_weights, 1.0, False  # unread
+    else:
+        logits, bias, scaling, renormalize = route
+        topk_ids = topk_weights = logits  # unread
+    routing = dict(logits_ptr=logits, bias_ptr=bias, E=logits.shape[1] if route else 1, scaling=scaling,
+                   ROUTE=route is not None, RENORMALIZE=renormalize,
+                   E_POW2=max(16, triton.next_power_of_2(logits.shape[1])) if route else 16)
     # the NVFP4 decode of each launch (nvfp4.py); word tiles when both weights of a launch are
     # NVFP4 (dense rows would not fit them)
     words_up, words_down = nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
@@ -384,14 +508,18 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         steps = h // block_k if h % block_k == 0 else 0
         prefetch = steps if prefetch_ok and words13 and steps <= 2 else 0
         _moe_gate_up_kernel[(t * count, triton.cdiv(rows, block_n))](
-            x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **weight_args("w13", w13, words=words_up),
+            x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **routing, **weight_args("w13", w13, words=words_up),
             **weight_args("s13", shared13, words=words_up),
             H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
             FIRST=first, COUNT=count, PREFETCH=prefetch, **launch_args(x.device, prefetches=prefetch > 0),
-            WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
+            **down_rows, THREADS=32 * WARPS, WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
 
+    down_rows = dict(**_byte_strides("d", w2), **_byte_strides("ds", shared2), D_FP4=is_nvfp4(w2),
+                     DS_FP4=is_nvfp4(shared2), L2_DOWN=L2_PREFETCH_DOWN and not INTERPRET)
+    down_rows.pop("ds_se")
+    down_rows.pop("ds_sse")
     if SPLIT_SHARED and words13 and has_shared:
         # the shared expert's launch first: it reads nothing the router wrote, and puts the router
         # two kernels before the routed launch, which then loads its experts before its PDL wait
@@ -399,21 +527,27 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         gate_up(0, k, i, True)
     else:
         gate_up(0, slots, i_max, False)
+    nx, nxs, nx_bytes, nxs_bytes = weight_regions(l2_next if l2_next is not None else w2)
+    next_weight = dict(nx_ptr=nx, nxs_ptr=nxs, nx_bytes=nx_bytes, nxs_bytes=nxs_bytes,
+                       L2_NEXT=l2_next is not None and L2_PREFETCH_NEXT and not INTERPRET)
     if words_down and is_nvfp4(w2) and is_nvfp4(shared2) and slots <= 8:
         _moe_down_words_kernel[(t, triton.cdiv(h, DOWN_WORDS_ROWS))](
-            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,
+            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **routing,
             **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
-            PTX=nvfp4.ptx_decode(), **launch_args(x.device, prefetches=True), num_warps=DOWN_WORDS_WARPS)
+            PTX=nvfp4.ptx_decode(), **next_weight, THREADS=32 * DOWN_WORDS_WARPS,
+            **launch_args(x.device, prefetches=True), num_warps=DOWN_WORDS_WARPS)
         return out
     if DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and slots <= 8 and i_max <= DOWN_DENSE_MAX_I:
         _moe_down_dense_kernel[(t, triton.cdiv(h, DOWN_DENSE_ROWS))](
-            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, w2_ptr=w2,
+            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **routing, w2_ptr=w2,
             s2_ptr=shared2, w2_se=w2.stride(0), w2_sn=w2.stride(1), s2_sn=shared2.stride(0),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0), K=k, SLOTS=slots, BLOCK_H=DOWN_DENSE_ROWS,
-            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True), num_warps=WARPS)
+            BLOCK_I=triton.next_power_of_2(i_max), **next_weight, THREADS=32 * WARPS,
+            **launch_args(x.device, prefetches=True), num_warps=WARPS)
         return out
+    assert route is None, "routes_in_experts: the per-expert down loop reads the router's ids"
     block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))
     _moe_down_kernel[(t, triton.cdiv(h, block_h))](
@@ -425,6 +559,20 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         **launch_args(x.device),
         NUM_STAGES=NUM_STAGES, num_warps=WARPS)
     return out
+
+
+def _byte_strides(name: str, w) -> dict:
+    """A down weight [E, H, I] or [H, I] as the gate/up launch's L2 prefetch reads it: pointers
+    to its values (NVFP4: packed bytes) and block scales, byte strides over (expert, row)."""
+    data, scales = (w.packed, w.scales) if is_nvfp4(w) else (w, w)
+    lead = data.dim() == 3
+
+    def strides(t):
+        return (t.stride(0) * t.element_size() if lead else 0), t.stride(-2) * t.element_size()
+
+    (se, sn), (sse, ssn) = strides(data), strides(scales)
+    return {f"{name}_ptr": data, f"{name}_scales_ptr": scales, f"{name}_se": se, f"{name}_sn": sn,
+            f"{name}_sse": sse, f"{name}_ssn": ssn}
 
 
 def _rows_per_program(items: int, rows: int, device: torch.device) -> int:

@@ -57,11 +57,13 @@ def _router_kernel(
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LOGITS_ONLY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """NORM (decode tiles with ONE_CHUNK): x is the previous sublayer's output and the router
     reads rms_norm(residual + x), computed in every program (the RMSNorm launch folded in); the
-    programs of expert block 0 also store it (h, for the experts) and residual + x."""
+    programs of expert block 0 also store it (h, for the experts) and residual + x.
+    LOGITS_ONLY: stop at the logits (the expert launches pick the top-k: route_from_logits)."""
     tt = tl.program_id(0)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -80,6 +82,8 @@ def _router_kernel(
                              BLOCK_E, BLOCK_H, ONE_CHUNK, PDL)
     tl.store(logits_ptr + tokens[:, None] * E + experts[None, :], logits,
              mask=t_mask[:, None] & e_mask[None, :])
+    if LOGITS_ONLY:
+        return
     if last_to_arrive(counter_ptr + tt, tl.num_programs(1)):
         _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scaling,
                TOP_K, RENORMALIZE, E_POW2, K_POW2)
@@ -150,6 +154,22 @@ def _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, str
 def _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scaling,
            TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr):
     """Writes the top-k of `tokens` from their [len(tokens), E] logits (stored by every program)."""
+    ids, weights = route_from_logits(logits_ptr, bias_ptr, tokens, t_mask, E, scaling, TOP_K, RENORMALIZE,
+                                     E_POW2, K_POW2)
+    slots = tl.arange(0, K_POW2)
+    out = tokens[:, None] * TOP_K + slots[None, :]
+    out_mask = t_mask[:, None] & (slots[None, :] < TOP_K)
+    tl.store(ids_ptr + out, ids, mask=out_mask)
+    tl.store(weights_ptr + out, weights, mask=out_mask)
+
+
+@triton.jit
+def route_from_logits(logits_ptr, bias_ptr, tokens, t_mask, E, scaling, TOP_K: tl.constexpr,
+                      RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr):
+    """The routing of `tokens` from their fp32 logits rows ([T, E] at logits_ptr, read past L1):
+    -> ids [len(tokens), K_POW2] int32 and weights (fp32, scaling applied), 0 in slots >= TOP_K.
+    Sigmoid scores, top-k on score + bias, weights from the unbiased scores; the same bits in
+    every kernel that calls it (the router's last program, or the expert launches)."""
     experts = tl.arange(0, E_POW2)
     e_mask = experts < E
     logits = tl.load(logits_ptr + tokens[:, None] * E + experts[None, :],
@@ -170,10 +190,7 @@ def _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scalin
     chosen = tl.where(slots[None, :] < TOP_K, tl.gather(scores, ids, axis=1), 0.0)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=1)[:, None]
-    out = tokens[:, None] * TOP_K + slots[None, :]
-    out_mask = t_mask[:, None] & (slots[None, :] < TOP_K)
-    tl.store(ids_ptr + out, ids, mask=out_mask)
-    tl.store(weights_ptr + out, chosen * scaling, mask=out_mask)
+    return ids, chosen * scaling
 
 
 def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,
@@ -184,7 +201,7 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
     tile: (tokens, experts) per program, powers of two: (1, any) sums products, (16, >= 16) uses
     tl.dot; None: (1, GEMV_BLOCK_E) up to GEMV_MAX_T tokens, else (16, 16-64 by the SM count)."""
     _check_inputs(x, weight, bias, top_k)
-    return _launch(x, weight, bias, top_k, scaling, renormalize, tile, None)
+    return _launch(x, weight, bias, top_k, scaling, renormalize, tile, None)[:2]
 
 
 def folds_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -207,19 +224,61 @@ def rms_norm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_w:
                          f"{GEMV_TILE // GEMV_BLOCK_E} (one chunk a program)")
     h = torch.empty_like(x)
     res_out = x if residual is None else torch.empty_like(x)
-    ids, weights = _launch(x, weight, bias, top_k, scaling, renormalize, (1, GEMV_BLOCK_E),
-                           (residual, res_out, h, norm_w, eps))
+    ids, weights, _ = _launch(x, weight, bias, top_k, scaling, renormalize, (1, GEMV_BLOCK_E),
+                              (residual, res_out, h, norm_w, eps))
     return h, ids, weights, res_out
 
 
-def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm):
-    """norm: (residual or None, res_out, h, norm_w, eps) to fold the RMSNorm in (decode tiles)."""
+def rms_norm_router_logits(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
+                           weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rms_norm_router_topk without the top-k: -> (h [T, H], logits [T, E] fp32 = h @ weight.T,
+    residual + x). The expert launches pick the top-k from the logits themselves
+    (moe_gemv.moe_gemv_routed, route_from_logits), so this launch ends at the logits' store:
+    no arrival counter, no one-program tail on the decode step's critical path."""
+    check_norm_inputs("rms_norm_router_logits", x, residual, norm_w, GEMV_MAX_T)
+    if weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.stride(-1) != 1:
+        raise ValueError(f"rms_norm_router_logits: weight has shape {tuple(weight.shape)}, expected "
+                         f"[E, {x.shape[1]}] with unit stride in H")
+    if not folds_norm(x, weight):
+        raise ValueError(f"rms_norm_router_logits: {x.shape[0]} tokens of hidden size {x.shape[1]}, expected at "
+                         f"most {GEMV_MAX_T} tokens and {GEMV_TILE // GEMV_BLOCK_E} (one chunk a program)")
+    h = torch.empty_like(x)
+    res_out = x if residual is None else torch.empty_like(x)
+    # no top-k here: the launch reads no bias (it gets the weight's pointer) and writes no ids
+    _, _, logits = _launch(x, weight, weight, 1, 1.0, False, (1, GEMV_BLOCK_E), (residual, res_out, h, norm_w, eps),
+                           logits_only=True)
+    return h, logits, res_out
+
+
+def rms_norm_router_logits_torch(x, residual, norm_w, eps, weight):
+    """Same signature and semantics as `rms_norm_router_logits` (residual itself is not modified)."""
+    check_norm_inputs("rms_norm_router_logits", x, residual, norm_w, GEMV_MAX_T)
+    res_out = x if residual is None else residual.clone()
+    h = rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out)
+    return h, h.float() @ weight.float().T, res_out
+
+
+def route_from_logits_torch(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
+                            renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_topk_torch from the fp32 logits [T, E] -> ids [T, K] int32, weights [T, K] fp32."""
+    scores = torch.sigmoid(logits)
+    ids = torch.topk(scores + bias.float(), top_k, dim=-1).indices
+    weights = scores.gather(-1, ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return ids.to(torch.int32), weights * scaling
+
+
+def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm, logits_only=False):
+    """norm: (residual or None, res_out, h, norm_w, eps) to fold the RMSNorm in (decode tiles);
+    -> (ids, weights, logits)."""
     t, h = x.shape
     e = weight.shape[0]
     ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
     weights = torch.empty((t, top_k), dtype=torch.float32, device=x.device)
+    logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     if t == 0:
-        return ids, weights
+        return ids, weights, logits
     block_t, block_e = _tile(t, e, x.device, tile)
     tiles = (triton.cdiv(t, block_t), triton.cdiv(e, block_e))
     use_dot = block_t > 1
@@ -228,7 +287,6 @@ def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm):
     else:
         block_h = min(triton.next_power_of_2(h), max(GEMV_TILE // block_e, 16))
     one_chunk = not use_dot and block_h >= h  # a decode program loads its weight rows at once
-    logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     fp32 = torch.float32 in (x.dtype, weight.dtype)
     residual, res_out, h_out, norm_w, eps = norm or (None, x, x, x, 0.0)
     _router_kernel[tiles](
@@ -239,11 +297,11 @@ def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm):
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32", ONE_CHUNK=one_chunk,
-        NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+        NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=logits_only,
         **launch_args(x.device, prefetches=one_chunk),
         num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,
     )
-    return ids, weights
+    return ids, weights, logits
 
 
 def _tile(t: int, e: int, device: torch.device, asked: tuple[int, int] | None) -> tuple[int, int]:
@@ -274,12 +332,7 @@ def rms_norm_router_topk_torch(x, residual, norm_w, eps, weight, bias, top_k, sc
 def router_topk_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,
                       scaling: float, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H], weight [E, H], bias [E] fp32 -> ids [T, K] int32, weights [T, K] fp32."""
-    scores = torch.sigmoid(x.float() @ weight.float().T)  # [T, E]
-    ids = torch.topk(scores + bias.float(), top_k, dim=-1).indices
-    weights = scores.gather(-1, ids)
-    if renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
-    return ids.to(torch.int32), weights * scaling
+    return route_from_logits_torch(x.float() @ weight.float().T, bias, top_k, scaling, renormalize)
 
 
 def _check_inputs(x, weight, bias, top_k):

@@ -1,0 +1,183 @@
+"""The MoE top-k picked inside the expert launches: rms_norm_router_logits (the router launch
+without its top-k) and fused_moe_routed (gate/up and down programs routing from the logits) vs
+the router's own top-k then fused_moe, and vs the torch twins; ops.norm_moe both ways."""
+
+import pytest
+import torch
+
+from flint_backend import ops as ops_module
+from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_kernels import moe_gemv, nvfp4
+from flint_kernels.l2_prefetch import prefetchable
+from flint_kernels.moe import fused_moe, fused_moe_routed, fused_moe_routed_torch, fused_moe_torch
+from flint_kernels.router import (rms_norm_router_logits, rms_norm_router_logits_torch, rms_norm_router_topk,
+                                  route_from_logits_torch)
+from kv_cases import assert_scaled_close
+from test_moe import BF16_REL, FP32_TOL, experts
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def logits_and_bias(t, e, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (2 * torch.randn(t, e, generator=g)).to(DEVICE), (0.1 * torch.randn(e, generator=g)).to(DEVICE)
+
+
+def check(got, expected, dtype):
+    assert got.dtype == dtype and got.shape == expected.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, **FP32_TOL)
+    else:
+        assert_scaled_close(got, expected, rel=BF16_REL)
+
+
+@pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
+@pytest.mark.parametrize("t,e,h", [(1, 64, 512), (3, 40, 256), (8, 16, 96)])
+def test_router_logits_are_the_top_k_routers(t, e, h, has_residual):
+    """Same h and residual + x bits as rms_norm_router_topk, and logits whose top-k is its ids."""
+    g = torch.Generator().manual_seed(e)
+    x = torch.randn(t, h, generator=g).to(DEVICE, torch.bfloat16)
+    residual = (4 * torch.randn(t, h, generator=g)).to(DEVICE, torch.bfloat16) if has_residual else None
+    norm_w = (1 + 0.5 * torch.randn(h, generator=g)).to(DEVICE, torch.bfloat16)
+    w = torch.randn(e, h, generator=g).to(DEVICE, torch.bfloat16)
+    bias = (0.1 * torch.randn(e, generator=g)).to(DEVICE)
+    before = None if residual is None else residual.clone()
+    h_out, logits, res_out = rms_norm_router_logits(x, residual, norm_w, 1e-5, w)
+    assert logits.dtype == torch.float32 and logits.shape == (t, e)
+    h_topk, ids, weights, res_topk = rms_norm_router_topk(x, residual, norm_w, 1e-5, w, bias, 6, 2.5, True)
+    assert torch.equal(h_out, h_topk) and torch.equal(res_out, res_topk)
+    assert residual is None or torch.equal(residual, before)
+    got_ids, got_weights = route_from_logits_torch(logits, bias, 6, 2.5, True)
+    assert torch.equal(got_ids, ids)
+    torch.testing.assert_close(got_weights, weights, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits, h_out.float() @ w.float().T, rtol=1e-5, atol=1e-4)  # order of the sum
+    h_torch, logits_torch, res_torch = rms_norm_router_logits_torch(x, residual, norm_w, 1e-5, w)
+    assert_scaled_close(h_out, h_torch)  # interpreter: bf16 roundings truncate
+    torch.testing.assert_close(res_out, res_torch, rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(logits_torch, h_torch.float() @ w.float().T)
+
+
+@pytest.mark.parametrize("fmt,dtype", [("dense", torch.float32), ("dense", torch.bfloat16),
+                                       ("nvfp4", torch.float32), ("nvfp4", torch.bfloat16)])
+@pytest.mark.parametrize("t,e,k,shared", [(1, 16, 6, True), (3, 40, 6, True), (5, 16, 8, False),
+                                          (2, 16, 7, True)],
+                         ids=["T1", "T3-E40", "T5-K8-no-shared", "T2-K7-all-slots"])
+def test_routed_matches_top_k_then_experts(fmt, dtype, t, e, k, shared, monkeypatch):
+    """fused_moe_routed == fused_moe on the same logits' top-k (route_from_logits_torch), and its
+    torch twin; NVFP4 experts as 32-bit words (the launches that route)."""
+    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
+    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
+    w13, w2, s13, s2 = experts(e, 64, 32, 32, dtype, fmt, seed=t + k)
+    if not shared:
+        s13 = s2 = None
+    logits, bias = logits_and_bias(t, e, seed=t)
+    x = torch.randn(t, 64, device=DEVICE).to(dtype)
+    got = fused_moe_routed(x, logits, bias, k, 2.5, True, w13, w2, s13, s2)
+    ids, weights = route_from_logits_torch(logits, bias, k, 2.5, True)
+    # the same picks and kernels: only the weights' fp32 normalisation may differ (its sum's order)
+    check(got, fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"), dtype)
+    check(got, fused_moe_routed_torch(x, logits, bias, k, 2.5, True, w13, w2, s13, s2), dtype)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_routed_ties_and_unnormalised_weights(renormalize):
+    """Equal scores go to the lower expert id, as the router's top-k; unnormalised weights."""
+    t, e, k = 2, 16, 4
+    w13, w2, s13, s2 = experts(e, 64, 32, 32, torch.float32, "dense", seed=3)
+    logits = torch.zeros(t, e, device=DEVICE)
+    logits[:, 8:] = 1.0  # experts 8..15 tie; the top-4 are 8..11
+    bias = torch.zeros(e, device=DEVICE)
+    x = torch.randn(t, 64, device=DEVICE)
+    got = fused_moe_routed(x, logits, bias, k, 1.5, renormalize, w13, w2, s13, s2)
+    ids = torch.tensor([[8, 9, 10, 11]] * t, dtype=torch.int32, device=DEVICE)
+    weight = (1 / k if renormalize else torch.sigmoid(torch.tensor(1.0)).item()) * 1.5
+    weights = torch.full((t, k), weight, device=DEVICE)
+    check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
+
+
+@pytest.mark.parametrize("h", [64, 512], ids=["H-one-step", "H-two-steps"])
+def test_routed_with_the_shared_expert_launch_first(h, monkeypatch):
+    """moe_gemv.SPLIT_SHARED: the routed gate/up launch picks its experts before its PDL wait
+    (the router is two kernels back then)."""
+    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
+    monkeypatch.setattr(moe_gemv, "SPLIT_SHARED", True)
+    t, e, k = 2, 8, 3
+    w13, w2, s13, s2 = experts(e, h, 32, 64, torch.float32, "nvfp4", seed=8)
+    logits, bias = logits_and_bias(t, e, seed=8)
+    x = torch.randn(t, h, device=DEVICE)
+    check(fused_moe_routed(x, logits, bias, k, 2.5, True, w13, w2, s13, s2),
+          fused_moe_routed_torch(x, logits, bias, k, 2.5, True, w13, w2, s13, s2), torch.float32)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
+def test_l2_next_is_a_hint(fmt):
+    """l2_next (the weight the down launch brings into L2 for the launch after it) changes nothing;
+    a non-contiguous one is refused by name."""
+    w13, w2, s13, s2 = experts(16, 64, 32, 32, torch.float32, fmt, seed=5)
+    logits, bias = logits_and_bias(1, 16, seed=5)
+    x = torch.randn(1, 64, device=DEVICE)
+    nxt = w13[0] if fmt == "dense" else quantize_nvfp4(torch.randn(96, 64)).to(DEVICE)
+    got = fused_moe_routed(x, logits, bias, 4, 2.5, True, w13, w2, s13, s2, l2_next=nxt)
+    assert torch.equal(got, fused_moe_routed(x, logits, bias, 4, 2.5, True, w13, w2, s13, s2))
+    ids, weights = route_from_logits_torch(logits, bias, 4, 2.5, True)
+    assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, l2_next=nxt),
+                       fused_moe(x, ids, weights, w13, w2, s13, s2))
+    assert prefetchable(nxt) and not prefetchable(torch.randn(8, 64, device=DEVICE).T)
+    with pytest.raises(ValueError, match="weight region .* expected contiguous"):
+        fused_moe(x, ids, weights, w13, w2, s13, s2, l2_next=torch.randn(8, 64, device=DEVICE).T)
+
+
+def test_errors_name_the_argument(monkeypatch):
+    w13, w2, s13, s2 = experts(16, 64, 32, 32, torch.float32, "dense")
+    logits, bias = logits_and_bias(2, 16)
+    x = torch.randn(2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="logits is torch.bfloat16"):
+        fused_moe_routed(x, logits.bfloat16(), bias, 6, 1.0, True, w13, w2, s13, s2)
+    with pytest.raises(ValueError, match=r"bias is torch.float32 \(8,\)"):
+        fused_moe_routed(x, logits, bias[:8], 6, 1.0, True, w13, w2, s13, s2)
+    with pytest.raises(ValueError, match="logits for 8 experts, expected 16"):
+        fused_moe_routed(x, logits[:, :8].contiguous(), bias[:8], 6, 1.0, True, w13, w2, s13, s2)
+    with pytest.raises(ValueError, match="top_k 8"):
+        fused_moe_routed(x, logits, bias, 8, 1.0, True, w13, w2, s13, s2)  # 8 + the shared one > 8 slots
+    monkeypatch.setattr(moe_gemv, "DOWN_DENSE", False)
+    with pytest.raises(ValueError, match="routes_in_experts"):
+        fused_moe_routed(x, logits, bias, 6, 1.0, True, w13, w2, s13, s2)
+
+
+@pytest.mark.parametrize("route", [True, False], ids=["route-in-experts", "router-top-k"])
+@pytest.mark.parametrize("t", [1, 3, 20], ids=["T1", "T3", "T20-prefill"])
+def test_ops_norm_moe(t, route, monkeypatch):
+    """ops.norm_moe: the routed launches at decode sizes (or the router's top-k, MOE_ROUTE_IN_EXPERTS),
+    the grouped path beyond; both equal the torch table's composition."""
+    monkeypatch.setattr(ops_module, "MOE_ROUTE_IN_EXPERTS", route)
+    calls = []
+    real = ops_module.moe_k.fused_moe_routed
+    monkeypatch.setattr(ops_module.moe_k, "fused_moe_routed", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(t)
+    x = torch.randn(t, 64, generator=g).to(DEVICE, torch.bfloat16)
+    residual = torch.randn(t, 64, generator=g).to(DEVICE, torch.bfloat16)
+    norm_w = (1 + 0.5 * torch.randn(64, generator=g)).to(DEVICE, torch.bfloat16)
+    router_w = torch.randn(16, 64, generator=g).to(DEVICE, torch.bfloat16)
+    bias = (0.1 * torch.randn(16, generator=g)).to(DEVICE)
+    weights = experts(16, 64, 32, 32, torch.bfloat16, "dense", seed=t)
+    triton_ops, torch_ops = ops_module.get_ops("triton"), ops_module.get_ops("torch")
+    got, res = triton_ops.norm_moe(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 2.5, True, *weights)
+    expected, res_ref = torch_ops.norm_moe(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 2.5, True, *weights)
+    assert calls == ([1] if route and t <= 8 else [])
+    assert_scaled_close(got, expected, rel=BF16_REL)
+    torch.testing.assert_close(res, res_ref, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
+@pytest.mark.parametrize("t", [1, 8])
+def test_real_shapes(fmt, t):
+    """flint-40b's MoE (256 experts of 512, top-6, a shared expert) routed in its launches ==
+    the router's top-k then fused_moe."""
+    e, k = 256, 6
+    w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, fmt)
+    logits, bias = logits_and_bias(t, e, seed=t)
+    x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
+    ids, weights = route_from_logits_torch(logits, bias, k, 2.5, True)
+    assert_scaled_close(fused_moe_routed(x, logits, bias, k, 2.5, True, w13, w2, s13, s2),
+                        fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"), rel=1e-2)
