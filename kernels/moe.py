@@ -55,8 +55,10 @@ def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, 
     if bias.shape != (e,) or bias.dtype != torch.float32 or not bias.is_contiguous():
         raise ValueError(f"fused_moe_routed: bias is {bias.dtype} {tuple(bias.shape)}, expected contiguous "
                          f"float32 ({e},)")
-    ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)  # shapes only: the launches read logits
-    _check_inputs(x, ids, ids.float(), w13, w2, shared_w13, shared_w2)
+    # shapes only (the launches read logits); torch.empty launches no kernel in a captured step
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
+    _check_inputs(x, ids, torch.empty((t, top_k), dtype=torch.float32, device=x.device), w13, w2, shared_w13,
+                  shared_w2)
     experts = weight_shape("fused_moe_routed: w13", w13, 3)[0]
     if experts != e:
         raise ValueError(f"fused_moe_routed: logits for {e} experts, expected {experts} (w13's)")

@@ -65,11 +65,11 @@ DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 # down launch's programs, kept off the SMs by the gate/up launch's registers, then load them from
 # L2. FLINT_MOE_L2_PREFETCH_DOWN=0: off (a benchmark knob, read at each launch; never under the
 # interpreter).
-L2_PREFETCH_DOWN = os.environ.get("FLINT_MOE_L2_PREFETCH_DOWN", "1") == "1"
+L2_PREFETCH_DOWN = os.environ.get("FLINT_MOE_L2_PREFETCH_DOWN", "0") == "1"
 # The one-load down launches bring `l2_next` (the next layer's QKV weight, from the engine) into
 # L2 for the launch after them, whose programs they keep off the SMs. FLINT_MOE_L2_PREFETCH_NEXT=0:
 # off (a benchmark knob, read at each launch).
-L2_PREFETCH_NEXT = os.environ.get("FLINT_MOE_L2_PREFETCH_NEXT", "1") == "1"
+L2_PREFETCH_NEXT = os.environ.get("FLINT_MOE_L2_PREFETCH_NEXT", "0") == "1"
 
 
 @triton.jit
