@@ -171,8 +171,8 @@ def norm_moe_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling, re
     launches pick the top-k; else norm_router (its top-k in the router launch), then moe."""
     if (MOE_ROUTE_IN_EXPERTS and _foldable(x, residual) and router_k.folds_norm(x, router_w)
             and x.shape[0] <= moe_k.SMALL_BATCH_TOKENS and moe_gemv_k.routes_in_experts(w2, shared_w2, top_k)):
-        h, logits, residual = router_k.rms_norm_router_logits(x, residual, norm_w, eps, router_w)
-        return moe_k.fused_moe_routed(h, logits, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
+        h, logits, residual, routing = router_k.rms_norm_router_logits(x, residual, norm_w, eps, router_w)
+        return moe_k.fused_moe_routed(h, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13,
                                       shared_w2, l2_next), residual
     h, ids, weights, residual = norm_router_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling,
                                                    renormalize)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .moe_gemv import moe_gemv, moe_gemv_routed, routes_in_experts
 from .moe_grouped import moe_grouped
 from .nvfp4 import dequantize_nvfp4, is_nvfp4, weight_shape
-from .router import route_from_logits_torch
+from .router import ROUTING_WORDS, route_from_logits_torch
 
 SMALL_BATCH_TOKENS = 16  # decode batches up to here take the GEMV path (tune on the GPU: bench_kernels.py)
 PATHS = ("small", "grouped")
@@ -40,14 +40,19 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     return moe_grouped(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
 
 
-def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
-                     renormalize: bool, w13, w2, shared_w13=None, shared_w2=None, l2_next=None) -> torch.Tensor:
+def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, routing: torch.Tensor, top_k: int,
+                     scaling: float, renormalize: bool, w13, w2, shared_w13=None, shared_w2=None,
+                     l2_next=None) -> torch.Tensor:
     """fused_moe routed from the router's fp32 logits [T, E] (router.rms_norm_router_logits):
     the small-batch launches pick each token's top-k themselves (moe_gemv.moe_gemv_routed), so
-    no routing launch or tail sits between the router's GEMV and the experts. Same function as
+    no routing launch or tail sits between the router's GEMV and the experts. routing: [T, 16]
+    int32 zeros (the router launch's handoff buffer). Same function as
     router.route_from_logits_torch then fused_moe. Decode batches (T <= SMALL_BATCH_TOKENS)
     whose down launch is a one-load kernel (moe_gemv.routes_in_experts)."""
     t = x.shape[0]
+    if routing.shape != (t, ROUTING_WORDS) or routing.dtype != torch.int32 or not routing.is_contiguous():
+        raise ValueError(f"fused_moe_routed: routing is {routing.dtype} {tuple(routing.shape)}, expected contiguous "
+                         f"int32 zeros [{t}, {ROUTING_WORDS}]")
     if logits.dim() != 2 or logits.shape[0] != t or logits.dtype != torch.float32 or not logits.is_contiguous():
         raise ValueError(f"fused_moe_routed: logits is {logits.dtype} {tuple(logits.shape)}, expected contiguous "
                          f"float32 [{t}, E]")
@@ -67,12 +72,13 @@ def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, 
     if t > SMALL_BATCH_TOKENS or not routes_in_experts(w2, shared_w2, top_k):
         raise ValueError(f"fused_moe_routed: {t} tokens, top_k {top_k}: expected at most {SMALL_BATCH_TOKENS} "
                          "tokens and experts whose down launch loads all slots at once (moe_gemv.routes_in_experts)")
-    return moe_gemv_routed(x, logits, bias, top_k, scaling, renormalize, w13, w2, shared_w13, shared_w2, l2_next)
+    return moe_gemv_routed(x, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13, shared_w2,
+                           l2_next)
 
 
-def fused_moe_routed_torch(x, logits, bias, top_k, scaling, renormalize, w13, w2, shared_w13=None, shared_w2=None,
-                           l2_next=None):
-    """Same signature and semantics as `fused_moe_routed` (l2_next: no effect)."""
+def fused_moe_routed_torch(x, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13=None,
+                           shared_w2=None, l2_next=None):
+    """Same signature and semantics as `fused_moe_routed` (routing and l2_next: unused)."""
     ids, weights = route_from_logits_torch(logits, bias, top_k, scaling, renormalize)
     return fused_moe_torch(x, ids, weights, w13, w2, shared_w13, shared_w2)
 

@@ -28,7 +28,7 @@ from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_uni
                     is_nvfp4, weight_args, weight_tile)
 from .l2_prefetch import address_of, l2_prefetch, l2_prefetch_share, weight_regions
 from .pdl import launch_args, pdl_prologue
-from .router import route_from_logits
+from .router import ROUTING_COLS, route_from_logits
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
 
@@ -65,6 +65,7 @@ DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 # down launch's programs, kept off the SMs by the gate/up launch's registers, then load them from
 # L2. FLINT_MOE_L2_PREFETCH_DOWN=0: off (a benchmark knob, read at each launch; never under the
 # interpreter).
+SPIN_LIMIT = tl.constexpr(1 << 24)  # polls of the routing handoff before a down program gives up (never, if sound)
 L2_PREFETCH_DOWN = os.environ.get("FLINT_MOE_L2_PREFETCH_DOWN", "0") == "1"
 # The one-load down launches bring `l2_next` (the next layer's QKV weight, from the engine) into
 # L2 for the launch after them, whose programs they keep off the SMs. FLINT_MOE_L2_PREFETCH_NEXT=0:
@@ -137,14 +138,28 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
 def _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K: tl.constexpr, ROUTE: tl.constexpr,
                  RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr):
     """Expert id (int64; 0 for the shared slot k == K) of token t's slot k: the router's ids, or
-    (ROUTE) picked from the router's logits. Both are read past L1."""
+    (ROUTE) picked from the router's logits, with all the token's picks (ids [1, 8] int32, router
+    weights [1, 8] fp32; unused without ROUTE). Both are read past L1."""
     if ROUTE:
-        ids, _ = route_from_logits(logits_ptr, bias_ptr, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
-                                   scaling, K, RENORMALIZE, E_POW2, 8)
+        ids, mix = route_from_logits(logits_ptr, bias_ptr, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
+                                     scaling, K, RENORMALIZE, E_POW2, 8)
         e = tl.sum(tl.where(tl.arange(0, 8)[None, :] == k, ids, 0))
     else:
         e = tl.load(ids_ptr + t * K + k, mask=k < K, other=0, cache_modifier=".cg")
-    return tl.where(k < K, e, 0).to(tl.int64)
+        ids = tl.zeros([1, 8], tl.int32)
+        mix = tl.zeros([1, 8], tl.float32)
+    return tl.where(k < K, e, 0).to(tl.int64), ids, mix
+
+
+@triton.jit
+def _publish_routing(routing_ptr, t, ids, mix, K: tl.constexpr):
+    """Token t's picks for the down launch: the weights' bits, then (release) each id + 1, which
+    the down programs wait for (_token_routing); the router zeroed the row this step."""
+    j = tl.arange(0, 8)
+    row = routing_ptr + t * ROUTING_COLS
+    tl.store(row + 8 + j, tl.reshape(mix, [8]).to(tl.int32, bitcast=True), mask=j < K)
+    tl.debug_barrier()  # every thread's weight stores precede the ids' release
+    tl.atomic_xchg(row + j, tl.reshape(ids, [8]) + 1, mask=j < K, sem="release", scope="gpu")
 
 
 @triton.jit
@@ -166,6 +181,7 @@ def _moe_gate_up_kernel(
     ids_ptr,              # [T, K] int32 (not ROUTE)
     logits_ptr,           # [T, E] fp32 router logits (ROUTE)
     bias_ptr,             # [E] fp32 correction bias (ROUTE)
+    routing_ptr,          # [T, ROUTING_COLS] int32 handoff to the down launch (ROUTE), zeroed by the router
     inter_ptr,            # [T * SLOTS, I_MAX] in x.dtype
     w13_ptr, w13_scales_ptr, w13_scale_ptr,   # routed [E, 2I, H] (dense or NVFP4)
     s13_ptr, s13_scales_ptr, s13_scale_ptr,   # shared [2Is, H] (read when SLOTS > K)
@@ -185,7 +201,8 @@ def _moe_gate_up_kernel(
     (NVFP4 words, 1 or 2 steps spanning H): the expert id and the weight tile are loaded before
     the PDL prologue, which the launcher allows only when the router's ids are two kernels back
     (the shared expert's launch in between, pdl.py). ROUTE: a routed program picks its expert
-    from the router's logits itself (route_from_logits), instead of reading the router's ids.
+    from the router's logits itself (route_from_logits), instead of reading the router's ids,
+    and program (t, slot 0, rows 0) hands the token's picks to the down launch (_publish_routing).
     L2_DOWN: each program also brings its share of its expert's down rows into L2 (H / row
     blocks of them, and their block scales) for the down launch after it."""
     slot = (tl.program_id(0) // COUNT) * SLOTS + FIRST + tl.program_id(0) % COUNT
@@ -199,7 +216,7 @@ def _moe_gate_up_kernel(
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     n_blocks = tl.cdiv(n_rows, BLOCK_N)
     if PREFETCH > 0:
-        e = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
+        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
         routed = k < K
         if routed:
             _prefetch_down_rows(address_of(d_ptr) + e * d_se, address_of(d_scales_ptr) + e * d_sse, d_sn, d_ssn,
@@ -213,12 +230,16 @@ def _moe_gate_up_kernel(
             tl.where(routed, w13_scale_ptr + e * w13_sge, s13_scale_ptr), rows, n_rows, H,
             tl.where(routed, w13_sn, s13_sn), tl.where(routed, w13_ssn, s13_ssn),
             tl.where(routed, w13_sgn, s13_sgn), BLOCK_K, PREFETCH, PTX, PDL)
+        if ROUTE and k == 0 and nb == 0:  # after the PDL prologue (a store)
+            _publish_routing(routing_ptr, t, ids, mix, K)
         h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
         tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
         return
     pdl_prologue(PDL)
     if k < K:
-        e = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
+        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
+        if ROUTE and k == 0 and nb == 0:
+            _publish_routing(routing_ptr, t, ids, mix, K)
         _prefetch_down_rows(address_of(d_ptr) + e * d_se, address_of(d_scales_ptr) + e * d_sse, d_sn, d_ssn, nb,
                             n_blocks, H, THREADS, D_FP4, L2_DOWN)
         gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
@@ -298,20 +319,42 @@ def _moe_down_kernel(
     tl.store(out_ptr + t * H + rows, out, mask=row_mask)
 
 
+# an acquire load (no atomic: the PDL contract keeps atomics after the wait); masked lanes read 1
+_LD_ACQUIRE_PTX = tl.constexpr(
+    "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.u32 $0, 1; @p ld.acquire.gpu.global.b32 $0, [$1]; }")
+
+
 @triton.jit
-def _token_routing(ids_ptr, topk_weights_ptr, logits_ptr, bias_ptr, t, E, scaling, K: tl.constexpr,
-                   SLOTS: tl.constexpr, ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr):
+def _load_acquire(ptrs, mask, PTX: tl.constexpr):
+    """int32 values at ptrs (1 where masked), each load ordered before the program's later loads
+    (ld.acquire.gpu); under the interpreter, which runs launches one program at a time, a load."""
+    if PTX:
+        return tl.inline_asm_elementwise(_LD_ACQUIRE_PTX, "=r,l,r", [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+    return tl.load(ptrs, mask=mask, other=1, volatile=True)
+
+
+@triton.jit
+def _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K: tl.constexpr, SLOTS: tl.constexpr,
+                   ROUTE: tl.constexpr, PTX: tl.constexpr):
     """The 8 slots of token t in the down launches -> (slot index j, routed (j < K), used
     (j < SLOTS), expert id of the routed ones (int64), router weight of the routed ones (fp32)):
-    the router's ids and weights, or (ROUTE) picked from its logits. Read past L1: the down
-    launches read them before the PDL prologue (the router is two kernels back, pdl.py)."""
+    the router's, or (ROUTE) the gate/up launch's handoff (_publish_routing). Read before the PDL
+    prologue: the router is two kernels back (pdl.py); the handoff is written by the gate/up
+    launch just before, so its ids are awaited (acquire) until set: every gate/up program is
+    resident or done once a down program runs (PDL schedules a launch's programs only after all
+    of the previous one's passed their prologue), so the wait ends. Bounded, never a hang."""
     j = tl.arange(0, 8)  # slots: K routed experts, then the shared one
     routed = j < K
     if ROUTE:
-        ids, mix = route_from_logits(logits_ptr, bias_ptr, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
-                                     scaling, K, RENORMALIZE, E_POW2, 8)
-        e = tl.reshape(ids, [8])
-        mix = tl.reshape(mix, [8])
+        row = routing_ptr + t * ROUTING_COLS
+        tagged = _load_acquire(row + j, routed, PTX)
+        spins = 0
+        while (tl.min(tagged) == 0) & (spins < SPIN_LIMIT):
+            tagged = _load_acquire(row + j, routed, PTX)
+            spins += 1
+        e = tagged - 1
+        mix = tl.load(row + 8 + j, mask=routed, other=0, cache_modifier=".cg").to(tl.float32, bitcast=True)
     else:
         e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg")
         mix = tl.load(topk_weights_ptr + t * K + j, mask=routed, other=0.0, cache_modifier=".cg")
@@ -348,17 +391,16 @@ def _moe_down_words_kernel(
     inter_ptr,            # [T * SLOTS, I_MAX]
     ids_ptr,              # [T, K] int32 (not ROUTE)
     topk_weights_ptr,     # [T, K] fp32 (not ROUTE)
-    logits_ptr,           # [T, E] fp32 router logits (ROUTE)
-    bias_ptr,             # [E] fp32 correction bias (ROUTE)
+    routing_ptr,          # [T, ROUTING_COLS] int32 the gate/up launch's handoff (ROUTE)
     out_ptr,              # [T, H], contiguous
     w2_ptr, w2_scales_ptr, w2_scale_ptr,      # routed NVFP4 [E, H, I]: int32 words [E, H, I/8]
     s2_ptr, s2_scales_ptr, s2_scale_ptr,      # shared NVFP4 [H, Is]: int32 words (read when SLOTS > K)
     w2_se, w2_sn, w2_sse, w2_ssn, w2_sge, w2_sgn,
     s2_se, s2_sn, s2_sse, s2_ssn, s2_sge, s2_sgn,
-    H, I, IS, stride_inter, E, scaling,
+    H, I, IS, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, KW: tl.constexpr, PTX: tl.constexpr,
     nx_ptr, nxs_ptr, nx_bytes, nxs_bytes,  # the next launches' weight (values, scales): L2_NEXT
-    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
+    ROUTE: tl.constexpr, ACQUIRE_PTX: tl.constexpr,
     L2_NEXT: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (token, BLOCK_H output dims): the down projection of all the token's SLOTS experts
@@ -371,8 +413,7 @@ def _moe_down_words_kernel(
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
     _prefetch_next(nx_ptr, nxs_ptr, nx_bytes, nxs_bytes, THREADS, L2_NEXT)
-    j, routed, used, e, mix = _token_routing(ids_ptr, topk_weights_ptr, logits_ptr, bias_ptr, t, E, scaling, K,
-                                             SLOTS, ROUTE, RENORMALIZE, E_POW2)
+    j, routed, used, e, mix = _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K, SLOTS, ROUTE, ACQUIRE_PTX)
     n_words = tl.where(routed, I // 8, IS // 8)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
     w_sn = tl.where(routed, w2_sn, s2_sn)
@@ -406,16 +447,15 @@ def _moe_down_dense_kernel(
     inter_ptr,            # [T * SLOTS, I_MAX]
     ids_ptr,              # [T, K] int32 (not ROUTE)
     topk_weights_ptr,     # [T, K] fp32 (not ROUTE)
-    logits_ptr,           # [T, E] fp32 router logits (ROUTE)
-    bias_ptr,             # [E] fp32 correction bias (ROUTE)
+    routing_ptr,          # [T, ROUTING_COLS] int32 the gate/up launch's handoff (ROUTE)
     out_ptr,              # [T, H], contiguous
     w2_ptr,               # routed dense [E, H, I]
     s2_ptr,               # shared dense [H, Is] (read when SLOTS > K)
     w2_se, w2_sn, s2_sn,
-    H, I, IS, stride_inter, E, scaling,
+    H, I, IS, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
     nx_ptr, nxs_ptr, nx_bytes, nxs_bytes,  # the next launches' weight (values, scales): L2_NEXT
-    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
+    ROUTE: tl.constexpr, ACQUIRE_PTX: tl.constexpr,
     L2_NEXT: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
 ):
     """_moe_down_words_kernel for dense (BF16) weights: program (token, BLOCK_H output dims) loads
@@ -427,8 +467,7 @@ def _moe_down_dense_kernel(
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
     _prefetch_next(nx_ptr, nxs_ptr, nx_bytes, nxs_bytes, THREADS, L2_NEXT)
-    j, routed, used, e, mix = _token_routing(ids_ptr, topk_weights_ptr, logits_ptr, bias_ptr, t, E, scaling, K,
-                                             SLOTS, ROUTE, RENORMALIZE, E_POW2)
+    j, routed, used, e, mix = _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K, SLOTS, ROUTE, ACQUIRE_PTX)
     n_k = tl.where(routed, I, IS)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
     w_sn = tl.where(routed, w2_sn, s2_sn)
@@ -462,14 +501,16 @@ def routes_in_experts(w2, shared_w2=None, top_k: int = 1) -> bool:
     return DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and i_max <= DOWN_DENSE_MAX_I
 
 
-def moe_gemv_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
-                    renormalize: bool, w13, w2, shared_w13=None, shared_w2=None, l2_next=None) -> torch.Tensor:
+def moe_gemv_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, routing: torch.Tensor, top_k: int,
+                    scaling: float, renormalize: bool, w13, w2, shared_w13=None, shared_w2=None,
+                    l2_next=None) -> torch.Tensor:
     """moe_gemv with the top-k picked inside its launches from the router's fp32 logits [T, E]
     (inputs checked by moe.fused_moe_routed; routes_in_experts holds): each gate/up program
-    picks after its PDL wait, each down program before it (the router is then two kernels
-    back), with router.route_from_logits, so the router launch ends at its logits' store."""
-    return _moe_gemv(x, top_k, None, (logits, bias, float(scaling), bool(renormalize)), w13, w2, shared_w13,
-                     shared_w2, l2_next)
+    picks after its PDL wait (router.route_from_logits), so the router launch ends at its logits'
+    store; one gate/up program a token hands the picks to the down launch through `routing`
+    ([T, 16] int32 that the router launch zeroed: router.rms_norm_router_logits)."""
+    return _moe_gemv(x, top_k, None, (logits, bias, routing, float(scaling), bool(renormalize)), w13, w2,
+                     shared_w13, shared_w2, l2_next)
 
 
 def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
@@ -488,13 +529,14 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
     shared2 = shared_w2 if has_shared else w2[0]
     if route is None:
         topk_ids, topk_weights = topk
-        logits, bias, scaling, renormalize = topk_weights, topk_weights, 1.0, False  # unread
+        logits, bias, handoff, scaling, renormalize = topk_weights, topk_weights, topk_ids, 1.0, False  # unread
     else:
-        logits, bias, scaling, renormalize = route
+        logits, bias, handoff, scaling, renormalize = route
         topk_ids = topk_weights = logits  # unread
-    routing = dict(logits_ptr=logits, bias_ptr=bias, E=logits.shape[1] if route else 1, scaling=scaling,
-                   ROUTE=route is not None, RENORMALIZE=renormalize,
+    routing = dict(logits_ptr=logits, bias_ptr=bias, routing_ptr=handoff, E=logits.shape[1] if route else 1,
+                   scaling=scaling, ROUTE=route is not None, RENORMALIZE=renormalize,
                    E_POW2=max(16, triton.next_power_of_2(logits.shape[1])) if route else 16)
+    down_routing = dict(routing_ptr=handoff, ROUTE=route is not None, ACQUIRE_PTX=not INTERPRET)
     # the NVFP4 decode of each launch (nvfp4.py); word tiles when both weights of a launch are
     # NVFP4 (dense rows would not fit them)
     words_up, words_down = nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
@@ -532,7 +574,7 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
                        L2_NEXT=l2_next is not None and L2_PREFETCH_NEXT and not INTERPRET)
     if words_down and is_nvfp4(w2) and is_nvfp4(shared2) and slots <= 8:
         _moe_down_words_kernel[(t, triton.cdiv(h, DOWN_WORDS_ROWS))](
-            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **routing,
+            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing,
             **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
@@ -541,7 +583,7 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
         return out
     if DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and slots <= 8 and i_max <= DOWN_DENSE_MAX_I:
         _moe_down_dense_kernel[(t, triton.cdiv(h, DOWN_DENSE_ROWS))](
-            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **routing, w2_ptr=w2,
+            inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing, w2_ptr=w2,
             s2_ptr=shared2, w2_se=w2.stride(0), w2_sn=w2.stride(1), s2_sn=shared2.stride(0),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0), K=k, SLOTS=slots, BLOCK_H=DOWN_DENSE_ROWS,
             BLOCK_I=triton.next_power_of_2(i_max), **next_weight, THREADS=32 * WARPS,

@@ -38,6 +38,10 @@ GEMV_WARPS = 1         # one warp: the top-k's reductions are shuffles, with no 
 # and 255 registers at one warp); 4 warps share it (FLINT_ROUTER_NORM_WARPS: benchmark knob)
 GEMV_NORM_WARPS = int(os.environ.get("FLINT_ROUTER_NORM_WARPS", "4"))
 NO_KEY = tl.constexpr(-(2 ** 63 - 1))  # below every expert's key: masked or already chosen
+# the routing handoff of the routed expert launches (moe_gemv.py): per token, expert id + 1 of each
+# of <= 8 slots (0: not written yet), then the 8 router weights' fp32 bits
+ROUTING_WORDS = 16
+ROUTING_COLS = tl.constexpr(ROUTING_WORDS)
 
 
 @triton.jit
@@ -49,6 +53,7 @@ def _router_kernel(
     weights_ptr,  # [T, TOP_K] fp32
     logits_ptr,   # [T, E] fp32 scratch
     counter_ptr,  # [cdiv(T, BLOCK_T)] int32, zero between launches
+    routing_ptr,  # [T, ROUTING_COLS] int32 (LOGITS_ONLY): zeroed here, filled by the gate/up launch
     res_ptr,      # [T, H] residual stream before the add (NORM and HAS_RESIDUAL), strided like x
     res_out_ptr,  # [T, H] residual + x, contiguous (NORM: written by the programs (t, 0))
     h_ptr,        # [T, H] rms_norm(residual + x), contiguous (NORM: written by the programs (t, 0))
@@ -63,7 +68,8 @@ def _router_kernel(
     """NORM (decode tiles with ONE_CHUNK): x is the previous sublayer's output and the router
     reads rms_norm(residual + x), computed in every program (the RMSNorm launch folded in); the
     programs of expert block 0 also store it (h, for the experts) and residual + x.
-    LOGITS_ONLY: stop at the logits (the expert launches pick the top-k: route_from_logits)."""
+    LOGITS_ONLY: stop at the logits (the expert launches pick the top-k: route_from_logits); the
+    programs of expert block 0 zero their token's row of the routing handoff (moe_gemv.py)."""
     tt = tl.program_id(0)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -83,6 +89,9 @@ def _router_kernel(
     tl.store(logits_ptr + tokens[:, None] * E + experts[None, :], logits,
              mask=t_mask[:, None] & e_mask[None, :])
     if LOGITS_ONLY:
+        cols = tl.arange(0, ROUTING_COLS)
+        tl.store(routing_ptr + tokens[:, None] * ROUTING_COLS + cols[None, :], 0,
+                 mask=t_mask[:, None] & (tl.program_id(1) == 0))
         return
     if last_to_arrive(counter_ptr + tt, tl.num_programs(1)):
         _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scaling,
@@ -230,11 +239,12 @@ def rms_norm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_w:
 
 
 def rms_norm_router_logits(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
-                           weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """rms_norm_router_topk without the top-k: -> (h [T, H], logits [T, E] fp32 = h @ weight.T,
-    residual + x). The expert launches pick the top-k from the logits themselves
-    (moe_gemv.moe_gemv_routed, route_from_logits), so this launch ends at the logits' store:
-    no arrival counter, no one-program tail on the decode step's critical path."""
+    residual + x, routing [T, 16] int32 zeroed: the expert launches' handoff). The expert launches
+    pick the top-k from the logits themselves (moe_gemv.moe_gemv_routed, route_from_logits), so
+    this launch ends at the logits' store: no arrival counter, no one-program tail on the decode
+    step's critical path."""
     check_norm_inputs("rms_norm_router_logits", x, residual, norm_w, GEMV_MAX_T)
     if weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.stride(-1) != 1:
         raise ValueError(f"rms_norm_router_logits: weight has shape {tuple(weight.shape)}, expected "
@@ -245,9 +255,10 @@ def rms_norm_router_logits(x: torch.Tensor, residual: torch.Tensor | None, norm_
     h = torch.empty_like(x)
     res_out = x if residual is None else torch.empty_like(x)
     # no top-k here: the launch reads no bias (it gets the weight's pointer) and writes no ids
+    routing = torch.empty((x.shape[0], ROUTING_WORDS), dtype=torch.int32, device=x.device)
     _, _, logits = _launch(x, weight, weight, 1, 1.0, False, (1, GEMV_BLOCK_E), (residual, res_out, h, norm_w, eps),
-                           logits_only=True)
-    return h, logits, res_out
+                           routing=routing)
+    return h, logits, res_out, routing
 
 
 def rms_norm_router_logits_torch(x, residual, norm_w, eps, weight):
@@ -255,7 +266,8 @@ def rms_norm_router_logits_torch(x, residual, norm_w, eps, weight):
     check_norm_inputs("rms_norm_router_logits", x, residual, norm_w, GEMV_MAX_T)
     res_out = x if residual is None else residual.clone()
     h = rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out)
-    return h, h.float() @ weight.float().T, res_out
+    routing = torch.zeros((x.shape[0], ROUTING_WORDS), dtype=torch.int32, device=x.device)
+    return h, h.float() @ weight.float().T, res_out, routing
 
 
 def route_from_logits_torch(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
@@ -269,9 +281,9 @@ def route_from_logits_torch(logits: torch.Tensor, bias: torch.Tensor, top_k: int
     return ids.to(torch.int32), weights * scaling
 
 
-def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm, logits_only=False):
+def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm, routing=None):
     """norm: (residual or None, res_out, h, norm_w, eps) to fold the RMSNorm in (decode tiles);
-    -> (ids, weights, logits)."""
+    routing: stop at the logits and zero this handoff buffer; -> (ids, weights, logits)."""
     t, h = x.shape
     e = weight.shape[0]
     ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
@@ -291,13 +303,13 @@ def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm, logits_onl
     residual, res_out, h_out, norm_w, eps = norm or (None, x, x, x, 0.0)
     _router_kernel[tiles](
         x_ptr=x, w_ptr=weight, bias_ptr=bias, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
-        counter_ptr=arrival_counters(tiles[0], x.device),
+        counter_ptr=arrival_counters(tiles[0], x.device), routing_ptr=ids if routing is None else routing,
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, h_ptr=h_out, norm_w_ptr=norm_w,
         T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), scaling=float(scaling), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32", ONE_CHUNK=one_chunk,
-        NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=logits_only,
+        NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
         **launch_args(x.device, prefetches=one_chunk),
         num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,
     )

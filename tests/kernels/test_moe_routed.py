@@ -23,6 +23,11 @@ def logits_and_bias(t, e, seed=0):
     return (2 * torch.randn(t, e, generator=g)).to(DEVICE), (0.1 * torch.randn(e, generator=g)).to(DEVICE)
 
 
+def handoff(x):
+    """The routing handoff buffer as the router launch leaves it (zeros)."""
+    return torch.zeros(x.shape[0], 16, dtype=torch.int32, device=DEVICE)
+
+
 def check(got, expected, dtype):
     assert got.dtype == dtype and got.shape == expected.shape
     if dtype == torch.float32:
@@ -42,8 +47,9 @@ def test_router_logits_are_the_top_k_routers(t, e, h, has_residual):
     w = torch.randn(e, h, generator=g).to(DEVICE, torch.bfloat16)
     bias = (0.1 * torch.randn(e, generator=g)).to(DEVICE)
     before = None if residual is None else residual.clone()
-    h_out, logits, res_out = rms_norm_router_logits(x, residual, norm_w, 1e-5, w)
+    h_out, logits, res_out, routing = rms_norm_router_logits(x, residual, norm_w, 1e-5, w)
     assert logits.dtype == torch.float32 and logits.shape == (t, e)
+    assert torch.equal(routing, torch.zeros(t, 16, dtype=torch.int32, device=DEVICE))
     h_topk, ids, weights, res_topk = rms_norm_router_topk(x, residual, norm_w, 1e-5, w, bias, 6, 2.5, True)
     assert torch.equal(h_out, h_topk) and torch.equal(res_out, res_topk)
     assert residual is None or torch.equal(residual, before)
@@ -51,7 +57,7 @@ def test_router_logits_are_the_top_k_routers(t, e, h, has_residual):
     assert torch.equal(got_ids, ids)
     torch.testing.assert_close(got_weights, weights, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(logits, h_out.float() @ w.float().T, rtol=1e-5, atol=1e-4)  # order of the sum
-    h_torch, logits_torch, res_torch = rms_norm_router_logits_torch(x, residual, norm_w, 1e-5, w)
+    h_torch, logits_torch, res_torch, _ = rms_norm_router_logits_torch(x, residual, norm_w, 1e-5, w)
     assert_scaled_close(h_out, h_torch)  # interpreter: bf16 roundings truncate
     torch.testing.assert_close(res_out, res_torch, rtol=1e-2, atol=2e-2)
     torch.testing.assert_close(logits_torch, h_torch.float() @ w.float().T)
@@ -72,11 +78,15 @@ def test_routed_matches_top_k_then_experts(fmt, dtype, t, e, k, shared, monkeypa
         s13 = s2 = None
     logits, bias = logits_and_bias(t, e, seed=t)
     x = torch.randn(t, 64, device=DEVICE).to(dtype)
-    got = fused_moe_routed(x, logits, bias, k, 2.5, True, w13, w2, s13, s2)
+    routing = handoff(x)
+    got = fused_moe_routed(x, logits, bias, routing, k, 2.5, True, w13, w2, s13, s2)
     ids, weights = route_from_logits_torch(logits, bias, k, 2.5, True)
+    # the gate/up launch's handoff to the down launch: ids + 1, then the weights' fp32 bits
+    assert torch.equal(routing[:, :k], ids + 1) and not routing[:, k:8].any()
+    torch.testing.assert_close(routing[:, 8:8 + k].view(torch.float32), weights, rtol=1e-6, atol=0)
     # the same picks and kernels: only the weights' fp32 normalisation may differ (its sum's order)
     check(got, fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"), dtype)
-    check(got, fused_moe_routed_torch(x, logits, bias, k, 2.5, True, w13, w2, s13, s2), dtype)
+    check(got, fused_moe_routed_torch(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2), dtype)
 
 
 @pytest.mark.parametrize("renormalize", [True, False])
@@ -88,7 +98,7 @@ def test_routed_ties_and_unnormalised_weights(renormalize):
     logits[:, 8:] = 1.0  # experts 8..15 tie; the top-4 are 8..11
     bias = torch.zeros(e, device=DEVICE)
     x = torch.randn(t, 64, device=DEVICE)
-    got = fused_moe_routed(x, logits, bias, k, 1.5, renormalize, w13, w2, s13, s2)
+    got = fused_moe_routed(x, logits, bias, handoff(x), k, 1.5, renormalize, w13, w2, s13, s2)
     ids = torch.tensor([[8, 9, 10, 11]] * t, dtype=torch.int32, device=DEVICE)
     weight = (1 / k if renormalize else torch.sigmoid(torch.tensor(1.0)).item()) * 1.5
     weights = torch.full((t, k), weight, device=DEVICE)
@@ -105,8 +115,8 @@ def test_routed_with_the_shared_expert_launch_first(h, monkeypatch):
     w13, w2, s13, s2 = experts(e, h, 32, 64, torch.float32, "nvfp4", seed=8)
     logits, bias = logits_and_bias(t, e, seed=8)
     x = torch.randn(t, h, device=DEVICE)
-    check(fused_moe_routed(x, logits, bias, k, 2.5, True, w13, w2, s13, s2),
-          fused_moe_routed_torch(x, logits, bias, k, 2.5, True, w13, w2, s13, s2), torch.float32)
+    check(fused_moe_routed(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2),
+          fused_moe_routed_torch(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2), torch.float32)
 
 
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
@@ -117,8 +127,8 @@ def test_l2_next_is_a_hint(fmt):
     logits, bias = logits_and_bias(1, 16, seed=5)
     x = torch.randn(1, 64, device=DEVICE)
     nxt = w13[0] if fmt == "dense" else quantize_nvfp4(torch.randn(96, 64)).to(DEVICE)
-    got = fused_moe_routed(x, logits, bias, 4, 2.5, True, w13, w2, s13, s2, l2_next=nxt)
-    assert torch.equal(got, fused_moe_routed(x, logits, bias, 4, 2.5, True, w13, w2, s13, s2))
+    got = fused_moe_routed(x, logits, bias, handoff(x), 4, 2.5, True, w13, w2, s13, s2, l2_next=nxt)
+    assert torch.equal(got, fused_moe_routed(x, logits, bias, handoff(x), 4, 2.5, True, w13, w2, s13, s2))
     ids, weights = route_from_logits_torch(logits, bias, 4, 2.5, True)
     assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, l2_next=nxt),
                        fused_moe(x, ids, weights, w13, w2, s13, s2))
@@ -132,16 +142,18 @@ def test_errors_name_the_argument(monkeypatch):
     logits, bias = logits_and_bias(2, 16)
     x = torch.randn(2, 64, device=DEVICE)
     with pytest.raises(ValueError, match="logits is torch.bfloat16"):
-        fused_moe_routed(x, logits.bfloat16(), bias, 6, 1.0, True, w13, w2, s13, s2)
+        fused_moe_routed(x, logits.bfloat16(), bias, handoff(x), 6, 1.0, True, w13, w2, s13, s2)
     with pytest.raises(ValueError, match=r"bias is torch.float32 \(8,\)"):
-        fused_moe_routed(x, logits, bias[:8], 6, 1.0, True, w13, w2, s13, s2)
+        fused_moe_routed(x, logits, bias[:8], handoff(x), 6, 1.0, True, w13, w2, s13, s2)
     with pytest.raises(ValueError, match="logits for 8 experts, expected 16"):
-        fused_moe_routed(x, logits[:, :8].contiguous(), bias[:8], 6, 1.0, True, w13, w2, s13, s2)
+        fused_moe_routed(x, logits[:, :8].contiguous(), bias[:8], handoff(x), 6, 1.0, True, w13, w2, s13, s2)
     with pytest.raises(ValueError, match="top_k 8"):
-        fused_moe_routed(x, logits, bias, 8, 1.0, True, w13, w2, s13, s2)  # 8 + the shared one > 8 slots
+        fused_moe_routed(x, logits, bias, handoff(x), 8, 1.0, True, w13, w2, s13, s2)  # 8 + the shared one > 8 slots
+    with pytest.raises(ValueError, match=r"routing is torch.int32 \(2, 8\)"):
+        fused_moe_routed(x, logits, bias, handoff(x)[:, :8], 6, 1.0, True, w13, w2, s13, s2)
     monkeypatch.setattr(moe_gemv, "DOWN_DENSE", False)
     with pytest.raises(ValueError, match="routes_in_experts"):
-        fused_moe_routed(x, logits, bias, 6, 1.0, True, w13, w2, s13, s2)
+        fused_moe_routed(x, logits, bias, handoff(x), 6, 1.0, True, w13, w2, s13, s2)
 
 
 @pytest.mark.parametrize("route", [True, False], ids=["route-in-experts", "router-top-k"])
@@ -179,5 +191,5 @@ def test_real_shapes(fmt, t):
     logits, bias = logits_and_bias(t, e, seed=t)
     x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
     ids, weights = route_from_logits_torch(logits, bias, k, 2.5, True)
-    assert_scaled_close(fused_moe_routed(x, logits, bias, k, 2.5, True, w13, w2, s13, s2),
+    assert_scaled_close(fused_moe_routed(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2),
                         fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"), rel=1e-2)
