@@ -13,7 +13,7 @@ from flint_kernels.moe import fused_moe, fused_moe_routed, fused_moe_routed_torc
 from flint_kernels.router import (rms_norm_router_logits, rms_norm_router_logits_torch, rms_norm_router_topk,
                                   route_from_logits_torch)
 from kv_cases import assert_scaled_close
-from test_moe import BF16_REL, FP32_TOL, experts
+from test_moe import BF16_REL, check, experts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -26,14 +26,6 @@ def logits_and_bias(t, e, seed=0):
 def handoff(x):
     """The routing handoff buffer as the router launch leaves it (zeros)."""
     return torch.zeros(x.shape[0], 16, dtype=torch.int32, device=DEVICE)
-
-
-def check(got, expected, dtype):
-    assert got.dtype == dtype and got.shape == expected.shape
-    if dtype == torch.float32:
-        torch.testing.assert_close(got, expected, **FP32_TOL)
-    else:
-        assert_scaled_close(got, expected, rel=BF16_REL)
 
 
 @pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
