@@ -61,15 +61,15 @@ SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # per-expert pipelined loop (_moe_down_kernel).
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
-# The gate/up programs bring their slot's down-projection rows into L2 (l2_prefetch.py): the
-# down launch's programs, kept off the SMs by the gate/up launch's registers, then load them from
-# L2. FLINT_MOE_L2_PREFETCH_DOWN=0: off (a benchmark knob, read at each launch; never under the
-# interpreter).
 SPIN_LIMIT = tl.constexpr(1 << 24)  # polls of the routing handoff before a down program gives up (never, if sound)
+# L2 prefetch hints (l2_prefetch.py; benchmark knobs read at each launch, never under the
+# interpreter), both measured slower on the H200 and off by default (NVFP4 100K graph replay
+# 2.473 -> 2.548 ms with both, BF16 2.922 -> 3.113: benchmarks/NOTES.md §14):
+# FLINT_MOE_L2_PREFETCH_DOWN=1: the gate/up programs bring their slot's down-projection rows into
+# L2 for the down launch, whose programs the gate/up launch's registers keep off the SMs;
+# FLINT_MOE_L2_PREFETCH_NEXT=1: the one-load down launches bring `l2_next` (the next layer's QKV
+# weight, from the engine) into L2 for the launch after them.
 L2_PREFETCH_DOWN = os.environ.get("FLINT_MOE_L2_PREFETCH_DOWN", "0") == "1"
-# The one-load down launches bring `l2_next` (the next layer's QKV weight, from the engine) into
-# L2 for the launch after them, whose programs they keep off the SMs. FLINT_MOE_L2_PREFETCH_NEXT=0:
-# off (a benchmark knob, read at each launch).
 L2_PREFETCH_NEXT = os.environ.get("FLINT_MOE_L2_PREFETCH_NEXT", "0") == "1"
 
 
