@@ -7,7 +7,8 @@ programs off the SMs until it retires: the MoE gate/up launch (4 programs an SM,
 load from HBM on the critical path. `l2_prefetch` issues one `cp.async.bulk.prefetch.L2` (the
 SM's TMA unit fetches the range into L2; no registers, nothing to wait for), so the later loads
 hit L2. It changes no result: a hint, skipped under the interpreter (no PTX there) and off
-wherever a launcher passes ON=False.
+wherever a launcher passes ON=False. On the H200 both uses measured slower (the prefetch competes
+with the launch's own HBM reads: benchmarks/NOTES.md §14), so their knobs default to off.
 """
 
 from __future__ import annotations
