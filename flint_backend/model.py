@@ -19,7 +19,6 @@ from flint_backend.config import FlintConfig
 from flint_backend.engine.kv_cache import KVCache
 from flint_backend.engine.step_batch import StepBatch
 from flint_backend.ops import Ops
-from flint_kernels.l2_prefetch import prefetchable
 
 
 def rope_cos_sin_cache(max_positions: int, head_dim: int, theta: float, device) -> torch.Tensor:
@@ -96,14 +95,13 @@ class FlintMoE:
         self.shared_w13 = ops.concat_rows([w[p + "shared_experts.gate_proj.weight"],
                                            w[p + "shared_experts.up_proj.weight"]])
         self.shared_w2 = w[p + "shared_experts.down_proj.weight"]
-        self.l2_next = None  # the weight read after this block (the next layer's QKV): FlintModel sets it
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor):
         """-> (MoE(rms_norm(residual + x)), residual + x): the norm folded into the router."""
         c = self.config
         return self.ops.norm_moe(x, residual, norm_w, self.eps, self.router, self.bias, c.num_experts_per_tok,
                                  c.routed_scaling_factor, c.norm_topk_prob, self.w13, self.w2, self.shared_w13,
-                                 self.shared_w2, l2_next=self.l2_next)
+                                 self.shared_w2)
 
 
 class FlintDecoderLayer:
@@ -132,9 +130,6 @@ class FlintModel:
         cos_sin = rope_cos_sin_cache(max_positions, config.head_dim, config.rope_theta, device)
         self.embed = weights["model.embed_tokens.weight"]
         self.layers = [FlintDecoderLayer(config, i, weights, ops, cos_sin) for i in range(config.num_hidden_layers)]
-        for layer, after in zip(self.layers, self.layers[1:]):  # the MoE kernels bring it into L2 (a hint)
-            if isinstance(layer.mlp, FlintMoE) and prefetchable(after.self_attn.qkv_proj):
-                layer.mlp.l2_next = after.self_attn.qkv_proj
         self.norm = weights["model.norm.weight"]
         self.lm_head = weights["lm_head.weight"]
 

@@ -79,8 +79,7 @@ class Ops:
     moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]; dense or NVFP4 experts
     # the MoE block: residual add + RMSNorm, router, top-k, experts
     norm_moe: Callable        # (x, residual | None, norm_w, eps, router_w, bias, top_k, scaling, renorm,
-    #                              w13, w2, shared_w13, shared_w2, l2_next=None) -> (MoE(rms_norm(..)), residual + x)
-    #                              l2_next: the weight read next (a hint: the kernels bring it into L2)
+    #                              w13, w2, shared_w13, shared_w2) -> (MoE(rms_norm(..)), residual + x)
     sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
     # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
     norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
@@ -159,24 +158,24 @@ def norm_router_triton(x, residual, norm_w, eps, w, bias, top_k, scaling, renorm
 
 
 def norm_moe_torch(x, residual, norm_w, eps, router_w, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
-                   shared_w2, l2_next=None):
+                   shared_w2):
     h, ids, weights, residual = norm_router_torch(x, residual, norm_w, eps, router_w, bias, top_k, scaling,
                                                   renormalize)
     return moe_k.fused_moe_torch(h, ids, weights, w13, w2, shared_w13, shared_w2), residual
 
 
 def norm_moe_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
-                    shared_w2, l2_next=None):
+                    shared_w2):
     """Decode batches (MOE_ROUTE_IN_EXPERTS): the router launch stores logits and the expert
     launches pick the top-k; else norm_router (its top-k in the router launch), then moe."""
     if (MOE_ROUTE_IN_EXPERTS and _foldable(x, residual) and router_k.folds_norm(x, router_w)
             and x.shape[0] <= moe_k.SMALL_BATCH_TOKENS and moe_gemv_k.routes_in_experts(w2, shared_w2, top_k)):
         h, logits, residual, routing = router_k.rms_norm_router_logits(x, residual, norm_w, eps, router_w)
         return moe_k.fused_moe_routed(h, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13,
-                                      shared_w2, l2_next), residual
+                                      shared_w2), residual
     h, ids, weights, residual = norm_router_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling,
                                                    renormalize)
-    return moe_k.fused_moe(h, ids, weights, w13, w2, shared_w13, shared_w2, l2_next=l2_next), residual
+    return moe_k.fused_moe(h, ids, weights, w13, w2, shared_w13, shared_w2), residual
 
 
 def _attention_torch(*args, decode_only: bool, max_query_len: int, **kwargs):

@@ -27,22 +27,19 @@ PATHS = ("small", "grouped")
 
 
 def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
-              shared_w13=None, shared_w2=None, path: str | None = None, l2_next=None) -> torch.Tensor:
+              shared_w13=None, shared_w2=None, path: str | None = None) -> torch.Tensor:
     """x [T, H], topk_ids [T, K] int32, topk_weights [T, K] fp32 -> [T, H] in x.dtype.
-    path: "small" or "grouped" forces a kernel path (default: by T, see SMALL_BATCH_TOKENS).
-    l2_next: a weight the small-batch down launch brings into L2 (a hint: l2_prefetch.py)."""
+    path: "small" or "grouped" forces a kernel path (default: by T, see SMALL_BATCH_TOKENS)."""
     _check_inputs(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
     path = path or ("small" if x.shape[0] <= SMALL_BATCH_TOKENS else "grouped")
     if path not in PATHS:
         raise ValueError(f"fused_moe: path {path!r}, expected one of {PATHS}")
-    if path == "small":
-        return moe_gemv(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2, l2_next)
-    return moe_grouped(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
+    run = moe_gemv if path == "small" else moe_grouped
+    return run(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
 
 
 def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, routing: torch.Tensor, top_k: int,
-                     scaling: float, renormalize: bool, w13, w2, shared_w13=None, shared_w2=None,
-                     l2_next=None) -> torch.Tensor:
+                     scaling: float, renormalize: bool, w13, w2, shared_w13=None, shared_w2=None) -> torch.Tensor:
     """fused_moe routed from the router's fp32 logits [T, E] (router.rms_norm_router_logits):
     the small-batch launches pick each token's top-k themselves (moe_gemv.moe_gemv_routed), so
     no routing launch or tail sits between the router's GEMV and the experts. routing: [T, 16]
@@ -60,10 +57,7 @@ def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, 
     if bias.shape != (e,) or bias.dtype != torch.float32 or not bias.is_contiguous():
         raise ValueError(f"fused_moe_routed: bias is {bias.dtype} {tuple(bias.shape)}, expected contiguous "
                          f"float32 ({e},)")
-    # shapes only (the launches read logits); torch.empty launches no kernel in a captured step
-    ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
-    _check_inputs(x, ids, torch.empty((t, top_k), dtype=torch.float32, device=x.device), w13, w2, shared_w13,
-                  shared_w2)
+    _check_experts(x, w13, w2, shared_w13, shared_w2)
     experts = weight_shape("fused_moe_routed: w13", w13, 3)[0]
     if experts != e:
         raise ValueError(f"fused_moe_routed: logits for {e} experts, expected {experts} (w13's)")
@@ -72,20 +66,19 @@ def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, 
     if t > SMALL_BATCH_TOKENS or not routes_in_experts(w2, shared_w2, top_k):
         raise ValueError(f"fused_moe_routed: {t} tokens, top_k {top_k}: expected at most {SMALL_BATCH_TOKENS} "
                          "tokens and experts whose down launch loads all slots at once (moe_gemv.routes_in_experts)")
-    return moe_gemv_routed(x, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13, shared_w2,
-                           l2_next)
+    return moe_gemv_routed(x, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13, shared_w2)
 
 
 def fused_moe_routed_torch(x, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13=None,
-                           shared_w2=None, l2_next=None):
-    """Same signature and semantics as `fused_moe_routed` (routing and l2_next: unused)."""
+                           shared_w2=None):
+    """Same signature and semantics as `fused_moe_routed` (routing: unused)."""
     ids, weights = route_from_logits_torch(logits, bias, top_k, scaling, renormalize)
     return fused_moe_torch(x, ids, weights, w13, w2, shared_w13, shared_w2)
 
 
 def fused_moe_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
-                    shared_w13=None, shared_w2=None, path: str | None = None, l2_next=None) -> torch.Tensor:
-    """Same signature and semantics as `fused_moe` (path and l2_next are ignored). Each expert's output is
+                    shared_w13=None, shared_w2=None, path: str | None = None) -> torch.Tensor:
+    """Same signature and semantics as `fused_moe` (path is ignored). Each expert's output is
     rounded to x.dtype, weighted and summed in fp32 (as the reference)."""
     routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     ids = topk_ids.long()
@@ -112,16 +105,22 @@ def _linear(x: torch.Tensor, w) -> torch.Tensor:
 
 
 def _check_inputs(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2):
-    if x.dim() != 2 or x.stride(-1) != 1 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"fused_moe: x is {x.dtype} {tuple(x.shape)} strides {x.stride()}, expected "
-                         "bf16/fp16/fp32 [T, H] with unit stride in H")
-    t, h = x.shape
+    _check_experts(x, w13, w2, shared_w13, shared_w2)
+    t = x.shape[0]
     if topk_ids.dim() != 2 or topk_ids.shape[0] != t or topk_ids.dtype != torch.int32 or not topk_ids.is_contiguous():
         raise ValueError(f"fused_moe: topk_ids is {topk_ids.dtype} {tuple(topk_ids.shape)}, expected contiguous "
                          f"int32 [{t}, K]")
     if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
         raise ValueError(f"fused_moe: topk_weights is {topk_weights.dtype} {tuple(topk_weights.shape)}, expected "
                          f"contiguous float32 {tuple(topk_ids.shape)}")
+
+
+def _check_experts(x, w13, w2, shared_w13, shared_w2):
+    """x [T, H] and the expert weights' shapes (no device reads)."""
+    if x.dim() != 2 or x.stride(-1) != 1 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"fused_moe: x is {x.dtype} {tuple(x.shape)} strides {x.stride()}, expected "
+                         "bf16/fp16/fp32 [T, H] with unit stride in H")
+    h = x.shape[1]
     e, two_i, h13 = weight_shape("fused_moe: w13", w13, 3)
     e2, h2, i = weight_shape("fused_moe: w2", w2, 3)
     if h13 != h or two_i % 2 or (e2, h2, i) != (e, h, two_i // 2):

@@ -26,7 +26,6 @@ import triton.language as tl
 from . import nvfp4
 from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_unit,
                     is_nvfp4, weight_args, weight_tile)
-from .l2_prefetch import address_of, l2_prefetch, l2_prefetch_share, weight_regions
 from .pdl import launch_args, pdl_prologue
 from .router import ROUTING_COLS, route_from_logits
 from .split_k import num_sms
@@ -62,15 +61,6 @@ SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 SPIN_LIMIT = tl.constexpr(1 << 24)  # polls of the routing handoff before a down program gives up (never, if sound)
-# L2 prefetch hints (l2_prefetch.py; benchmark knobs read at each launch, never under the
-# interpreter), both measured slower on the H200 and off by default (NVFP4 100K graph replay
-# 2.473 -> 2.548 ms with both, BF16 2.922 -> 3.113: benchmarks/NOTES.md §14):
-# FLINT_MOE_L2_PREFETCH_DOWN=1: the gate/up programs bring their slot's down-projection rows into
-# L2 for the down launch, whose programs the gate/up launch's registers keep off the SMs;
-# FLINT_MOE_L2_PREFETCH_NEXT=1: the one-load down launches bring `l2_next` (the next layer's QKV
-# weight, from the engine) into L2 for the launch after them.
-L2_PREFETCH_DOWN = os.environ.get("FLINT_MOE_L2_PREFETCH_DOWN", "0") == "1"
-L2_PREFETCH_NEXT = os.environ.get("FLINT_MOE_L2_PREFETCH_NEXT", "0") == "1"
 
 
 @triton.jit
@@ -163,19 +153,6 @@ def _publish_routing(routing_ptr, t, ids, mix, K: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_down_rows(base, scales_base, stride_n, stride_sn, nb, n_blocks, H, THREADS: tl.constexpr,
-                        FP4: tl.constexpr, ON: tl.constexpr):
-    """Into L2: block nb of n_blocks of the H rows of one expert's down projection (byte
-    addresses of its values and block scales, byte strides of a row)."""
-    rows = tl.cdiv(H, n_blocks)
-    r0 = (nb * rows).to(tl.int64)
-    n = tl.maximum(tl.minimum(rows, H - r0), 0)
-    l2_prefetch(base + r0 * stride_n, n * stride_n, THREADS, ON)
-    if FP4:
-        l2_prefetch(scales_base + r0 * stride_sn, n * stride_sn, THREADS, ON)
-
-
-@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,                # [T, H]
     ids_ptr,              # [T, K] int32 (not ROUTE)
@@ -187,24 +164,18 @@ def _moe_gate_up_kernel(
     s13_ptr, s13_scales_ptr, s13_scale_ptr,   # shared [2Is, H] (read when SLOTS > K)
     w13_se, w13_sn, w13_sse, w13_ssn, w13_sge, w13_sgn,
     s13_se, s13_sn, s13_sse, s13_ssn, s13_sge, s13_sgn,
-    d_ptr, d_scales_ptr,    # routed down [E, H, I] (values or NVFP4 bytes, block scales): L2_DOWN
-    ds_ptr, ds_scales_ptr,  # shared down [H, Is]
-    d_se, d_sn, d_sse, d_ssn, ds_sn, ds_ssn,  # their strides in bytes (expert, row)
     H, I, IS, stride_xt, stride_inter, E, scaling,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
     WORDS: tl.constexpr, PTX: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr, PREFETCH: tl.constexpr,
-    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
-    L2_DOWN: tl.constexpr, D_FP4: tl.constexpr, DS_FP4: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
+    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (slot, BLOCK_N rows) over slots [FIRST, FIRST + COUNT) of each token. PREFETCH
     (NVFP4 words, 1 or 2 steps spanning H): the expert id and the weight tile are loaded before
     the PDL prologue, which the launcher allows only when the router's ids are two kernels back
     (the shared expert's launch in between, pdl.py). ROUTE: a routed program picks its expert
     from the router's logits itself (route_from_logits), instead of reading the router's ids,
-    and program (t, slot 0, rows 0) hands the token's picks to the down launch (_publish_routing).
-    L2_DOWN: each program also brings its share of its expert's down rows into L2 (H / row
-    blocks of them, and their block scales) for the down launch after it."""
+    and program (t, slot 0, rows 0) hands the token's picks to the down launch (_publish_routing)."""
     slot = (tl.program_id(0) // COUNT) * SLOTS + FIRST + tl.program_id(0) % COUNT
     nb = tl.program_id(1)
     t = slot // SLOTS
@@ -214,16 +185,9 @@ def _moe_gate_up_kernel(
         return
     rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
-    n_blocks = tl.cdiv(n_rows, BLOCK_N)
     if PREFETCH > 0:
         e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
         routed = k < K
-        if routed:
-            _prefetch_down_rows(address_of(d_ptr) + e * d_se, address_of(d_scales_ptr) + e * d_sse, d_sn, d_ssn,
-                                nb, n_blocks, H, THREADS, D_FP4, L2_DOWN)
-        else:
-            _prefetch_down_rows(address_of(ds_ptr), address_of(ds_scales_ptr), ds_sn, ds_ssn, nb, n_blocks, H,
-                                THREADS, DS_FP4, L2_DOWN)
         gate, up = _gate_up_prefetched(
             x_row, tl.where(routed, w13_ptr + e * w13_se, s13_ptr),
             tl.where(routed, w13_scales_ptr + e * w13_sse, s13_scales_ptr),
@@ -240,14 +204,10 @@ def _moe_gate_up_kernel(
         e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
         if ROUTE and k == 0 and nb == 0:
             _publish_routing(routing_ptr, t, ids, mix, K)
-        _prefetch_down_rows(address_of(d_ptr) + e * d_se, address_of(d_scales_ptr) + e * d_sse, d_sn, d_ssn, nb,
-                            n_blocks, H, THREADS, D_FP4, L2_DOWN)
         gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
                                  w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
                                  BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX)
     else:
-        _prefetch_down_rows(address_of(ds_ptr), address_of(ds_scales_ptr), ds_sn, ds_ssn, nb, n_blocks, H, THREADS,
-                            DS_FP4, L2_DOWN)
         gate, up = _gate_up_rows(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
                                  s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
                                  WORDS, PTX)
@@ -377,16 +337,6 @@ def _store_combined(y, mix, out_ptrs, row_mask, K: tl.constexpr, SLOTS: tl.const
 
 
 @triton.jit
-def _prefetch_next(nx_ptr, nxs_ptr, nx_bytes, nxs_bytes, THREADS: tl.constexpr, ON: tl.constexpr):
-    """Each program of the launch brings its share of the next launches' weight into L2 (the next
-    layer's QKV projection, whose programs this launch's registers keep off the SMs)."""
-    part = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    parts = tl.num_programs(0) * tl.num_programs(1)
-    l2_prefetch_share(nx_ptr, nx_bytes, part, parts, THREADS, ON)
-    l2_prefetch_share(nxs_ptr, nxs_bytes, part, parts, THREADS, ON)
-
-
-@triton.jit
 def _moe_down_words_kernel(
     inter_ptr,            # [T * SLOTS, I_MAX]
     ids_ptr,              # [T, K] int32 (not ROUTE)
@@ -399,9 +349,8 @@ def _moe_down_words_kernel(
     s2_se, s2_sn, s2_sse, s2_ssn, s2_sge, s2_sgn,
     H, I, IS, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, KW: tl.constexpr, PTX: tl.constexpr,
-    nx_ptr, nxs_ptr, nx_bytes, nxs_bytes,  # the next launches' weight (values, scales): L2_NEXT
     ROUTE: tl.constexpr, ACQUIRE_PTX: tl.constexpr,
-    L2_NEXT: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (token, BLOCK_H output dims): the down projection of all the token's SLOTS experts
     in one load of [8 slots, BLOCK_H, KW] words (no per-expert loop: the read is one round trip),
@@ -412,7 +361,6 @@ def _moe_down_words_kernel(
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
-    _prefetch_next(nx_ptr, nxs_ptr, nx_bytes, nxs_bytes, THREADS, L2_NEXT)
     j, routed, used, e, mix = _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K, SLOTS, ROUTE, ACQUIRE_PTX)
     n_words = tl.where(routed, I // 8, IS // 8)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
@@ -454,9 +402,8 @@ def _moe_down_dense_kernel(
     w2_se, w2_sn, s2_sn,
     H, I, IS, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
-    nx_ptr, nxs_ptr, nx_bytes, nxs_bytes,  # the next launches' weight (values, scales): L2_NEXT
     ROUTE: tl.constexpr, ACQUIRE_PTX: tl.constexpr,
-    L2_NEXT: tl.constexpr, THREADS: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """_moe_down_words_kernel for dense (BF16) weights: program (token, BLOCK_H output dims) loads
     the rows of all the token's SLOTS experts as one [8 slots, BLOCK_H, BLOCK_I] tile before the
@@ -466,7 +413,6 @@ def _moe_down_dense_kernel(
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
-    _prefetch_next(nx_ptr, nxs_ptr, nx_bytes, nxs_bytes, THREADS, L2_NEXT)
     j, routed, used, e, mix = _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K, SLOTS, ROUTE, ACQUIRE_PTX)
     n_k = tl.where(routed, I, IS)  # [8]
     w_base = tl.where(routed, w2_ptr + e * w2_se, s2_ptr)
@@ -483,10 +429,9 @@ def _moe_down_dense_kernel(
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
-             shared_w13=None, shared_w2=None, l2_next=None) -> torch.Tensor:
-    """Small-batch path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H].
-    l2_next: a weight (dense or NVFP4, contiguous) the down launch brings into L2 for what follows."""
-    return _moe_gemv(x, topk_ids.shape[1], (topk_ids, topk_weights), None, w13, w2, shared_w13, shared_w2, l2_next)
+             shared_w13=None, shared_w2=None) -> torch.Tensor:
+    """Small-batch path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H]."""
+    return _moe_gemv(x, topk_ids.shape[1], (topk_ids, topk_weights), None, w13, w2, shared_w13, shared_w2)
 
 
 def routes_in_experts(w2, shared_w2=None, top_k: int = 1) -> bool:
@@ -502,18 +447,17 @@ def routes_in_experts(w2, shared_w2=None, top_k: int = 1) -> bool:
 
 
 def moe_gemv_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, routing: torch.Tensor, top_k: int,
-                    scaling: float, renormalize: bool, w13, w2, shared_w13=None, shared_w2=None,
-                    l2_next=None) -> torch.Tensor:
+                    scaling: float, renormalize: bool, w13, w2, shared_w13=None, shared_w2=None) -> torch.Tensor:
     """moe_gemv with the top-k picked inside its launches from the router's fp32 logits [T, E]
     (inputs checked by moe.fused_moe_routed; routes_in_experts holds): each gate/up program
     picks after its PDL wait (router.route_from_logits), so the router launch ends at its logits'
     store; one gate/up program a token hands the picks to the down launch through `routing`
     ([T, 16] int32 that the router launch zeroed: router.rms_norm_router_logits)."""
     return _moe_gemv(x, top_k, None, (logits, bias, routing, float(scaling), bool(renormalize)), w13, w2,
-                     shared_w13, shared_w2, l2_next)
+                     shared_w13, shared_w2)
 
 
-def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
+def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
     """topk: (ids, weights) from the router, or route: (logits, bias, scaling, renormalize)."""
     t, h = x.shape
     i = w13.shape[-2] // 2
@@ -556,12 +500,8 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
             FIRST=first, COUNT=count, PREFETCH=prefetch, **launch_args(x.device, prefetches=prefetch > 0),
-            **down_rows, THREADS=32 * WARPS, WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
+            WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
 
-    down_rows = dict(**_byte_strides("d", w2), **_byte_strides("ds", shared2), D_FP4=is_nvfp4(w2),
-                     DS_FP4=is_nvfp4(shared2), L2_DOWN=L2_PREFETCH_DOWN and not INTERPRET)
-    down_rows.pop("ds_se")
-    down_rows.pop("ds_sse")
     if SPLIT_SHARED and words13 and has_shared:
         # the shared expert's launch first: it reads nothing the router wrote, and puts the router
         # two kernels before the routed launch, which then loads its experts before its PDL wait
@@ -569,25 +509,20 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
         gate_up(0, k, i, True)
     else:
         gate_up(0, slots, i_max, False)
-    nx, nxs, nx_bytes, nxs_bytes = weight_regions(l2_next if l2_next is not None else w2)
-    next_weight = dict(nx_ptr=nx, nxs_ptr=nxs, nx_bytes=nx_bytes, nxs_bytes=nxs_bytes,
-                       L2_NEXT=l2_next is not None and L2_PREFETCH_NEXT and not INTERPRET)
     if words_down and is_nvfp4(w2) and is_nvfp4(shared2) and slots <= 8:
         _moe_down_words_kernel[(t, triton.cdiv(h, DOWN_WORDS_ROWS))](
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing,
             **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
-            PTX=nvfp4.ptx_decode(), **next_weight, THREADS=32 * DOWN_WORDS_WARPS,
-            **launch_args(x.device, prefetches=True), num_warps=DOWN_WORDS_WARPS)
+            PTX=nvfp4.ptx_decode(), **launch_args(x.device, prefetches=True), num_warps=DOWN_WORDS_WARPS)
         return out
     if DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and slots <= 8 and i_max <= DOWN_DENSE_MAX_I:
         _moe_down_dense_kernel[(t, triton.cdiv(h, DOWN_DENSE_ROWS))](
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing, w2_ptr=w2,
             s2_ptr=shared2, w2_se=w2.stride(0), w2_sn=w2.stride(1), s2_sn=shared2.stride(0),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0), K=k, SLOTS=slots, BLOCK_H=DOWN_DENSE_ROWS,
-            BLOCK_I=triton.next_power_of_2(i_max), **next_weight, THREADS=32 * WARPS,
-            **launch_args(x.device, prefetches=True), num_warps=WARPS)
+            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True), num_warps=WARPS)
         return out
     assert route is None, "routes_in_experts: the per-expert down loop reads the router's ids"
     block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)
@@ -601,20 +536,6 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2, l2_next):
         **launch_args(x.device),
         NUM_STAGES=NUM_STAGES, num_warps=WARPS)
     return out
-
-
-def _byte_strides(name: str, w) -> dict:
-    """A down weight [E, H, I] or [H, I] as the gate/up launch's L2 prefetch reads it: pointers
-    to its values (NVFP4: packed bytes) and block scales, byte strides over (expert, row)."""
-    data, scales = (w.packed, w.scales) if is_nvfp4(w) else (w, w)
-    lead = data.dim() == 3
-
-    def strides(t):
-        return (t.stride(0) * t.element_size() if lead else 0), t.stride(-2) * t.element_size()
-
-    (se, sn), (sse, ssn) = strides(data), strides(scales)
-    return {f"{name}_ptr": data, f"{name}_scales_ptr": scales, f"{name}_se": se, f"{name}_sn": sn,
-            f"{name}_sse": sse, f"{name}_ssn": ssn}
 
 
 def _rows_per_program(items: int, rows: int, device: torch.device) -> int:

@@ -311,8 +311,7 @@ def main() -> None:
                         # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS,
                         # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_FP4_GEMV_PREFETCH, FLINT_PDL,
                         # FLINT_FP4_MOE_SPLIT_SHARED, FLINT_MOE_DOWN_DENSE, FLINT_FOLD_NORM, FLINT_ROUTER_NORM_WARPS,
-                        # FLINT_FP4_X_BLOCK, FLINT_FUSE_QK_NORM_ROPE, FLINT_MOE_ROUTE_IN_EXPERTS,
-                        # FLINT_MOE_L2_PREFETCH_DOWN, FLINT_MOE_L2_PREFETCH_NEXT)
+                        # FLINT_FP4_X_BLOCK, FLINT_FUSE_QK_NORM_ROPE, FLINT_MOE_ROUTE_IN_EXPERTS)
                         "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS,
                                   "nvfp4_moe_down_words": nvfp4.MOE_DOWN_WORDS,
                                   "nvfp4_gemv_prefetch": nvfp4_linear.GEMV_PREFETCH,
@@ -322,8 +321,7 @@ def main() -> None:
                                   "router_norm_warps": router.GEMV_NORM_WARPS,
                                   "nvfp4_x_block": nvfp4.X_BLOCK_LOADS,
                                   "fuse_qk_norm_rope": ops.FUSE_QK_NORM_ROPE,
-                                  "moe_route_in_experts": ops.MOE_ROUTE_IN_EXPERTS,
-                                  "moe_l2_prefetch": [moe_gemv.L2_PREFETCH_DOWN, moe_gemv.L2_PREFETCH_NEXT]}},
+                                  "moe_route_in_experts": ops.MOE_ROUTE_IN_EXPERTS}},
                "formats": []}
     formats = args.formats.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)

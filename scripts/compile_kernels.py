@@ -215,12 +215,10 @@ def moe_launches() -> list:
     for fmt, fp4 in [("bf16", False), ("nvfp4", True)]:
         cases += [(f"moe small {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv(*args(t, fp4)))
                   for t in (1, 8, 16)]
-        # the top-k picked in the expert launches from the router's logits (ops.MOE_ROUTE_IN_EXPERTS),
-        # the next layer's QKV weight brought into L2 by the down launch (as the engine runs it)
-        qkv = nvfp4(5120, h, per_row=True) if fp4 else torch.zeros(5120, h, dtype=bf16)
-        cases += [(f"moe small routed {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4, qkv=qkv: moe_gemv.moe_gemv_routed(
+        # the top-k picked in the expert launches from the router's logits (ops.MOE_ROUTE_IN_EXPERTS)
+        cases += [(f"moe small routed {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv_routed(
             args(t, fp4)[0], torch.randn(t, e), bias, torch.zeros(t, 16, dtype=torch.int32), k, 2.5, True,
-            *args(t, fp4)[3:], l2_next=qkv)) for t in (1, 8)]
+            *args(t, fp4)[3:])) for t in (1, 8)]
         if fp4:
             cases += [(f"moe small {fmt} T={t} other decode", moe_gemv,
                        lambda t=t: other_decode(lambda: moe_gemv.moe_gemv(*args(t, True)))) for t in (1, 16)]

@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from flint_backend import ops as ops_module
-from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
 from flint_kernels import moe_gemv, nvfp4
-from flint_kernels.l2_prefetch import prefetchable
 from flint_kernels.moe import fused_moe, fused_moe_routed, fused_moe_routed_torch, fused_moe_torch
 from flint_kernels.router import (rms_norm_router_logits, rms_norm_router_logits_torch, rms_norm_router_topk,
                                   route_from_logits_torch)
@@ -109,24 +107,6 @@ def test_routed_with_the_shared_expert_launch_first(h, monkeypatch):
     x = torch.randn(t, h, device=DEVICE)
     check(fused_moe_routed(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2),
           fused_moe_routed_torch(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2), torch.float32)
-
-
-@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
-def test_l2_next_is_a_hint(fmt):
-    """l2_next (the weight the down launch brings into L2 for the launch after it) changes nothing;
-    a non-contiguous one is refused by name."""
-    w13, w2, s13, s2 = experts(16, 64, 32, 32, torch.float32, fmt, seed=5)
-    logits, bias = logits_and_bias(1, 16, seed=5)
-    x = torch.randn(1, 64, device=DEVICE)
-    nxt = w13[0] if fmt == "dense" else quantize_nvfp4(torch.randn(96, 64)).to(DEVICE)
-    got = fused_moe_routed(x, logits, bias, handoff(x), 4, 2.5, True, w13, w2, s13, s2, l2_next=nxt)
-    assert torch.equal(got, fused_moe_routed(x, logits, bias, handoff(x), 4, 2.5, True, w13, w2, s13, s2))
-    ids, weights = route_from_logits_torch(logits, bias, 4, 2.5, True)
-    assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, l2_next=nxt),
-                       fused_moe(x, ids, weights, w13, w2, s13, s2))
-    assert prefetchable(nxt) and not prefetchable(torch.randn(8, 64, device=DEVICE).T)
-    with pytest.raises(ValueError, match="weight region .* expected contiguous"):
-        fused_moe(x, ids, weights, w13, w2, s13, s2, l2_next=torch.randn(8, 64, device=DEVICE).T)
 
 
 def test_errors_name_the_argument(monkeypatch):
