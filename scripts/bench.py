@@ -125,8 +125,13 @@ def decode_ms(engine: LLMEngine, context: int, steps: int) -> dict:
         engine.step()  # warm-up (compiles any eager variant); with async scheduling a step is now in flight
     sync()
     t0 = time.perf_counter()
-    tokens = sum(len(out.new_token_ids) for _ in range(steps) for out in engine.step())
-    wall = time.perf_counter() - t0
+    ends, tokens = [], 0
+    for _ in range(steps):
+        tokens += sum(len(out.new_token_ids) for out in engine.step())
+        ends.append(time.perf_counter())
+    wall = ends[-1] - t0
+    gaps = [b - a for a, b in zip([t0] + ends, ends)]  # each step() call's wall time, host side
+    slowest = max(range(steps), key=gaps.__getitem__)
     times = []
     for _ in range(steps):
         sync()
@@ -135,7 +140,9 @@ def decode_ms(engine: LLMEngine, context: int, steps: int) -> dict:
         sync()
         times.append(time.perf_counter() - t0)
     engine.abort(seq.request_id)
-    return {"ms_per_token": wall / tokens * 1e3, "synced_step_ms": statistics.median(times) * 1e3}
+    return {"ms_per_token": wall / tokens * 1e3, "synced_step_ms": statistics.median(times) * 1e3,
+            # where a one-off stall falls in the unsynced run (the first context an engine measures)
+            "slowest_step": slowest, "slowest_step_ms": gaps[slowest] * 1e3}
 
 
 def graph_replay_ms(engine: LLMEngine, context: int) -> float | None:
@@ -234,12 +241,15 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
         floor = (weights + kv) / bandwidth * 1e3
         result["decode"].append({"context": context, "ms_per_token": round(ms, 3),
                                  "synced_step_ms": round(timed["synced_step_ms"], 3),
+                                 "slowest_step": timed["slowest_step"],
+                                 "slowest_step_ms": round(timed["slowest_step_ms"], 3),
                                  "tokens_per_s": round(1e3 / ms, 1),
                                  "graph_replay_ms": None if replay is None else round(replay, 3),
                                  "bytes": weights + kv, "floor_ms": round(floor, 3),
                                  "roofline_fraction": round(floor / ms, 3)})
         print(f"  {fmt} context {context}: {ms:.3f} ms/token (synced step {timed['synced_step_ms']:.3f} ms, "
-              f"graph replay {replay}), floor {floor:.3f} ms", flush=True)
+              f"graph replay {replay}, slowest step {timed['slowest_step']}: {timed['slowest_step_ms']:.1f} ms), "
+              f"floor {floor:.3f} ms", flush=True)
     result["breakdown_context"] = args.contexts[-1]
     result["breakdown"] = kernel_breakdown(engine, args.contexts[-1])[:40]
     if not args.skip_throughput:
