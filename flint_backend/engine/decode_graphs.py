@@ -130,6 +130,12 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, pool=pool):
                 self.outputs[bucket] = forward(batch, self.kv)
             self.graphs[bucket] = graph
+            # the eager ops around a replay under async scheduling, once: greedy sampling's argmax
+            # and the input-id gather. A kernel's first launch loads its CUDA module, which stalled
+            # the first engine's third decode step by ~55 ms on an H200 (benchmarks/NOTES.md §15).
+            tokens = self.outputs[bucket].argmax(-1)  # [bucket]
+            rows = torch.zeros(bucket, dtype=torch.int64, device=tokens.device)
+            torch.index_select(tokens, 0, rows, out=torch.empty_like(tokens))
         torch.cuda.synchronize()
 
 
