@@ -60,7 +60,9 @@ SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # per-expert pipelined loop (_moe_down_kernel).
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
-SPIN_LIMIT = tl.constexpr(1 << 24)  # polls of the routing handoff before a down program gives up (never, if sound)
+# polls of the routing handoff before a down program gives up (never, if sound): it then reads
+# expert 0 (a wrong output, not an out-of-bounds read or a hang)
+SPIN_LIMIT = tl.constexpr(1 << 24)
 
 
 @triton.jit
@@ -313,7 +315,7 @@ def _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K: tl.constexpr, S
         while (tl.min(tagged) == 0) & (spins < SPIN_LIMIT):
             tagged = _load_acquire(row + j, routed, PTX)
             spins += 1
-        e = tagged - 1
+        e = tl.maximum(tagged - 1, 0)  # a poll that gave up reads expert 0, never out of bounds
         mix = tl.load(row + 8 + j, mask=routed, other=0, cache_modifier=".cg").to(tl.float32, bitcast=True)
     else:
         e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg")

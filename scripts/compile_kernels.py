@@ -217,7 +217,7 @@ def moe_launches() -> list:
                   for t in (1, 8, 16)]
         # the top-k picked in the expert launches from the router's logits (ops.MOE_ROUTE_IN_EXPERTS)
         cases += [(f"moe small routed {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv_routed(
-            args(t, fp4)[0], torch.randn(t, e), bias, torch.zeros(t, 16, dtype=torch.int32), k, 2.5, True,
+            args(t, fp4)[0], torch.randn(t, e), bias, torch.zeros(t, router.ROUTING_WORDS, dtype=torch.int32), k, 2.5, True,
             *args(t, fp4)[3:])) for t in (1, 8)]
         if fp4:
             cases += [(f"moe small {fmt} T={t} other decode", moe_gemv,

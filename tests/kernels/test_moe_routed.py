@@ -8,8 +8,8 @@ import torch
 from flint_backend import ops as ops_module
 from flint_kernels import moe_gemv, nvfp4
 from flint_kernels.moe import fused_moe, fused_moe_routed, fused_moe_routed_torch, fused_moe_torch
-from flint_kernels.router import (rms_norm_router_logits, rms_norm_router_logits_torch, rms_norm_router_topk,
-                                  route_from_logits_torch)
+from flint_kernels.router import (ROUTING_WORDS, rms_norm_router_logits, rms_norm_router_logits_torch,
+                                  rms_norm_router_topk, route_from_logits_torch)
 from kv_cases import assert_scaled_close
 from test_moe import BF16_REL, check, experts
 
@@ -23,7 +23,7 @@ def logits_and_bias(t, e, seed=0):
 
 def handoff(x):
     """The routing handoff buffer as the router launch leaves it (zeros)."""
-    return torch.zeros(x.shape[0], 16, dtype=torch.int32, device=DEVICE)
+    return torch.zeros(x.shape[0], ROUTING_WORDS, dtype=torch.int32, device=DEVICE)
 
 
 @pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
@@ -39,7 +39,7 @@ def test_router_logits_are_the_top_k_routers(t, e, h, has_residual):
     before = None if residual is None else residual.clone()
     h_out, logits, res_out, routing = rms_norm_router_logits(x, residual, norm_w, 1e-5, w)
     assert logits.dtype == torch.float32 and logits.shape == (t, e)
-    assert torch.equal(routing, torch.zeros(t, 16, dtype=torch.int32, device=DEVICE))
+    assert torch.equal(routing, torch.zeros(t, ROUTING_WORDS, dtype=torch.int32, device=DEVICE))
     h_topk, ids, weights, res_topk = rms_norm_router_topk(x, residual, norm_w, 1e-5, w, bias, 6, 2.5, True)
     assert torch.equal(h_out, h_topk) and torch.equal(res_out, res_topk)
     assert residual is None or torch.equal(residual, before)
