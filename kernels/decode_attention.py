@@ -46,6 +46,7 @@ WAVES = 2              # default splits aim at this many programs per SM
 # K/V tiles in flight per split program (cp.async): paged, 3 (~100 KB of shared memory: two
 # programs an SM); ring, 2
 PAGED_STAGES, RING_STAGES = 4, 3
+SPLIT_WARPS = 4        # warps of a split program (a launch-config knob: scripts/sweep_decode_attention.py)
 # Default splits of a sliding-window layer: None caps them at a tile each; 1 streams the window
 # in one program per KV head, which finishes the output itself, so the reduce launch is skipped
 # (a benchmark knob: NVFP4 100K replay 2.570 -> 2.719 ms on the H200, benchmarks/NOTES.md §13)
@@ -383,7 +384,7 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
         PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **common, num_warps=4, num_stages=PAGED_STAGES if paged else RING_STAGES,
+        **common, num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
         _decode_reduce_kernel[(batch, hq)](
