@@ -136,7 +136,7 @@ class FlintModel:
     @torch.no_grad()
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
         """-> logits [S, V] fp32 of the tokens in batch.sample_rows."""
-        x, residual = self.embed[batch.input_ids], None  # [N, H]
+        x, residual = self.ops.embedding(self.embed, batch.input_ids), None  # [N, H]
         for layer in self.layers:
             x, residual = layer.forward(x, residual, batch, kv)
         return self._head(x, residual, batch)
@@ -149,7 +149,7 @@ class FlintModel:
         [down + combine]. (The regular path folds the norms too; this one also folds Q/K norm,
         RoPE and the KV write into the QKV launch: benchmarks/NOTES.md.)"""
         c, ops = self.config, self.ops
-        x, residual = self.embed[batch.input_ids], None  # [N, H]
+        x, residual = self.ops.embedding(self.embed, batch.input_ids), None  # [N, H]
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             k_cache, v_cache = kv.layer(attn.layer)
@@ -170,4 +170,4 @@ class FlintModel:
             residual = residual.index_select(0, batch.sample_rows)  # as many as x means all of them)
             x = x.index_select(0, batch.sample_rows)
         h = self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, residual=residual)
-        return self.ops.linear(h, self.lm_head).float()
+        return self.ops.logits(h, self.lm_head)

@@ -20,6 +20,7 @@ from flint_backend.weights.nvfp4 import NVFP4Weight
 from flint_backend.weights.nvfp4 import concat_rows as nvfp4_concat_rows
 from flint_kernels import attention as attention_k
 from flint_kernels import dense_gemv as dense_gemv_k
+from flint_kernels import embedding as embedding_k
 from flint_kernels import moe as moe_k
 from flint_kernels import moe_gemv as moe_gemv_k
 from flint_kernels import norm_qkv_rope as norm_qkv_k
@@ -61,7 +62,9 @@ MOE_ROUTE_IN_EXPERTS = os.environ.get("FLINT_MOE_ROUTE_IN_EXPERTS", "1") == "1"
 @dataclass(frozen=True)
 class Ops:
     name: str
+    embedding: Callable       # (weight [V, H], ids [N]) -> [N, H]
     linear: Callable          # (x [T, K], w [N, K] dense or NVFP4) -> [T, N]
+    logits: Callable          # (h [S, H], lm_head [V, H]) -> linear(h, lm_head) as fp32 [S, V]
     concat_rows: Callable     # ([w_a, w_b, ...], dim=0) -> one weight, rows stacked (done at load)
     rms_norm: Callable        # (x, w, eps, residual=None) -> y; residual += x first when given
     # the residual add + RMSNorm + the op after it; residual is consumed (use the one returned)
@@ -120,6 +123,18 @@ def linear_triton(x: torch.Tensor, w) -> torch.Tensor:
     if dense_gemv_k.uses_dense_gemv(x, w):  # decode batches: a GEMV that takes part in PDL
         return dense_gemv_k.dense_gemv(x, w)
     return F.linear(x, w)  # prefill with cuBLAS
+
+
+def logits_torch(h: torch.Tensor, w) -> torch.Tensor:
+    return linear_torch(h, w).float()
+
+
+def logits_triton(h: torch.Tensor, w) -> torch.Tensor:
+    """Decode batches: the LM head's GEMV stores the fp32 logits itself (its bf16 outputs'
+    values), no conversion launch after it."""
+    if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(h, w):
+        return dense_gemv_k.dense_gemv(h, w, out_dtype=torch.float32)
+    return linear_triton(h, w).float()
 
 
 def norm_linear_torch(x, residual, norm_w, eps, w):
@@ -213,7 +228,9 @@ def _decode_attention_qkv_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk,
 
 TORCH_OPS = Ops(
     name="torch",
+    embedding=embedding_k.embedding_torch,
     linear=linear_torch,
+    logits=logits_torch,
     concat_rows=concat_rows,
     rms_norm=rms_k.rms_norm_torch,
     norm_linear=norm_linear_torch,
@@ -234,7 +251,9 @@ TORCH_OPS = Ops(
 def triton_ops() -> Ops:
     return Ops(
         name="triton",
+        embedding=embedding_k.embedding,
         linear=linear_triton,
+        logits=logits_triton,
         concat_rows=concat_rows,
         rms_norm=rms_k.rms_norm,
         norm_linear=norm_linear_triton,

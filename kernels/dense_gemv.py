@@ -62,9 +62,10 @@ def _dense_gemv_kernel(
     T, N, K, stride_xt, stride_wn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, ROUND_TO: tl.constexpr, PDL: tl.constexpr,
 ):
-    """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it)."""
+    """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it);
+    stored in out's dtype, rounded to ROUND_TO first when given."""
     t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_wn
@@ -108,7 +109,7 @@ def _dense_gemv_kernel(
                 x = tl.load(x_row + k).to(tl.float32)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     finish_split(acc, 1.0, out_ptr + t * N + rows, part_ptr, t * N + rows, row_mask, s, T * N,
-                 counter_ptr + t * tl.num_programs(1) + nb, SPLIT)
+                 counter_ptr + t * tl.num_programs(1) + nb, SPLIT, ROUND_TO)
 
 
 @triton.jit
@@ -122,11 +123,16 @@ def _dot_step(w, x_row, res_row, norm_w_ptr, k, rstd, NORM: tl.constexpr, HAS_RE
     return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
 
 
-def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
+def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [T, K] (T <= MAX_TOKENS), w [N, K] of x's dtype -> [T, N] in x.dtype (fp32 accumulation).
-    num_splits: K splits (default: about two programs per SM, and at most two steps a split)."""
+    num_splits: K splits (default: about two programs per SM, and at most two steps a split).
+    out_dtype torch.float32: the same values (rounded to x.dtype) stored as fp32, i.e.
+    dense_gemv(x, w).float() in one launch (the LM head's logits)."""
     n, k = _check_inputs(x, w)
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise ValueError(f"dense_gemv: out_dtype {out_dtype}, expected None, {x.dtype} or torch.float32")
+    out = torch.empty((x.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
     _launch(x, w, out, num_splits, None)
     return out
 
@@ -174,7 +180,11 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split, eps=eps,
         BLOCK_N=BLOCK_N, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_H=triton.next_power_of_2(k), **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
+        BLOCK_H=triton.next_power_of_2(k), ROUND_TO=_TL_DTYPES[x.dtype] if out.dtype != x.dtype else None,
+        **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
+
+
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 def _pow2_at_least(n: int) -> int:

@@ -45,13 +45,14 @@ def last_to_arrive(counter_ptr, num_splits):
 
 @triton.jit
 def finish_split(y, scale, out_ptrs, part_ptr, offs, mask, s, split_stride, counter_ptr,
-                 SPLIT: tl.constexpr):
-    """Writes out = sum over splits of y, times `scale` (broadcast to y), in out's dtype.
+                 SPLIT: tl.constexpr, ROUND_TO: tl.constexpr = None):
+    """Writes out = sum over splits of y, times `scale` (broadcast to y), in out's dtype
+    (rounded to ROUND_TO first, when given: fp32 logits with a bf16 linear's roundings).
 
     y: this program's fp32 partial; offs: its element offsets inside one split's slice of the
     fp32 scratch part_ptr ([SPLIT, ...], slices split_stride apart); s: this program's split."""
     if SPLIT == 1:
-        tl.store(out_ptrs, (y * scale).to(out_ptrs.dtype.element_ty), mask=mask)
+        tl.store(out_ptrs, _rounded(y * scale, ROUND_TO).to(out_ptrs.dtype.element_ty), mask=mask)
     else:
         tl.store(part_ptr + s.to(tl.int64) * split_stride + offs, y, mask=mask)
         if last_to_arrive(counter_ptr, SPLIT):
@@ -59,7 +60,14 @@ def finish_split(y, scale, out_ptrs, part_ptr, offs, mask, s, split_stride, coun
             for i in tl.static_range(SPLIT):
                 total += tl.load(part_ptr + i * split_stride.to(tl.int64) + offs, mask=mask, other=0.0,
                                  cache_modifier=".cg")
-            tl.store(out_ptrs, (total * scale).to(out_ptrs.dtype.element_ty), mask=mask)
+            tl.store(out_ptrs, _rounded(total * scale, ROUND_TO).to(out_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rounded(y, ROUND_TO: tl.constexpr):
+    if ROUND_TO is not None:
+        y = y.to(ROUND_TO)
+    return y
 
 
 @triton.jit

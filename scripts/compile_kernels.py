@@ -247,10 +247,17 @@ def w4a16_launches() -> list:
         lambda: lin.nvfp4_linear(torch.randn(1, 2048, dtype=bf16), w))))
     from flint_kernels import dense_gemv as gemv
     for name, (n, k) in shapes.items():
-        if name != "lm_head":  # cuBLAS's
+        if name != "lm_head":
             dense = torch.randn(n, k, dtype=bf16)
             cases.append((f"dense_gemv {name} T=1", gemv,
                           lambda k=k, dense=dense: gemv.dense_gemv(torch.randn(1, k, dtype=bf16), dense)))
+    # the LM head storing fp32 logits (ops.logits); the step's first launch, the embedding gather
+    from flint_kernels import embedding
+    n, k = shapes["lm_head"]
+    head = torch.empty(n, k, dtype=bf16)
+    cases.append(("dense_gemv lm_head fp32 logits T=1", gemv, lambda: gemv.dense_gemv(
+        torch.randn(1, k, dtype=bf16), head, out_dtype=torch.float32)))
+    cases.append(("embedding T=1", embedding, lambda: embedding.embedding(head, torch.zeros(1, dtype=torch.int64))))
     # the residual add + RMSNorm folded into the GEMVs after a norm (qkv, dense MLP gate/up)
     hw = torch.randn(2048, dtype=bf16)
     for name in ("qkv", "gate_up"):
