@@ -54,11 +54,11 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
     torch.testing.assert_close(got_res, exp_res, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("t,n,k,splits", [(1, 40, 256, None), (2, 33, 512, 2), (3, 24, 1024, 2)])
-def test_fp32_logits_are_the_rounded_outputs(t, n, k, splits):
+@pytest.mark.parametrize("t,n,steps,splits", [(1, 40, 2, None), (2, 33, 4, 2), (3, 24, 8, 2)])
+def test_fp32_logits_are_the_rounded_outputs(t, n, steps, splits):
     """out_dtype=torch.float32 (the LM head's logits): dense_gemv(x, w).float() bit for bit, in
-    one launch, unsplit and split-K."""
-    x, w = operands(t, n, k, torch.bfloat16, seed=n)
+    one launch, unsplit and split-K (K in launcher steps: valid splits on a GPU too)."""
+    x, w = operands(t, n, steps * dense_gemv_module.BLOCK_K, torch.bfloat16, seed=n)
     got = dense_gemv(x, w, num_splits=splits, out_dtype=torch.float32)
     assert got.dtype == torch.float32 and got.shape == (t, n)
     assert torch.equal(got, dense_gemv(x, w, num_splits=splits).float())
