@@ -19,14 +19,17 @@ def operands(t, n, k, dtype, seed):
     return x, w
 
 
+STEP = dense_gemv_module.BLOCK_K  # K in launcher steps: the same cases on a GPU (1024) and the interpreter (128)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t,n,k,splits", [
-    (1, 48, 128, None),      # one step a program, loaded before the wait
-    (2, 40, 256, 1),         # two steps a program, both loaded before the wait
-    (3, 33, 512, 2),         # split-K, two steps a split, odd rows
-    (4, 24, 1024, 2),        # four steps a split: the pipelined loop
+    (1, 48, STEP, None),     # one step a program, loaded before the wait
+    (2, 40, 2 * STEP, 1),    # two steps a program, both loaded before the wait
+    (3, 33, 4 * STEP, 2),    # split-K, two steps a split, odd rows
+    (4, 24, 8 * STEP, 2),    # four steps a split: the pipelined loop
     (1, 20, 96, None),       # K not a power of two: one masked step
-    (2, 17, 200, None),      # K not a multiple of the step: masked loop steps
+    (2, 17, 200, None),      # K not a multiple of the step (of the interpreter's: masked loop steps)
 ])
 def test_matches_f_linear(t, n, k, splits, dtype):
     x, w = operands(t, n, k, dtype, seed=t * k)
@@ -58,7 +61,7 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
 def test_fp32_logits_are_the_rounded_outputs(t, n, steps, splits):
     """out_dtype=torch.float32 (the LM head's logits): dense_gemv(x, w).float() bit for bit, in
     one launch, unsplit and split-K (K in launcher steps: valid splits on a GPU too)."""
-    x, w = operands(t, n, steps * dense_gemv_module.BLOCK_K, torch.bfloat16, seed=n)
+    x, w = operands(t, n, steps * STEP, torch.bfloat16, seed=n)
     got = dense_gemv(x, w, num_splits=splits, out_dtype=torch.float32)
     assert got.dtype == torch.float32 and got.shape == (t, n)
     assert torch.equal(got, dense_gemv(x, w, num_splits=splits).float())
@@ -73,7 +76,7 @@ def test_one_hot_rows_read_back_the_weights_exactly():
 
 
 def test_split_k_is_deterministic():
-    x, w = operands(2, 16, 1024, torch.float32, seed=2)
+    x, w = operands(2, 16, 8 * STEP, torch.float32, seed=2)
     assert torch.equal(dense_gemv(x, w, num_splits=4), dense_gemv(x, w, num_splits=4))
 
 
