@@ -8,15 +8,12 @@ prologue the GEMV's programs load their weights while it runs (pdl.py).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK_H = 1024  # hidden columns a program copies
 MAX_TOKENS = 64  # batches up to here take the kernel (decode steps); prefill chunks index with torch
 
