@@ -23,7 +23,7 @@ ENV HF_HUB_OFFLINE=1 \
 WORKDIR /opt/flint
 COPY pyproject.toml README.md ./
 COPY flint_backend ./flint_backend
-COPY kernels ./kernels
+COPY flint_kernels ./flint_kernels
 COPY scripts ./scripts
 COPY model_repository ./model_repository
 

@@ -1,7 +1,7 @@
 """The op table the fast model calls through: "torch" (plain PyTorch, any device) or "triton"
 (our kernels; on the CPU they run under TRITON_INTERPRET=1). Choosing one is a config value.
 
-Each kernel file in `kernels/` holds the Triton launcher and a `*_torch` twin with the same
+Each kernel file in `flint_kernels/` holds the Triton launcher and a `*_torch` twin with the same
 signature; the torch table is made of those twins, so both tables compute the same function.
 Weights of linears and experts are dense tensors or NVFP4Weight (W4A16, weights/nvfp4.py):
 `linear` and `moe` take either.

@@ -10,7 +10,7 @@ compiled by Triton's NVIDIA backend (the same path as a first launch on the GPU,
 16-byte alignment specialisation) and assembled with the bundled ptxas for registers and
 spills. This catches what the CPU interpreter cannot: compiled-mode typing, shared-memory
 overflow, register spills, and whether loads are vectorised and dots use tensor cores.
-Launches use programmatic dependent launch as on an H200 (kernels/pdl.py; --no-pdl: without):
+Launches use programmatic dependent launch as on an H200 (flint_kernels/pdl.py; --no-pdl: without):
 a kernel fails unless its PTX waits (griddepcontrol.wait) before its first global store or
 atomic when PDL is on (weight loads may come first), and has no griddepcontrol instruction when
 it is off.
@@ -116,7 +116,7 @@ def ptx_counts(ptx: str) -> dict:
 
 def pdl_prologue_ok(ptx: str, on: bool) -> bool:
     """PDL on: griddepcontrol.wait, then launch_dependents, precede every global store and atomic
-    (loads may come first: weight prefetch, kernels/pdl.py); off: neither."""
+    (loads may come first: weight prefetch, flint_kernels/pdl.py); off: neither."""
     if not on:
         return "griddepcontrol" not in ptx
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")

@@ -25,7 +25,7 @@ python3 -c 'import sys; print("\n".join(f"import site; site.addsitedir({p!r})" f
 echo "import sys; sys.modules.setdefault('sklearn', None)" > "$SITE/zz_hide_sklearn.pth"
 python3 -m pip install -q --no-index --no-deps --target "$SITE" "$W"/wheels/*.whl
 cp -r "$W/pytriton" "$W/nvidia_pytriton.libs" "$SITE/"
-ln -sfn "$PWD/kernels" "$SITE/flint_kernels"
+ln -sfn "$PWD/flint_kernels" "$SITE/flint_kernels"
 export PYTHONPATH=$PWD
 "$VPY" - "$(cat "$W/PYVER" 2>/dev/null || echo 3.12)" "$BUNDLE_DEVICE" <<'PY'
 import sys, sysconfig, os

@@ -6,10 +6,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD/.shim:$PWD
+  export PYTHONPATH=/tmp/site:$PWD
 fi
-mkdir -p .shim && ln -sfn ../kernels .shim/flint_kernels   # flint_kernels without installing the package
-export PYTHONPATH=${PYTHONPATH:-$PWD/.shim:$PWD} PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 what=${1:-tests}; shift || true
 case "$what" in
   tests)    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv

@@ -57,8 +57,7 @@ if [ -n "$BUNDLE" ]; then
   source scripts/gpu_bundle_venv.sh "$BUNDLE" "$DEVICE"
 else  # the current environment (the Docker image, or a dev venv: PYTHON=.venv/bin/python)
   VPY=$(command -v "${PYTHON:-python3}")
-  mkdir -p .shim && ln -sfn ../kernels .shim/flint_kernels
-  export PYTHONPATH=$PWD/.shim:$PWD
+  export PYTHONPATH=$PWD
 fi
 gpu_used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 BASE_MIB=0

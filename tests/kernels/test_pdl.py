@@ -1,4 +1,4 @@
-"""kernels/pdl.py: when programmatic dependent launch is on, the interpreter never sees its PTX,
+"""flint_kernels/pdl.py: when programmatic dependent launch is on, the interpreter never sees its PTX,
 and (GPU) a CUDA graph of PDL kernels replays to the same bits as one without."""
 
 import os
