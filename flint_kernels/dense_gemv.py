@@ -62,10 +62,10 @@ def _dense_gemv_kernel(
     T, N, K, stride_xt, stride_wn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_H: tl.constexpr, ROUND_TO: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it);
-    stored in out's dtype, rounded to ROUND_TO first when given."""
+    stored in out's dtype, rounded to x's first with ROUND_TO_X (fp32 logits of a bf16 linear)."""
     t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_wn
@@ -109,7 +109,7 @@ def _dense_gemv_kernel(
                 x = tl.load(x_row + k).to(tl.float32)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     finish_split(acc, 1.0, out_ptr + t * N + rows, part_ptr, t * N + rows, row_mask, s, T * N,
-                 counter_ptr + t * tl.num_programs(1) + nb, SPLIT, ROUND_TO)
+                 counter_ptr + t * tl.num_programs(1) + nb, SPLIT, x_ptr.dtype.element_ty if ROUND_TO_X else None)
 
 
 @triton.jit
@@ -180,11 +180,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split, eps=eps,
         BLOCK_N=BLOCK_N, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_H=triton.next_power_of_2(k), ROUND_TO=_TL_DTYPES[x.dtype] if out.dtype != x.dtype else None,
+        BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype,
         **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
-
-
-_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 def _pow2_at_least(n: int) -> int:
