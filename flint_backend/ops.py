@@ -216,13 +216,12 @@ def _decode_attention_qkv_torch(*args, **kwargs):
 
 def _decode_attention_qkv_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
                                  context_lens, sinks, sm_scale, window, block_tables=None, ring_rows=None):
-    from flint_kernels.decode_attention import decode_attention, decode_attention_qkv, split_prefetch
+    from flint_kernels.decode_attention import decode_attention, decode_attention_qkv
 
     if FUSE_QK_NORM_ROPE == "1":
         return decode_attention_qkv(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
                                     context_lens, sinks, sm_scale, window, block_tables, ring_rows)
-    q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
-                                prefetch=split_prefetch(block_tables, context_lens, hk))
+    q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
     return decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
                             block_tables=block_tables, ring_rows=ring_rows)
 

@@ -33,7 +33,6 @@ import triton.language as tl
 
 from . import qk_norm_rope as qk_norm_rope_k
 from .attention import attention_torch, check_attention_inputs
-from .decode_splits import KVPrefetch, split_range
 from .split_k import num_sms
 from .pdl import launch_args, pdl_prologue
 
@@ -52,12 +51,20 @@ SPLIT_WARPS = 4        # warps of a split program (a launch-config knob: scripts
 # in one program per KV head, which finishes the output itself, so the reduce launch is skipped
 # (a benchmark knob: NVFP4 100K replay 2.570 -> 2.719 ms on the H200, benchmarks/NOTES.md §13)
 WINDOW_SPLITS: int | None = None
-# K/V pages of each paged split that the launch before the split kernel brings into L2
-# (decode_splits.py; the engine passes `split_prefetch` to qk_norm_rope): 0 = none
-PREFETCH_PAGES = 0
 # splits a reduce program merges per step: on a GPU all of them at batch 1 (one round trip; 8
 # warps hold [128, D] fp32), the interpreter also runs the multi-step loop
 REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
+
+
+@triton.jit
+def _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N: tl.constexpr):
+    """Cached positions [start, end) of split s of sequence b, and how many splits are non-empty."""
+    ctx = tl.load(context_lens_ptr + b)
+    lo = tl.where(window > 0, tl.maximum(ctx - window + 1, 0), 0)
+    split_len = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_N) * BLOCK_N
+    split_len = tl.maximum(split_len, BLOCK_N)
+    start = lo + s * split_len
+    return start, tl.minimum(start + split_len, ctx), tl.cdiv(ctx - lo, split_len)
 
 
 @triton.jit
@@ -100,7 +107,7 @@ def _decode_split_kernel(
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    start, end, n_splits = split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N)
+    start, end, n_splits = _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N)
     n_splits = tl.maximum(n_splits, 1)  # no cached position: split 0 still adds the new token and sink
     if s >= n_splits:
         return
@@ -252,7 +259,7 @@ def _decode_reduce_kernel(
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
-    _, _, n_splits = split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
+    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
     cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)  # the wait (pdl.py)
     pdl_prologue(PDL)
     cols = tl.arange(0, D)
@@ -351,7 +358,7 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
                          f"{tuple(q.shape)} with unit stride in D")
     if batch == 0:
         return out
-    splits = num_splits or default_num_splits(batch, hk, window, q.device)
+    splits = num_splits or _default_num_splits(batch, hk, window, q.device)
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"{name}: num_splits {splits}, expected 1..{MAX_SPLITS}")
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
@@ -385,17 +392,7 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
     return out
 
 
-def split_prefetch(block_tables: torch.Tensor | None, context_lens: torch.Tensor, num_kv_heads: int,
-                   ) -> KVPrefetch | None:
-    """The prefetch of the first PREFETCH_PAGES pages of each split that `decode_attention` will
-    launch for this paged decode step (None: off, or a ring layer)."""
-    if not PREFETCH_PAGES or block_tables is None:
-        return None
-    splits = default_num_splits(context_lens.shape[0], num_kv_heads, 0, context_lens.device)
-    return KVPrefetch(block_tables, context_lens, splits, TILE_N, PREFETCH_PAGES)
-
-
-def default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
+def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
     """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
     splits = triton.cdiv(WAVES * num_sms(torch.device(device)), batch * num_kv_heads)
     if window:

@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_splits import KVPrefetch, can_prefetch, prefetch_first_pages
 from .pdl import launch_args, pdl_prologue
 
 # programs a launch aims for (decode: one head each); prefill widens blocks to whole tokens
@@ -81,19 +80,12 @@ def _qk_norm_rope_kernel(
     k_ptr,          # [N, Hk, D] contiguous
     k_cache_ptr,    # [num_slots, Hk, D] contiguous (written when WRITE_CACHE)
     v_cache_ptr,    # [num_slots, Hk, D] contiguous
-    block_tables_ptr,  # [N, max_blocks] int32 (read when PREFETCH_PAGES: token i = sequence i)
-    context_lens_ptr,  # [N] int32 (read when PREFETCH_PAGES)
-    stride_qkv, eps, stride_bt, num_splits,
+    stride_qkv, eps,
     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
-    PREFETCH_PAGES: tl.constexpr, ROWS_PER: tl.constexpr, TILE_N: tl.constexpr, PAGE_BYTES: tl.constexpr,
-    THREADS: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    if PREFETCH_PAGES > 0:  # the next launch's first K/V pages into L2 (decode_splits.py): metadata only
-        prefetch_first_pages(k_cache_ptr, v_cache_ptr, block_tables_ptr, stride_bt, context_lens_ptr,
-                             tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(1), num_splits,
-                             PREFETCH_PAGES, ROWS_PER, TILE_N, PAGE_BYTES, THREADS)
     pdl_prologue(PDL)
     Q_BLOCKS: tl.constexpr = (HQ + BLOCK_Q - 1) // BLOCK_Q
     K_BLOCKS: tl.constexpr = (HK + BLOCK_K - 1) // BLOCK_K
@@ -131,20 +123,13 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
                  num_q_heads: int, num_kv_heads: int,
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
                  slot_mapping: torch.Tensor | None = None, *, heads_per_program: int | None = None,
-                 prefetch: KVPrefetch | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [N, (Hq+2Hk)*D] -> q [N, Hq, D], k [N, Hk, D] (new tensors), v [N, Hk, D] (a view of qkv).
 
     heads_per_program: Q heads per program, a power of two (K/V blocks take as many, at most Hk);
-    None: one at decode, wider as N grows (about TARGET_PROGRAMS programs).
-    prefetch: a decode step (token i of sequence i) of a paged layer: the programs also bring the
-    first pages of the decode-attention splits into L2 (decode_splits.py; a hint, sm_90+ only)."""
+    None: one at decode, wider as N grows (about TARGET_PROGRAMS programs)."""
     n, d, write = check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
                                num_kv_heads, k_cache, v_cache, slot_mapping)
-    if prefetch is not None:
-        check_prefetch(prefetch, n, k_cache, v_cache)
-        if not can_prefetch(qkv.device):
-            prefetch = None
     q = torch.empty((n, num_q_heads, d), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((n, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
     v = qkv[:, (num_q_heads + num_kv_heads) * d:].view(n, num_kv_heads, d)
@@ -153,40 +138,18 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
     block_q = _heads_per_program(n, num_q_heads, heads_per_program)
     block_k = min(block_q, triton.next_power_of_2(num_kv_heads))
     blocks = triton.cdiv(num_q_heads, block_q) + triton.cdiv(num_kv_heads, block_k) * (2 if write else 1)
-    warps = min(4, triton.next_power_of_2(triton.cdiv(block_q * d, ELEMS_PER_WARP)))
     _qk_norm_rope_kernel[(n, blocks)](
         qkv_ptr=qkv, q_weight_ptr=q_weight, k_weight_ptr=k_weight, positions_ptr=positions,
         cos_sin_ptr=cos_sin if cos_sin is not None else qkv,
         slots_ptr=slot_mapping if write else positions,
         q_ptr=q, k_ptr=k,
         k_cache_ptr=k_cache if write else k, v_cache_ptr=v_cache if write else k,
-        block_tables_ptr=prefetch.block_tables if prefetch else positions,
-        context_lens_ptr=prefetch.context_lens if prefetch else positions,
-        stride_qkv=qkv.stride(0), eps=eps, stride_bt=prefetch.block_tables.stride(0) if prefetch else 0,
-        num_splits=prefetch.num_splits if prefetch else 0,
+        stride_qkv=qkv.stride(0), eps=eps,
         HQ=num_q_heads, HK=num_kv_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k,
-        USE_ROPE=cos_sin is not None, WRITE_CACHE=write,
-        PREFETCH_PAGES=prefetch.pages if prefetch else 0, ROWS_PER=k_cache.shape[1] if prefetch else 1,
-        TILE_N=prefetch.tile_n if prefetch else 1,
-        PAGE_BYTES=k_cache[0].numel() * k_cache.element_size() if prefetch else 0, THREADS=32 * warps, **launch_args(qkv.device),
-        num_warps=warps,
+        USE_ROPE=cos_sin is not None, WRITE_CACHE=write, **launch_args(qkv.device),
+        num_warps=min(4, triton.next_power_of_2(triton.cdiv(block_q * d, ELEMS_PER_WARP))),
     )
     return q, k, v
-
-
-def check_prefetch(prefetch: KVPrefetch, n: int, k_cache, v_cache):
-    """ValueError naming the field of a prefetch that does not describe this decode step's paged cache."""
-    if k_cache is None or k_cache.dim() != 4:
-        raise ValueError("qk_norm_rope: prefetch needs the paged caches [num_blocks, block_size, Hk, D] "
-                         f"(k_cache is {None if k_cache is None else tuple(k_cache.shape)})")
-    if prefetch.context_lens.shape != (n,) or prefetch.block_tables.dim() != 2 \
-            or prefetch.block_tables.shape[0] != n or prefetch.block_tables.stride(1) != 1:
-        raise ValueError(f"qk_norm_rope: prefetch context_lens {tuple(prefetch.context_lens.shape)} and "
-                         f"block_tables {tuple(prefetch.block_tables.shape)}, expected ({n},) and "
-                         f"[{n}, max_blocks] with unit stride: one token a sequence")
-    if prefetch.num_splits < 1 or prefetch.pages < 1 or prefetch.tile_n < 1:
-        raise ValueError(f"qk_norm_rope: prefetch num_splits {prefetch.num_splits}, pages {prefetch.pages}, "
-                         f"tile_n {prefetch.tile_n}, expected each >= 1")
 
 
 def _heads_per_program(n: int, hq: int, asked: int | None) -> int:

@@ -128,7 +128,6 @@ def pdl_prologue_ok(ptx: str, on: bool) -> bool:
 def launches() -> list[tuple[str, object, object]]:
     """(case name, kernel module, call) at real shapes with small sizes."""
     from flint_kernels import decode_attention, prefill_attention, qk_norm_rope, rms_norm
-    from flint_kernels.decode_splits import KVPrefetch
     hq, hk, d, bf16 = 32, 4, 128, torch.bfloat16
     x = torch.randn(4, 2048, dtype=bf16)
     w = torch.randn(2048, dtype=bf16)
@@ -174,10 +173,6 @@ def launches() -> list[tuple[str, object, object]]:
         ("decode_attention_qkv B=1 full", decode_attention, lambda: decode_attention.decode_attention_qkv(
             qkv[:1], dw, dw, slots[:1], None, 1e-5, hq, hk, paged, paged, slots[:1], lens[:1], sinks, scale, 0,
             block_tables=tables[:1])),
-        # a full layer's batch-1 decode: the split kernel's first K/V pages into L2 (decode_splits.py)
-        ("qk_norm_rope B=1 nope+cache kv prefetch", qk_norm_rope, lambda: qk_norm_rope.qk_norm_rope(
-            qkv[:1], dw, dw, slots[:1], None, 1e-5, hq, hk, paged, paged, slots[:1],
-            prefetch=KVPrefetch(tables[:1], lens[:1], 66, decode_attention.TILE_N, 2))),
         ("decode_attention_qkv B=1 ring", decode_attention, lambda: decode_attention.decode_attention_qkv(
             qkv[:1], dw, dw, slots[:1], cos_sin, 1e-5, hq, hk, ring, ring, slots[:1], lens[:1], sinks, scale, 513,
             ring_rows=rows[:1])),
