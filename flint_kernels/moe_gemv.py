@@ -26,7 +26,6 @@ import triton.language as tl
 from . import nvfp4
 from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_unit,
                     is_nvfp4, weight_args, weight_tile)
-from .l2_prefetch import can_prefetch, l2_prefetch_rows
 from .pdl import launch_args, pdl_prologue
 from .router import ROUTING_COLS, route_from_logits
 from .split_k import num_sms
@@ -61,10 +60,6 @@ SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # per-expert pipelined loop (_moe_down_kernel).
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
-# The routed gate/up launch's shared-expert programs bring their rows into L2 before the PDL wait
-# (l2_prefetch.py), while the router runs: only the routed rows then wait on the picks.
-SHARED_L2_PREFETCH = False
-SHARED_L2_MAXNREG = 128  # its registers a thread: 4 programs an SM, as without (139 uncapped, NVFP4)
 # polls of the routing handoff before a down program gives up (never, if sound): it then reads
 # expert 0 (a wrong output, not an out-of-bounds read or a hang)
 SPIN_LIMIT = tl.constexpr(1 << 24)
@@ -175,11 +170,9 @@ def _moe_gate_up_kernel(
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
     WORDS: tl.constexpr, PTX: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr, PREFETCH: tl.constexpr,
-    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, SHARED_L2: tl.constexpr,
-    THREADS: tl.constexpr, PDL: tl.constexpr,
+    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (slot, BLOCK_N rows) over slots [FIRST, FIRST + COUNT) of each token. SHARED_L2
-    (sm_90+): a shared-expert program brings its rows into L2 before its PDL prologue. PREFETCH
+    """Program (slot, BLOCK_N rows) over slots [FIRST, FIRST + COUNT) of each token. PREFETCH
     (NVFP4 words, 1 or 2 steps spanning H): the expert id and the weight tile are loaded before
     the PDL prologue, which the launcher allows only when the router's ids are two kernels back
     (the shared expert's launch in between, pdl.py). ROUTE: a routed program picks its expert
@@ -208,14 +201,6 @@ def _moe_gate_up_kernel(
         h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
         tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
         return
-    if SHARED_L2 and k >= K:  # the shared expert's rows need no expert id: into L2 while the router runs
-        r0 = nb * BLOCK_N
-        n = tl.minimum(BLOCK_N, n_rows - r0)
-        l2_prefetch_rows(s13_ptr, r0, n, s13_sn, THREADS)           # gate rows
-        l2_prefetch_rows(s13_ptr, r0 + n_rows, n, s13_sn, THREADS)  # up rows
-        if S13_FP4:
-            l2_prefetch_rows(s13_scales_ptr, r0, n, s13_ssn, THREADS)
-            l2_prefetch_rows(s13_scales_ptr, r0 + n_rows, n, s13_ssn, THREADS)
     pdl_prologue(PDL)
     if k < K:
         e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
@@ -510,7 +495,6 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             block_k = min(WORDS_MAX_K, WORDS_TILE // (2 * block_n), triton.next_power_of_2(h))
         steps = h // block_k if h % block_k == 0 else 0
         prefetch = steps if prefetch_ok and words13 and steps <= 2 else 0
-        shared_l2 = SHARED_L2_PREFETCH and has_shared and can_prefetch(x.device)
         _moe_gate_up_kernel[(t * count, triton.cdiv(rows, block_n))](
             x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **routing, **weight_args("w13", w13, words=words_up),
             **weight_args("s13", shared13, words=words_up),
@@ -518,7 +502,6 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
             FIRST=first, COUNT=count, PREFETCH=prefetch, **launch_args(x.device, prefetches=prefetch > 0),
-            SHARED_L2=shared_l2, THREADS=32 * WARPS, **({"maxnreg": SHARED_L2_MAXNREG} if shared_l2 else {}),
             WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
 
     if SPLIT_SHARED and words13 and has_shared:

@@ -70,7 +70,7 @@ def record(modules, call) -> list:
 
 def compile_launch(fn, kwargs, arch: int):
     signature, constexprs, attrs = {}, {}, {}
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in kwargs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     for i, param in enumerate(fn.params):
         value = kwargs[param.name]
         if param.is_constexpr or (type(value) is int and value == 1):  # the JIT specialises 1 too
@@ -219,11 +219,6 @@ def moe_launches() -> list:
         cases += [(f"moe small routed {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv_routed(
             args(t, fp4)[0], torch.randn(t, e), bias, torch.zeros(t, router.ROUTING_WORDS, dtype=torch.int32), k, 2.5, True,
             *args(t, fp4)[3:])) for t in (1, 8)]
-        # the shared expert's rows into L2 before the gate/up launch's PDL wait (moe_gemv.SHARED_L2_PREFETCH)
-        cases.append((f"moe small routed {fmt} T=1 shared L2 prefetch", moe_gemv, lambda fp4=fp4: with_attr(
-            moe_gemv, "SHARED_L2_PREFETCH", True, lambda: moe_gemv.moe_gemv_routed(
-                args(1, fp4)[0], torch.randn(1, e), bias, torch.zeros(1, router.ROUTING_WORDS, dtype=torch.int32), k,
-                2.5, True, *args(1, fp4)[3:]))))
         if fp4:
             cases += [(f"moe small {fmt} T={t} other decode", moe_gemv,
                        lambda t=t: other_decode(lambda: moe_gemv.moe_gemv(*args(t, True)))) for t in (1, 16)]
@@ -286,16 +281,6 @@ def other_decode(call):
         return call()
     finally:
         nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS = saved
-
-
-def with_attr(module, name: str, value, call):
-    """Runs call() with module.name set to value (a launcher knob read at each call)."""
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        return call()
-    finally:
-        setattr(module, name, saved)
 
 
 def sampling_launches() -> list:
