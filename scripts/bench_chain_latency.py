@@ -19,6 +19,8 @@ the last link's values are checked against the epoch the host wrote before the r
            its store); a memset node at the graph's start zeroes the counters. A later link
            launches only once every program of this one has started, so the programs it waits for
            are resident or done: the polls end.
+  counter_late  the same with launch_dependents after the wait: at most two links' programs are
+           resident at once (the counter variant lets every link launch at once, resources allowing)
 
 Per link: the graph's replay time / links (median of 5 replays). Prints a markdown table, writes JSON.
 """
@@ -40,7 +42,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from flint_kernels.pdl import pdl_prologue
 
 GRIDS = (1, 40, 132, 264, 448)
-VARIANTS = ("plain", "pdl", "pdl_early", "counter")
+VARIANTS = ("plain", "pdl", "pdl_early", "counter", "counter_late")
 SPIN_LIMIT = tl.constexpr(1 << 22)  # polls before a program gives up (the check then fails)
 _LD_ACQUIRE_PTX = tl.constexpr("ld.acquire.gpu.global.b32 $0, [$1];")
 
@@ -60,10 +62,12 @@ def _pdl_link(data_ptr, i, G, PDL: tl.constexpr, EARLY: tl.constexpr):
 
 
 @triton.jit
-def _counter_link(data_ptr, counters_ptr, i, G):
-    """Link i (>= 1): lets the next link launch, waits until counters[i - 1] == G (link 1: the
-    host's row 0, no wait), reads, writes, then counts itself in counters[i] (release)."""
-    gdc_launch_dependents()
+def _counter_link(data_ptr, counters_ptr, i, G, LATE: tl.constexpr):
+    """Link i (>= 1): lets the next link launch (LATE: after the wait), waits until
+    counters[i - 1] == G (link 1: the host's row 0, no wait), reads, writes, then counts itself
+    in counters[i] (release)."""
+    if not LATE:
+        gdc_launch_dependents()
     p = tl.program_id(0)
     if i > 1:
         one = tl.arange(0, 1)
@@ -73,6 +77,8 @@ def _counter_link(data_ptr, counters_ptr, i, G):
         while (tl.max(seen) < G) & (spins < SPIN_LIMIT):
             seen = tl.inline_asm_elementwise(_LD_ACQUIRE_PTX, "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
             spins += 1
+    if LATE:
+        gdc_launch_dependents()
     v = tl.load(data_ptr + (i - 1) * G + (7 * p + 1) % G, cache_modifier=".cg")
     tl.store(data_ptr + i * G + p, v + 1)
     tl.debug_barrier()  # the store precedes the release (cumulative at gpu scope)
@@ -85,11 +91,13 @@ def chain_us(variant: str, grid: int, links: int) -> float:
     counters = torch.zeros(links + 1, dtype=torch.int32, device="cuda")
 
     def chain():
-        if variant == "counter":
+        counting = variant.startswith("counter")
+        if counting:
             counters.zero_()
         for i in range(1, links + 1):
-            if variant == "counter":
-                _counter_link[(grid,)](data, counters, i, grid, launch_pdl=True, num_warps=4)
+            if counting:
+                _counter_link[(grid,)](data, counters, i, grid, LATE=variant == "counter_late", launch_pdl=True,
+                                       num_warps=4)
             else:
                 pdl = variant != "plain"
                 _pdl_link[(grid,)](data, i, grid, PDL=pdl, EARLY=variant == "pdl_early",
