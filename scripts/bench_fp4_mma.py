@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Measure first (benchmarks/NOTES.md §16 item 1): an NVFP4 GEMV whose decoded words feed
+tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulate) against nvfp4_linear's GEMV
+(fp32 FMAs), at batch 1 on the real projection shapes (GPU).
+
+    python scripts/bench_fp4_mma.py [--out benchmarks/fp4-mma.json]
+
+The MMA kernel reads a repacked copy of the weight, laid out so that a plain contiguous load
+puts in each lane exactly the words its MMA fragments need (Triton gives a [256] int32 load 2
+consecutive elements a thread: element 64 w + 2 l + t is tile t of lane l of warp w):
+
+  program p: rows 16 p .. 16 p + 15; step s: 4 warps x 2 tiles of 32 columns (4 words) each;
+  lane l = 4 g + c of warp w, tile t: column chunk q = (4 s + w) * 2 + t, word 4 q + c of row
+  16 p + g (W1) and of row 16 p + g + 8 (W2); S: their block scales (byte 0: W1's, byte 1: W2's).
+
+A lane decodes its two words (E2M1 -> fp16 pairs, the PTX decode of nvfp4.py: pairs (k0, k2),
+(k4, k6), (k1, k3), (k5, k7) of the word, E2M1 / 64), multiplies each pair by its row's block
+scale in fp16 (exact: at most 6 significant bits, within fp16's range), and issues two MMAs:
+the even pairs, then the odd pairs, as A fragments of rows g and g + 8, so the MMA's k slots
+(2c, 2c + 1, 2c + 8, 2c + 9) are the word's columns (0, 2, 4, 6), then (1, 3, 5, 7). B is x in
+fp16 (its column 0; the host lays the pairs out the same way, zero in lanes g > 0); the MMAs
+accumulate in fp32 across all steps, and lane (g, 0) ends with rows g and g + 8 of the block
+(its other columns are zero). Block scales folded into A keep every MMA's 16 k slots free to
+mix blocks. x must fit fp16 (|x| < 65504; below 2**-14 it loses bits): what a real kernel would
+need a per-token power-of-two scale for.
+
+Each case: both kernels checked against dequantise-then-matmul in fp32, then timed in a CUDA
+graph with the weight L2-warm (one copy, replayed) and L2-cold (copies rotated past L2's 50 MB).
+Prints a markdown table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from flint_backend.weights.nvfp4 import NVFP4Weight
+from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch
+from scripts.bench_decode_ops import copy_bandwidth, graph_us
+
+SHAPES = {"qkv 5120 x 2048": (5120, 2048), "o_proj 2048 x 4096": (2048, 4096),
+          "MoE gate/up, 7 experts 7168 x 2048": (7168, 2048)}
+ROWS, STEP_K = 16, 256  # a program's rows; columns a step (4 warps x 2 tiles x 32)
+
+_MMA_PTX = tl.constexpr("""
+{
+.reg .b32 t<4>, lo, hi, q1, q2, s1, s2, a<8>;
+.reg .b16 b<4>, h<4>;
+shl.b32 t0, $4, 4;
+shl.b32 t1, $4, 2;
+and.b32 t0, t0, 0x80808080;
+lop3.b32 lo, t1, 0x1C1C1C1C, t0, 0xEA;
+shr.u32 t2, $4, 2;
+and.b32 t3, $4, 0x80808080;
+lop3.b32 hi, t2, 0x1C1C1C1C, t3, 0xEA;
+mov.b32 {b0, b1}, lo;
+mov.b32 {b2, b3}, hi;
+cvt.rn.f16x2.e4m3x2 a0, b0;
+cvt.rn.f16x2.e4m3x2 a1, b1;
+cvt.rn.f16x2.e4m3x2 a2, b2;
+cvt.rn.f16x2.e4m3x2 a3, b3;
+shl.b32 t0, $5, 4;
+shl.b32 t1, $5, 2;
+and.b32 t0, t0, 0x80808080;
+lop3.b32 lo, t1, 0x1C1C1C1C, t0, 0xEA;
+shr.u32 t2, $5, 2;
+and.b32 t3, $5, 0x80808080;
+lop3.b32 hi, t2, 0x1C1C1C1C, t3, 0xEA;
+mov.b32 {b0, b1}, lo;
+mov.b32 {b2, b3}, hi;
+cvt.rn.f16x2.e4m3x2 a4, b0;
+cvt.rn.f16x2.e4m3x2 a5, b1;
+cvt.rn.f16x2.e4m3x2 a6, b2;
+cvt.rn.f16x2.e4m3x2 a7, b3;
+prmt.b32 q1, $6, 0, 0x0000;
+prmt.b32 q2, $6, 0, 0x1111;
+mov.b32 {h0, h1}, q1;
+mov.b32 {h2, h3}, q2;
+cvt.rn.f16x2.e4m3x2 s1, h0;
+cvt.rn.f16x2.e4m3x2 s2, h2;
+mul.rn.f16x2 a0, a0, s1;
+mul.rn.f16x2 a1, a1, s1;
+mul.rn.f16x2 a2, a2, s1;
+mul.rn.f16x2 a3, a3, s1;
+mul.rn.f16x2 a4, a4, s2;
+mul.rn.f16x2 a5, a5, s2;
+mul.rn.f16x2 a6, a6, s2;
+mul.rn.f16x2 a7, a7, s2;
+mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a0, a4, a1, a5}, {$7, $8}, {$11, $12, $13, $14};
+mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a2, a6, a3, a7}, {$9, $10}, {$0, $1, $2, $3};
+}
+""")
+
+
+@triton.jit
+def _mma_gemv_kernel(w1_ptr, w2_ptr, s_ptr, xf_ptr, scale_ptr, out_ptr, STEPS: tl.constexpr,
+                     NUM_STAGES: tl.constexpr):
+    """Program p: rows [16 p, 16 p + 16) of out = W x (layout in the module docstring)."""
+    p = tl.program_id(0)
+    e = tl.arange(0, 256)
+    c0 = tl.zeros([256], tl.float32)
+    c1 = tl.zeros([256], tl.float32)
+    c2 = tl.zeros([256], tl.float32)
+    c3 = tl.zeros([256], tl.float32)
+    base = p.to(tl.int64) * STEPS * 256
+    for s in tl.range(0, STEPS, num_stages=NUM_STAGES):
+        off = base + s * 256 + e
+        w1 = tl.load(w1_ptr + off)
+        w2 = tl.load(w2_ptr + off)
+        sc = tl.load(s_ptr + off).to(tl.int32)
+        xo = s * 1024 + e
+        b0e = tl.load(xf_ptr + xo)
+        b1e = tl.load(xf_ptr + xo + 256)
+        b0o = tl.load(xf_ptr + xo + 512)
+        b1o = tl.load(xf_ptr + xo + 768)
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            _MMA_PTX, "=f,=f,=f,=f,r,r,r,r,r,r,r,f,f,f,f", [w1, w2, sc, b0e, b1e, b0o, b1o, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    # element 64 w + 8 g + 2 c + t: c0 holds row g (column 0 at c = 0, zero elsewhere), c2 row g + 8
+    lo = tl.sum(tl.sum(tl.sum(tl.reshape(c0, [4, 8, 4, 2]), axis=3), axis=2), axis=0)
+    hi = tl.sum(tl.sum(tl.sum(tl.reshape(c2, [4, 8, 4, 2]), axis=3), axis=2), axis=0)
+    rows = p * 16 + tl.arange(0, 8)
+    tl.store(out_ptr + rows, lo * 64.0 * tl.load(scale_ptr + rows))
+    tl.store(out_ptr + rows + 8, hi * 64.0 * tl.load(scale_ptr + rows + 8))
+
+
+def random_weight(n: int, k: int, device) -> NVFP4Weight:
+    """Any E2M1 codes, block scales in [0.5, 1), a per-row global scale of 1/64 (a fused weight's)."""
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+    scales = (0.5 + 0.5 * torch.rand(n, k // 16, device=device)).to(torch.float8_e4m3fn)
+    return NVFP4Weight(packed, scales, torch.full((n,), 1 / 64, device=device))
+
+
+def lane_fields():
+    """(w, g, c, t) of the 256 elements of a step, element 64 w + 8 g + 2 c + t."""
+    e = torch.arange(256)
+    return e // 64, (e // 8) % 8, (e // 2) % 4, e % 2
+
+
+def repack(w) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An NVFP4 weight [N, K] -> (W1, W2 int32 [N/16 * K/256 * 256], S int16) in the MMA order."""
+    n, k = w.shape
+    words = w.packed.view(torch.int32)  # [N, K/8]: k = 8 word + j in nibble j
+    scales = w.scales.view(torch.uint8)  # [N, K/16]
+    steps = k // STEP_K
+    wi, g, c, t = (f.to(w.device) for f in lane_fields())
+    p = torch.arange(n // ROWS, device=w.device)[:, None, None]
+    s = torch.arange(steps, device=w.device)[None, :, None]
+    chunk = (4 * s + wi) * 2 + t  # [P, S, 256]
+    row1 = p * ROWS + g
+    w1 = words[row1, chunk * 4 + c]
+    w2 = words[row1 + 8, chunk * 4 + c]
+    block = chunk * 2 + c // 2
+    s12 = scales[row1, block].to(torch.int16) | (scales[row1 + 8, block].to(torch.int16) << 8)
+    return w1.reshape(-1).contiguous(), w2.reshape(-1).contiguous(), s12.reshape(-1).contiguous()
+
+
+def x_fragments(x: torch.Tensor) -> torch.Tensor:
+    """x [K] -> the B fragments int32 [K/256, 4, 256]: (x[k0], x[k0 + 2]), (x[k0 + 4], x[k0 + 6]),
+    then the odd ones, as fp16 pairs (low half first), for lanes g = 0; zero elsewhere."""
+    k = x.shape[0]
+    wi, g, c, t = (f.to(x.device) for f in lane_fields())
+    s = torch.arange(k // STEP_K, device=x.device)[:, None]
+    k0 = ((4 * s + wi) * 2 + t) * 32 + 8 * c  # [S, 256]
+    xh = x.to(torch.float16)
+    out = []
+    for a, b in ((0, 2), (4, 6), (1, 3), (5, 7)):
+        pair = torch.stack([xh[k0 + a], xh[k0 + b]], dim=-1).view(torch.int32)[..., 0]  # low half: the first
+        out.append(torch.where(g == 0, pair, torch.zeros_like(pair)))
+    return torch.stack(out, dim=1).contiguous()
+
+
+def mma_gemv(packed: tuple, xf: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, stages: int = 3):
+    w1, w2, s12 = packed
+    n, steps = out.shape[0], xf.shape[0]
+    _mma_gemv_kernel[(n // ROWS,)](w1, w2, s12, xf, scale, out, STEPS=steps, NUM_STAGES=stages, num_warps=4)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--cold-copies", type=int, default=12)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    copy = copy_bandwidth()
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        ws = [random_weight(n, k, dev) for _ in range(args.cold_copies)]
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        expected = nvfp4_linear_torch(x.float(), ws[0])[0]
+        packs = [repack(w) for w in ws]
+        xf = x_fragments(x[0])
+        out = torch.empty(n, device=dev)
+        got_mma = mma_gemv(packs[0], xf, ws[0].scale, out).clone()
+        got_fma = nvfp4_linear(x, ws[0])[0].float()
+        err = lambda got: float((got - expected).abs().max() / expected.abs().max())  # noqa: E731
+        row = dict(shape=name, err_mma=err(got_mma), err_fma=err(got_fma))
+        wbytes = ws[0].packed.numel() + ws[0].scales.numel()
+        for cold in (False, True):
+            turn = [0]
+
+            def pick():
+                i = turn[0] % (len(ws) if cold else 1)
+                turn[0] += 1
+                return i
+            row[f"fma_{'cold' if cold else 'warm'}_us"] = graph_us(lambda: nvfp4_linear(x, ws[pick()]))
+            for stages in (2, 3):
+                row[f"mma{stages}_{'cold' if cold else 'warm'}_us"] = graph_us(
+                    lambda: mma_gemv(packs[pick()], xf, ws[0].scale, out, stages))
+        row["weight_mb"] = wbytes / 1e6
+        rows.append(row)
+        print(row, flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, copy {copy / 1e12:.2f} TB/s; batch-1 NVFP4 GEMV, us a call in a CUDA graph")
+    cols = ["fma_warm_us", "mma2_warm_us", "mma3_warm_us", "fma_cold_us", "mma2_cold_us", "mma3_cold_us"]
+    print("| shape | MB | " + " | ".join(cols) + " | max err fma / mma |\n| --- | ---: | " + " | ".join("---:" for _ in cols)
+          + " | ---: |")
+    for r in rows:
+        print(f"| {r['shape']} | {r['weight_mb']:.1f} | " + " | ".join(f"{r[c]:.2f}" for c in cols)
+              + f" | {r['err_fma']:.1e} / {r['err_mma']:.1e} |")
+    if args.out:
+        meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.now(timezone.utc).isoformat(timespec="minutes"),
+                    command="python scripts/bench_fp4_mma.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                    copy_tb_s=copy / 1e12, torch=torch.__version__, triton=triton.__version__)
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
