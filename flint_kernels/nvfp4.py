@@ -136,24 +136,31 @@ X_BLOCK_LOADS = os.environ.get("FLINT_FP4_X_BLOCK", "1") == "1"
 # exactly, E4M3 subnormals included), which the hardware converts to fp16 pairs (sm_89+, one
 # instruction a pair): 7 integer instructions for 8 weights instead of 24. Outputs: the fp16
 # weights of k = 8 w + (0, 2, 4, 6, 1, 3, 5, 7).
+def e2m1_word_to_f16x2_ptx(word: str, out: tuple[str, str, str, str]) -> str:
+    """PTX lines decoding the 32-bit word in register `word` into four fp16 pairs in the .b32
+    registers `out`: (k0, k2), (k4, k6), (k1, k3), (k5, k7), each E2M1 / 64, low half first.
+    Uses scratch registers t0..t3, lo, hi (.b32) and b0..b3 (.b16), declared by the caller."""
+    return f"""
+shl.b32 t0, {word}, 4;
+shl.b32 t1, {word}, 2;
+and.b32 t0, t0, 0x80808080;
+lop3.b32 lo, t1, 0x1C1C1C1C, t0, 0xEA;
+shr.u32 t2, {word}, 2;
+and.b32 t3, {word}, 0x80808080;
+lop3.b32 hi, t2, 0x1C1C1C1C, t3, 0xEA;
+mov.b32 {{b0, b1}}, lo;
+mov.b32 {{b2, b3}}, hi;
+cvt.rn.f16x2.e4m3x2 {out[0]}, b0;
+cvt.rn.f16x2.e4m3x2 {out[1]}, b1;
+cvt.rn.f16x2.e4m3x2 {out[2]}, b2;
+cvt.rn.f16x2.e4m3x2 {out[3]}, b3;
+"""
+
+
 _FP4_WORD_TO_FP16_PTX = tl.constexpr("""
 {
 .reg .b32 t<4>, lo, hi, f<4>;
-.reg .b16 b<4>;
-shl.b32 t0, $8, 4;
-shl.b32 t1, $8, 2;
-and.b32 t0, t0, 0x80808080;
-lop3.b32 lo, t1, 0x1C1C1C1C, t0, 0xEA;
-shr.u32 t2, $8, 2;
-and.b32 t3, $8, 0x80808080;
-lop3.b32 hi, t2, 0x1C1C1C1C, t3, 0xEA;
-mov.b32 {b0, b1}, lo;
-mov.b32 {b2, b3}, hi;
-cvt.rn.f16x2.e4m3x2 f0, b0;
-cvt.rn.f16x2.e4m3x2 f1, b1;
-cvt.rn.f16x2.e4m3x2 f2, b2;
-cvt.rn.f16x2.e4m3x2 f3, b3;
-mov.b32 {$0, $1}, f0;
+.reg .b16 b<4>;""" + e2m1_word_to_f16x2_ptx("$8", ("f0", "f1", "f2", "f3")) + """mov.b32 {$0, $1}, f0;
 mov.b32 {$2, $3}, f1;
 mov.b32 {$4, $5}, f2;
 mov.b32 {$6, $7}, f3;

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from flint_backend.weights.nvfp4 import NVFP4Weight
+from flint_kernels.nvfp4 import e2m1_word_to_f16x2_ptx
 from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch
 from scripts.bench_decode_ops import copy_bandwidth, graph_us
 
@@ -52,33 +53,8 @@ ROWS, STEP_K = 16, 256  # a program's rows; columns a step (4 warps x 2 tiles x 
 _MMA_PTX = tl.constexpr("""
 {
 .reg .b32 t<4>, lo, hi, q1, q2, s1, s2, a<8>;
-.reg .b16 b<4>, h<4>;
-shl.b32 t0, $4, 4;
-shl.b32 t1, $4, 2;
-and.b32 t0, t0, 0x80808080;
-lop3.b32 lo, t1, 0x1C1C1C1C, t0, 0xEA;
-shr.u32 t2, $4, 2;
-and.b32 t3, $4, 0x80808080;
-lop3.b32 hi, t2, 0x1C1C1C1C, t3, 0xEA;
-mov.b32 {b0, b1}, lo;
-mov.b32 {b2, b3}, hi;
-cvt.rn.f16x2.e4m3x2 a0, b0;
-cvt.rn.f16x2.e4m3x2 a1, b1;
-cvt.rn.f16x2.e4m3x2 a2, b2;
-cvt.rn.f16x2.e4m3x2 a3, b3;
-shl.b32 t0, $5, 4;
-shl.b32 t1, $5, 2;
-and.b32 t0, t0, 0x80808080;
-lop3.b32 lo, t1, 0x1C1C1C1C, t0, 0xEA;
-shr.u32 t2, $5, 2;
-and.b32 t3, $5, 0x80808080;
-lop3.b32 hi, t2, 0x1C1C1C1C, t3, 0xEA;
-mov.b32 {b0, b1}, lo;
-mov.b32 {b2, b3}, hi;
-cvt.rn.f16x2.e4m3x2 a4, b0;
-cvt.rn.f16x2.e4m3x2 a5, b1;
-cvt.rn.f16x2.e4m3x2 a6, b2;
-cvt.rn.f16x2.e4m3x2 a7, b3;
+.reg .b16 b<4>, h<4>;""" + e2m1_word_to_f16x2_ptx("$4", ("a0", "a1", "a2", "a3"))
+                       + e2m1_word_to_f16x2_ptx("$5", ("a4", "a5", "a6", "a7")) + """
 prmt.b32 q1, $6, 0, 0x0000;
 prmt.b32 q2, $6, 0, 0x1111;
 mov.b32 {h0, h1}, q1;
