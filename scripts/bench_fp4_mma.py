@@ -49,6 +49,7 @@ from scripts.bench_decode_ops import copy_bandwidth, graph_us
 SHAPES = {"qkv 5120 x 2048": (5120, 2048), "o_proj 2048 x 4096": (2048, 4096),
           "MoE gate/up, 7 experts 7168 x 2048": (7168, 2048)}
 ROWS, STEP_K = 16, 256  # a program's rows; columns a step (4 warps x 2 tiles x 32)
+UPFRONT_MAX_K = 2048
 
 _MMA_PTX = tl.constexpr("""
 {
@@ -92,17 +93,45 @@ def _mma_gemv_kernel(w1_ptr, w2_ptr, s_ptr, xf_ptr, scale_ptr, out_ptr, STEPS: t
         w1 = tl.load(w1_ptr + off)
         w2 = tl.load(w2_ptr + off)
         sc = tl.load(s_ptr + off).to(tl.int32)
-        xo = s * 1024 + e
+        xo = s * 256 + e
         b0e = tl.load(xf_ptr + xo, mask=col0, other=0)  # only lanes g = 0 hold x (B's column 0)
-        b1e = tl.load(xf_ptr + xo + 256, mask=col0, other=0)
-        b0o = tl.load(xf_ptr + xo + 512, mask=col0, other=0)
-        b1o = tl.load(xf_ptr + xo + 768, mask=col0, other=0)
+        b1e = tl.load(xf_ptr + xo + STEPS * 256, mask=col0, other=0)
+        b0o = tl.load(xf_ptr + xo + 2 * STEPS * 256, mask=col0, other=0)
+        b1o = tl.load(xf_ptr + xo + 3 * STEPS * 256, mask=col0, other=0)
         c0, c1, c2, c3 = tl.inline_asm_elementwise(
             _MMA_PTX, "=f,=f,=f,=f,r,r,r,r,r,r,r,f,f,f,f", [w1, w2, sc, b0e, b1e, b0o, b1o, c0, c1, c2, c3],
             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     # element 64 w + 8 g + 2 c + t: c0 holds row g (column 0 at c = 0, zero elsewhere), c2 row g + 8
     lo = tl.sum(tl.sum(tl.sum(tl.reshape(c0, [4, 8, 4, 2]), axis=3), axis=2), axis=0)
     hi = tl.sum(tl.sum(tl.sum(tl.reshape(c2, [4, 8, 4, 2]), axis=3), axis=2), axis=0)
+    rows = p * 16 + tl.arange(0, 8)
+    tl.store(out_ptr + rows, lo * 64.0 * tl.load(scale_ptr + rows))
+    tl.store(out_ptr + rows + 8, hi * 64.0 * tl.load(scale_ptr + rows + 8))
+
+
+@triton.jit
+def _mma_gemv_upfront_kernel(w1_ptr, w2_ptr, s_ptr, xf_ptr, scale_ptr, out_ptr, K: tl.constexpr):
+    """Program p: rows [16 p, 16 p + 16) of out = W x, every operand loaded at once (one element
+    a (tile, lane): a [K] int32 load gives a thread 4 consecutive elements, repeated K / 512
+    times, so element 512 r + 128 w + 16 g + 4 c + j is tile (4 r + w) * 4 + j of lane 4 g + c
+    of warp w), then one MMA pair an element, summed at the end."""
+    p = tl.program_id(0)
+    e = tl.arange(0, K)
+    base = p.to(tl.int64) * K
+    w1 = tl.load(w1_ptr + base + e)
+    w2 = tl.load(w2_ptr + base + e)
+    sc = tl.load(s_ptr + base + e)
+    col0 = (e // 16) % 8 == 0  # lanes g = 0 hold x (B's column 0)
+    b0e = tl.load(xf_ptr + e, mask=col0, other=0)
+    b1e = tl.load(xf_ptr + K + e, mask=col0, other=0)
+    b0o = tl.load(xf_ptr + 2 * K + e, mask=col0, other=0)
+    b1o = tl.load(xf_ptr + 3 * K + e, mask=col0, other=0)
+    zero = tl.zeros([K], tl.float32)
+    d0, d1, d2, d3 = tl.inline_asm_elementwise(
+        _MMA_PTX, "=f,=f,=f,=f,r,r,r,r,r,r,r,f,f,f,f", [w1, w2, sc, b0e, b1e, b0o, b1o, zero, zero, zero, zero],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    lo = tl.sum(tl.sum(tl.sum(tl.sum(tl.reshape(d0, [K // 512, 4, 8, 4, 4]), axis=4), axis=3), axis=1), axis=0)
+    hi = tl.sum(tl.sum(tl.sum(tl.sum(tl.reshape(d2, [K // 512, 4, 8, 4, 4]), axis=4), axis=3), axis=1), axis=0)
     rows = p * 16 + tl.arange(0, 8)
     tl.store(out_ptr + rows, lo * 64.0 * tl.load(scale_ptr + rows))
     tl.store(out_ptr + rows + 8, hi * 64.0 * tl.load(scale_ptr + rows + 8))
@@ -115,49 +144,60 @@ def random_weight(n: int, k: int, device) -> NVFP4Weight:
     return NVFP4Weight(packed, scales, torch.full((n,), 1 / 64, device=device))
 
 
-def lane_fields():
-    """(w, g, c, t) of the 256 elements of a step, element 64 w + 8 g + 2 c + t."""
-    e = torch.arange(256)
-    return e // 64, (e // 8) % 8, (e // 2) % 4, e % 2
+LAYOUTS = ("loop", "upfront")
 
 
-def repack(w) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An NVFP4 weight [N, K] -> (W1, W2 int32 [N/16 * K/256 * 256], S int16) in the MMA order."""
+def fields(k: int, layout: str, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(chunk, g, c) [K] of a program's K elements, one a (32-column tile, lane 4 g + c):
+    "loop": element 256 s + 64 w + 8 g + 2 c + t (step s, warp w, tile t), chunk (4 s + w) * 2 + t;
+    "upfront": element 512 r + 128 w + 16 g + 4 c + j, chunk (4 r + w) * 4 + j."""
+    e = torch.arange(k, device=device)
+    if layout == "loop":
+        r = e % 256
+        w, g, c, t = r // 64, (r // 8) % 8, (r // 2) % 4, r % 2
+        return (4 * (e // 256) + w) * 2 + t, g, c
+    w, g, c, j = (e // 128) % 4, (e // 16) % 8, (e // 4) % 4, e % 4
+    return (4 * (e // 512) + w) * 4 + j, g, c
+
+
+def repack(w, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An NVFP4 weight [N, K] -> W1, W2 int32 [N/16 * K] (words 4 chunk + c of rows 16 p + g and
+    16 p + g + 8) and S (their block scales: byte 0 W1's, byte 1 W2's), int16 for "loop", int32
+    for "upfront" (a [K] int16 load would give a thread 8 elements, not 4)."""
     n, k = w.shape
     words = w.packed.view(torch.int32)  # [N, K/8]: k = 8 word + j in nibble j
-    scales = w.scales.view(torch.uint8)  # [N, K/16]
-    steps = k // STEP_K
-    wi, g, c, t = (f.to(w.device) for f in lane_fields())
-    p = torch.arange(n // ROWS, device=w.device)[:, None, None]
-    s = torch.arange(steps, device=w.device)[None, :, None]
-    chunk = (4 * s + wi) * 2 + t  # [P, S, 256]
-    row1 = p * ROWS + g
+    scales = w.scales.view(torch.uint8).to(torch.int32)  # [N, K/16]
+    chunk, g, c = fields(k, layout, w.device)
+    row1 = torch.arange(n // ROWS, device=w.device)[:, None] * ROWS + g  # [P, K]
     w1 = words[row1, chunk * 4 + c]
     w2 = words[row1 + 8, chunk * 4 + c]
     block = chunk * 2 + c // 2
-    s12 = scales[row1, block].to(torch.int16) | (scales[row1 + 8, block].to(torch.int16) << 8)
+    s12 = (scales[row1, block] | (scales[row1 + 8, block] << 8)).to(torch.int16 if layout == "loop" else torch.int32)
     return w1.reshape(-1).contiguous(), w2.reshape(-1).contiguous(), s12.reshape(-1).contiguous()
 
 
-def x_fragments(x: torch.Tensor) -> torch.Tensor:
-    """x [K] -> the B fragments int32 [K/256, 4, 256]: (x[k0], x[k0 + 2]), (x[k0 + 4], x[k0 + 6]),
-    then the odd ones, as fp16 pairs (low half first), for lanes g = 0; zero elsewhere."""
-    k = x.shape[0]
-    wi, g, c, t = (f.to(x.device) for f in lane_fields())
-    s = torch.arange(k // STEP_K, device=x.device)[:, None]
-    k0 = ((4 * s + wi) * 2 + t) * 32 + 8 * c  # [S, 256]
+def x_fragments(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """x [K] -> the B fragments int32 [4, K]: (x[k0], x[k0 + 2]), (x[k0 + 4], x[k0 + 6]), then the
+    odd ones, k0 = 32 chunk + 8 c, as fp16 pairs (low half first), for lanes g = 0; zero elsewhere."""
+    chunk, g, c = fields(x.shape[0], layout, x.device)
+    k0 = chunk * 32 + 8 * c
     xh = x.to(torch.float16)
     out = []
     for a, b in ((0, 2), (4, 6), (1, 3), (5, 7)):
         pair = torch.stack([xh[k0 + a], xh[k0 + b]], dim=-1).view(torch.int32)[..., 0]  # low half: the first
         out.append(torch.where(g == 0, pair, torch.zeros_like(pair)))
-    return torch.stack(out, dim=1).contiguous()
+    return torch.stack(out).contiguous()
 
 
-def mma_gemv(packed: tuple, xf: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, stages: int = 3):
+def mma_gemv(packed: tuple, xf: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, layout: str,
+             stages: int = 3):
     w1, w2, s12 = packed
-    n, steps = out.shape[0], xf.shape[0]
-    _mma_gemv_kernel[(n // ROWS,)](w1, w2, s12, xf, scale, out, STEPS=steps, NUM_STAGES=stages, num_warps=4)
+    n, k = out.shape[0], xf.shape[1]
+    if layout == "loop":
+        _mma_gemv_kernel[(n // ROWS,)](w1, w2, s12, xf, scale, out, STEPS=k // STEP_K, NUM_STAGES=stages,
+                                       num_warps=4)
+    else:
+        _mma_gemv_upfront_kernel[(n // ROWS,)](w1, w2, s12, xf, scale, out, K=k, num_warps=4)
     return out
 
 
@@ -174,14 +214,16 @@ def main(argv=None) -> int:
         ws = [random_weight(n, k, dev) for _ in range(args.cold_copies)]
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         expected = nvfp4_linear_torch(x.float(), ws[0])[0]
-        packs = [repack(w) for w in ws]
-        xf = x_fragments(x[0])
-        out = torch.empty(n, device=dev)
-        got_mma = mma_gemv(packs[0], xf, ws[0].scale, out).clone()
-        got_fma = nvfp4_linear(x, ws[0])[0].float()
         err = lambda got: float((got - expected).abs().max() / expected.abs().max())  # noqa: E731
-        row = dict(shape=name, err_mma=err(got_mma), err_fma=err(got_fma))
-        wbytes = ws[0].packed.numel() + ws[0].scales.numel()
+        out = torch.empty(n, device=dev)
+        row = dict(shape=name, weight_mb=(ws[0].packed.numel() + ws[0].scales.numel()) / 1e6,
+                   err=dict(fma=err(nvfp4_linear(x, ws[0])[0].float())))
+        # the upfront kernel holds a program's whole K in registers: 2048 columns at most
+        layouts = [layout for layout in LAYOUTS if layout == "loop" or k <= UPFRONT_MAX_K]
+        packs = {layout: [repack(w, layout) for w in ws] for layout in layouts}
+        frags = {layout: x_fragments(x[0], layout) for layout in layouts}
+        for layout in layouts:
+            row["err"][layout] = err(mma_gemv(packs[layout][0], frags[layout], ws[0].scale, out, layout).clone())
         for cold in (False, True):
             turn = [0]
 
@@ -189,20 +231,22 @@ def main(argv=None) -> int:
                 i = turn[0] % (len(ws) if cold else 1)
                 turn[0] += 1
                 return i
-            row[f"fma_{'cold' if cold else 'warm'}_us"] = graph_us(lambda: nvfp4_linear(x, ws[pick()]))
-            for stages in (3, 4):
-                row[f"mma{stages}_{'cold' if cold else 'warm'}_us"] = graph_us(
-                    lambda: mma_gemv(packs[pick()], xf, ws[0].scale, out, stages))
-        row["weight_mb"] = wbytes / 1e6
+            temp = "cold" if cold else "warm"
+            row[f"fma_{temp}_us"] = graph_us(lambda: nvfp4_linear(x, ws[pick()]))
+            for layout in layouts:
+                row[f"{layout}_{temp}_us"] = graph_us(
+                    lambda: mma_gemv(packs[layout][pick()], frags[layout], ws[0].scale, out, layout))
         rows.append(row)
         print(row, flush=True)
-    print(f"\n{torch.cuda.get_device_name()}, copy {copy / 1e12:.2f} TB/s; batch-1 NVFP4 GEMV, us a call in a CUDA graph")
-    cols = ["fma_warm_us", "mma3_warm_us", "mma4_warm_us", "fma_cold_us", "mma3_cold_us", "mma4_cold_us"]
-    print("| shape | MB | " + " | ".join(cols) + " | max err fma / mma |\n| --- | ---: | " + " | ".join("---:" for _ in cols)
-          + " | ---: |")
+    print(f"\n{torch.cuda.get_device_name()}, copy {copy / 1e12:.2f} TB/s; batch-1 NVFP4 GEMV, us a call in a CUDA graph "
+          "(fma: nvfp4_linear; loop / upfront: the MMA kernels)")
+    cols = [f"{v}_{temp}_us" for temp in ("warm", "cold") for v in ("fma",) + LAYOUTS]
+    print("| shape | MB | " + " | ".join(cols) + " | max error |\n| --- | ---: | " + " | ".join("---:" for _ in cols)
+          + " | --- |")
     for r in rows:
-        print(f"| {r['shape']} | {r['weight_mb']:.1f} | " + " | ".join(f"{r[c]:.2f}" for c in cols)
-              + f" | {r['err_fma']:.1e} / {r['err_mma']:.1e} |")
+        cells = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
+        errs = ", ".join(f"{v} {e:.1e}" for v, e in r["err"].items())
+        print(f"| {r['shape']} | {r['weight_mb']:.1f} | " + " | ".join(cells) + f" | {errs} |")
     if args.out:
         meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.now(timezone.utc).isoformat(timespec="minutes"),
                     command="python scripts/bench_fp4_mma.py " + " ".join(sys.argv[1:] if argv is None else argv),
