@@ -5,13 +5,17 @@ tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulate) against nvfp4_l
 
     python scripts/bench_fp4_mma.py [--out benchmarks/fp4-mma.json]
 
-The MMA kernel reads a repacked copy of the weight, laid out so that a plain contiguous load
-puts in each lane exactly the words its MMA fragments need (Triton gives a [256] int32 load 2
-consecutive elements a thread: element 64 w + 2 l + t is tile t of lane l of warp w):
+The MMA kernels read a repacked copy of the weight, laid out so that a plain contiguous load
+puts in each lane exactly the words its MMA fragments need. A program has rows 16 p .. 16 p + 15
+and one element per (32-column chunk q, lane l = 4 g + c): word 4 q + c of row 16 p + g (W1) and
+of row 16 p + g + 8 (W2), and S, their block scales (byte 0: W1's, byte 1: W2's). `fields` gives
+each element's (q, g, c) for the two kernels:
 
-  program p: rows 16 p .. 16 p + 15; step s: 4 warps x 2 tiles of 32 columns (4 words) each;
-  lane l = 4 g + c of warp w, tile t: column chunk q = (4 s + w) * 2 + t, word 4 q + c of row
-  16 p + g (W1) and of row 16 p + g + 8 (W2); S: their block scales (byte 0: W1's, byte 1: W2's).
+  loop     a pipelined loop over steps of [256] loads (2 consecutive elements a thread: element
+           256 s + 64 w + 2 l + t is chunk (4 s + w) * 2 + t of lane l of warp w)
+  upfront  one [K] load of everything (4 consecutive elements a thread, repeated K / 512 times:
+           element 512 r + 128 w + 4 l + j is chunk (4 r + w) * 4 + j), as nvfp4_linear's GEMV
+           loads all its words before decoding; K <= 2048
 
 A lane decodes its two words (E2M1 -> fp16 pairs, the PTX decode of nvfp4.py: pairs (k0, k2),
 (k4, k6), (k1, k3), (k5, k7) of the word, E2M1 / 64), multiplies each pair by its row's block
@@ -19,12 +23,13 @@ scale in fp16 (exact: at most 6 significant bits, within fp16's range), and issu
 the even pairs, then the odd pairs, as A fragments of rows g and g + 8, so the MMA's k slots
 (2c, 2c + 1, 2c + 8, 2c + 9) are the word's columns (0, 2, 4, 6), then (1, 3, 5, 7). B is x in
 fp16 (its column 0; the host lays the pairs out the same way, zero in lanes g > 0); the MMAs
-accumulate in fp32 across all steps, and lane (g, 0) ends with rows g and g + 8 of the block
+accumulate in fp32 (across the steps of "loop"; "upfront" sums its elements' results at the
+end), and lane (g, 0) ends with rows g and g + 8 of the block
 (its other columns are zero). Block scales folded into A keep every MMA's 16 k slots free to
 mix blocks. x must fit fp16 (|x| < 65504; below 2**-14 it loses bits): what a real kernel would
 need a per-token power-of-two scale for.
 
-Each case: both kernels checked against dequantise-then-matmul in fp32, then timed in a CUDA
+Each case: the three kernels checked against dequantise-then-matmul in fp32, then timed in a CUDA
 graph with the weight L2-warm (one copy, replayed) and L2-cold (copies rotated past L2's 50 MB).
 Prints a markdown table, writes JSON.
 """
