@@ -60,6 +60,9 @@ SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # per-expert pipelined loop (_moe_down_kernel).
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
+# ROUTE: each gate/up program picks its token's top-k with tl.topk's bitonic network instead of
+# TOP_K rounds of a max (router.route_from_logits; the same picks). Benchmark knob.
+TOPK_SORT = os.environ.get("FLINT_MOE_TOPK_SORT", "0") == "1"
 # polls of the routing handoff before a down program gives up (never, if sound): it then reads
 # expert 0 (a wrong output, not an out-of-bounds read or a hang)
 SPIN_LIMIT = tl.constexpr(1 << 24)
@@ -128,13 +131,13 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
 
 @triton.jit
 def _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K: tl.constexpr, ROUTE: tl.constexpr,
-                 RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr):
+                 RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr):
     """Expert id (int64; 0 for the shared slot k == K) of token t's slot k: the router's ids, or
     (ROUTE) picked from the router's logits, with all the token's picks (ids [1, 8] int32, router
     weights [1, 8] fp32; unused without ROUTE). Both are read past L1."""
     if ROUTE:
         ids, mix = route_from_logits(logits_ptr, bias_ptr, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
-                                     scaling, K, RENORMALIZE, E_POW2, 8)
+                                     scaling, K, RENORMALIZE, E_POW2, 8, TOPK_SORT)
         e = tl.sum(tl.where(tl.arange(0, 8)[None, :] == k, ids, 0))
     else:
         e = tl.load(ids_ptr + t * K + k, mask=k < K, other=0, cache_modifier=".cg")
@@ -170,7 +173,8 @@ def _moe_gate_up_kernel(
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
     WORDS: tl.constexpr, PTX: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr, PREFETCH: tl.constexpr,
-    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr,
+    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (slot, BLOCK_N rows) over slots [FIRST, FIRST + COUNT) of each token. PREFETCH
     (NVFP4 words, 1 or 2 steps spanning H): the expert id and the weight tile are loaded before
@@ -188,7 +192,8 @@ def _moe_gate_up_kernel(
     rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     if PREFETCH > 0:
-        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
+        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
+                                   TOPK_SORT)
         routed = k < K
         gate, up = _gate_up_prefetched(
             x_row, tl.where(routed, w13_ptr + e * w13_se, s13_ptr),
@@ -203,7 +208,8 @@ def _moe_gate_up_kernel(
         return
     pdl_prologue(PDL)
     if k < K:
-        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
+        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
+                                   TOPK_SORT)
         if ROUTE and k == 0 and nb == 0:
             _publish_routing(routing_ptr, t, ids, mix, K)
         gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
@@ -480,7 +486,7 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
         logits, bias, handoff, scaling, renormalize = route
         topk_ids = topk_weights = logits  # unread
     routing = dict(logits_ptr=logits, bias_ptr=bias, routing_ptr=handoff, E=logits.shape[1] if route else 1,
-                   scaling=scaling, ROUTE=route is not None, RENORMALIZE=renormalize,
+                   scaling=scaling, ROUTE=route is not None, RENORMALIZE=renormalize, TOPK_SORT=TOPK_SORT,
                    E_POW2=max(16, triton.next_power_of_2(logits.shape[1])) if route else 16)
     down_routing = dict(routing_ptr=handoff, ROUTE=route is not None, ACQUIRE_PTX=not INTERPRET)
     # the NVFP4 decode of each launch (nvfp4.py); word tiles when both weights of a launch are

@@ -174,11 +174,14 @@ def _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scalin
 
 @triton.jit
 def route_from_logits(logits_ptr, bias_ptr, tokens, t_mask, E, scaling, TOP_K: tl.constexpr,
-                      RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr):
+                      RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr,
+                      TOPK_SORT: tl.constexpr = False):
     """The routing of `tokens` from their fp32 logits rows ([T, E] at logits_ptr, read past L1):
     -> ids [len(tokens), K_POW2] int32 and weights (fp32, scaling applied), 0 in slots >= TOP_K.
     Sigmoid scores, top-k on score + bias, weights from the unbiased scores; the same bits in
-    every kernel that calls it (the router's last program, or the expert launches)."""
+    every kernel that calls it (the router's last program, or the expert launches). TOPK_SORT:
+    the K_POW2 largest keys by tl.topk's bitonic network instead of TOP_K rounds of a max (the
+    keys are unique, so the same picks in the same order)."""
     experts = tl.arange(0, E_POW2)
     e_mask = experts < E
     logits = tl.load(logits_ptr + tokens[:, None] * E + experts[None, :],
@@ -190,12 +193,16 @@ def route_from_logits(logits_ptr, bias_ptr, tokens, t_mask, E, scaling, TOP_K: t
     key = (order.to(tl.int64) << 32) | (E_POW2 - 1 - experts)[None, :]
     key = tl.where(e_mask[None, :], key, NO_KEY)
     slots = tl.arange(0, K_POW2)
-    ids = tl.zeros([tokens.shape[0], K_POW2], tl.int32)
-    for k in tl.static_range(TOP_K):
-        best = tl.max(key, axis=1)
-        pick = E_POW2 - 1 - (best & (E_POW2 - 1)).to(tl.int32)
-        key = tl.where(experts[None, :] == pick[:, None], NO_KEY, key)
-        ids = tl.where(slots[None, :] == k, pick[:, None], ids)
+    if TOPK_SORT:
+        best = tl.topk(key, K_POW2, dim=1)  # [BLOCK_T, K_POW2], descending
+        ids = tl.where(slots[None, :] < TOP_K, E_POW2 - 1 - (best & (E_POW2 - 1)).to(tl.int32), 0)
+    else:
+        ids = tl.zeros([tokens.shape[0], K_POW2], tl.int32)
+        for k in tl.static_range(TOP_K):
+            best = tl.max(key, axis=1)
+            pick = E_POW2 - 1 - (best & (E_POW2 - 1)).to(tl.int32)
+            key = tl.where(experts[None, :] == pick[:, None], NO_KEY, key)
+            ids = tl.where(slots[None, :] == k, pick[:, None], ids)
     chosen = tl.where(slots[None, :] < TOP_K, tl.gather(scores, ids, axis=1), 0.0)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=1)[:, None]

@@ -95,6 +95,32 @@ def test_routed_ties_and_unnormalised_weights(renormalize):
     check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
 
 
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
+def test_topk_sort_picks_the_same(fmt, ties, monkeypatch):
+    """moe_gemv.TOPK_SORT (tl.topk's bitonic network in the gate/up programs): the same output
+    bits and the same handoff (ids and weights) as the rounds of a max, ties included."""
+    t, e, k = 3, 40, 6
+    w13, w2, s13, s2 = experts(e, 64, 32, 32, torch.float32, fmt, seed=5)
+    logits, bias = logits_and_bias(t, e, seed=5)
+    if ties:
+        logits[:, ::3] = 10.0  # 14 experts tie above all others; the six lowest ids win
+        bias.zero_()
+    x = torch.randn(t, 64, device=DEVICE)
+    results = []
+    for sort in (False, True):
+        monkeypatch.setattr(moe_gemv, "TOPK_SORT", sort)
+        routing = handoff(x)
+        results.append((fused_moe_routed(x, logits, bias, routing, k, 2.5, True, w13, w2, s13, s2), routing))
+    (out, routing), (out_sort, routing_sort) = results
+    assert torch.equal(out, out_sort) and torch.equal(routing, routing_sort)
+    if ties:
+        ids = torch.tensor([[0, 3, 6, 9, 12, 15]] * t, dtype=torch.int32, device=DEVICE)
+    else:
+        ids, _ = route_from_logits_torch(logits, bias, k, 2.5, True)
+    assert torch.equal(routing[:, :k] - 1, ids)  # the handoff holds ids + 1, best first
+
+
 @pytest.mark.parametrize("h", [64, 512], ids=["H-one-step", "H-two-steps"])
 def test_routed_with_the_shared_expert_launch_first(h, monkeypatch):
     """moe_gemv.SPLIT_SHARED: the routed gate/up launch picks its experts before its PDL wait
