@@ -376,7 +376,7 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         qk_scale=sm_scale * LOG2E, window=window, num_splits=splits, G=hq // hk, D=d, BLOCK_N=TILE_N,
         USE_SINKS=sinks is not None, q_norm_ptr=q_w, k_norm_ptr=k_w, positions_ptr=positions,
         cos_sin_ptr=cos_sin if cos_sin is not None else part_ml, eps=eps, FROM_QKV=from_qkv is not None,
-        USE_ROPE=cos_sin is not None)
+        USE_ROPE=cos_sin is not None, **launch_args(q.device))
     _decode_split_kernel[(batch, hk, splits)](
         k_cache_ptr=k_cache, v_cache_ptr=v_cache,
         block_tables_ptr=block_tables if paged else context_lens,
@@ -384,13 +384,11 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
         PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **common, **launch_args(q.device, kernel="decode_split"), num_warps=SPLIT_WARPS,
-        num_stages=PAGED_STAGES if paged else RING_STAGES,
+        **common, num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
         _decode_reduce_kernel[(batch, hq)](
-            BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), **common,
-            **launch_args(q.device, kernel="decode_reduce"), num_warps=REDUCE_WARPS)
+            BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), **common, num_warps=REDUCE_WARPS)
     return out
 
 

@@ -181,7 +181,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         BLOCK_N=BLOCK_N, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype,
-        **launch_args(x.device, prefetches=prefetch > 0, kernel="dense_gemv"), num_warps=WARPS)
+        **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -46,7 +46,7 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return out
     _embedding_kernel[(n, triton.cdiv(h, BLOCK_H))](
         weight_ptr=weight, ids_ptr=ids, out_ptr=out, H=h, stride_v=weight.stride(0), BLOCK_H=BLOCK_H,
-        **launch_args(weight.device, kernel="embedding"), num_warps=4)
+        **launch_args(weight.device), num_warps=4)
     return out
 
 

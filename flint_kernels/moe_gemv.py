@@ -523,16 +523,14 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
-            PTX=nvfp4.ptx_decode(), **launch_args(x.device, prefetches=True, kernel="moe_down"),
-            num_warps=DOWN_WORDS_WARPS)
+            PTX=nvfp4.ptx_decode(), **launch_args(x.device, prefetches=True), num_warps=DOWN_WORDS_WARPS)
         return out
     if DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and slots <= 8 and i_max <= DOWN_DENSE_MAX_I:
         _moe_down_dense_kernel[(t, triton.cdiv(h, DOWN_DENSE_ROWS))](
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing, w2_ptr=w2,
             s2_ptr=shared2, w2_se=w2.stride(0), w2_sn=w2.stride(1), s2_sn=shared2.stride(0),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0), K=k, SLOTS=slots, BLOCK_H=DOWN_DENSE_ROWS,
-            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True, kernel="moe_down"),
-            num_warps=WARPS)
+            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True), num_warps=WARPS)
         return out
     assert route is None, "routes_in_experts: the per-expert down loop reads the router's ids"
     block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)

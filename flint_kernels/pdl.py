@@ -24,16 +24,6 @@ every launch and copy before that kernel has completed. A kernel launched withou
 attribute, e.g. a torch op, waits for the previous kernel to complete as usual; one launched
 after such a kernel starts at its completion.
 
-Early trigger (FLINT_PDL_EARLY, read at import; `EARLY_TRIGGER` at each launch): the named
-launches run `launch_dependents` before their wait instead of after it, so the next kernel's
-programs may be scheduled (and load their weights) while this one still waits for its
-predecessor: three kernels in flight instead of two. Still correct: the next kernel's own wait
-ends only after this grid has completed, which is after this grid's wait. Only a launch whose
-successor reads, before its wait, what a kernel before this launch wrote must trigger late: the
-MoE gate/up launches (the down launch after them reads the router's ids, or polls the handoff
-the router zeroes, before its wait), which pass no kernel name. Values: "" (none), "all", or
-kernel names joined by ":" (EARLY_KERNELS).
-
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
 not under the Triton interpreter (it cannot run inline PTX), and FLINT_PDL (read at import) is
 "1" (the default: every kernel launched with the attribute) or "prefetch" (only kernels that
@@ -63,26 +53,6 @@ if _MODE not in MODES:
 ENABLED = _MODE != "0"
 PREFETCH_ONLY = _MODE == "prefetch"  # the attribute only on launches that prefetch weights
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# The launches that may trigger early, by the name their launcher passes to launch_args
-EARLY_KERNELS = ("embedding", "nvfp4_gemv", "dense_gemv", "router", "moe_down", "qk_norm_rope", "decode_split",
-                 "decode_reduce", "rms_norm", "swiglu", "sampling")
-EARLY_TRIGGER = os.environ.get("FLINT_PDL_EARLY", "")
-LATE, EARLY = 1, 2  # the PDL constexpr of a launch with the attribute: its prologue's order
-
-
-@functools.lru_cache(maxsize=None)
-def early_kernels(value: str) -> frozenset[str]:
-    """FLINT_PDL_EARLY's value -> the kernel names that trigger early."""
-    if value == "all":
-        return frozenset(EARLY_KERNELS)
-    names = frozenset(filter(None, value.split(":")))
-    unknown = sorted(names - set(EARLY_KERNELS))
-    if unknown:
-        raise ValueError(f"FLINT_PDL_EARLY: got {unknown}, expected 'all' or names from {EARLY_KERNELS} joined by ':'")
-    return names
-
-
-early_kernels(EARLY_TRIGGER)  # a bad value fails at import
 # PDL for launches on CPU tensors: scripts/compile_kernels.py sets it to compile what an H200 launches
 ON_HOST = False
 
@@ -101,28 +71,22 @@ def _major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def launch_args(device: torch.device, prefetches: bool = False, kernel: str | None = None) -> dict:
-    """Keyword arguments of a launch on `device`: the kernel's PDL constexpr (False, LATE or
-    EARLY: the prologue's order) and, when on, the launch option (the interpreter drops it; the
-    JIT takes it as an option, not an argument). prefetches: the kernel loads weights before its
-    prologue (with PREFETCH_ONLY, only such launches get the option). kernel: the launch's name
-    in EARLY_KERNELS; it triggers early when EARLY_TRIGGER names it (None: always late)."""
+def launch_args(device: torch.device, prefetches: bool = False) -> dict:
+    """Keyword arguments of a launch on `device`: the kernel's PDL constexpr and, when on, the
+    launch option (the interpreter drops it; the JIT takes it as an option, not an argument).
+    prefetches: the kernel loads weights before its prologue (with PREFETCH_ONLY, only such
+    launches get the option)."""
     if not enabled(device):
         return {"PDL": False}
-    order = EARLY if kernel is not None and kernel in early_kernels(EARLY_TRIGGER) else LATE
     if PREFETCH_ONLY and not prefetches:
-        return {"PDL": order}
-    return {"PDL": order, "launch_pdl": True}
+        return {"PDL": True}
+    return {"PDL": True, "launch_pdl": True}
 
 
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
-    """Wait for the previous grid, then let the next one launch (PDL = LATE), or the other way
-    round (PDL = EARLY = 2): before any store, and before any load of what other kernels write
-    (only weight loads may come first)."""
-    if PDL == 2:
-        gdc_launch_dependents()
-        gdc_wait()
-    elif PDL:
+    """Wait for the previous grid, then let the next one launch: before any store, and before any
+    load of what other kernels write (only weight loads may come first)."""
+    if PDL:
         gdc_wait()
         gdc_launch_dependents()

@@ -146,7 +146,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
         k_cache_ptr=k_cache if write else k, v_cache_ptr=v_cache if write else k,
         stride_qkv=qkv.stride(0), eps=eps,
         HQ=num_q_heads, HK=num_kv_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k,
-        USE_ROPE=cos_sin is not None, WRITE_CACHE=write, **launch_args(qkv.device, kernel="qk_norm_rope"),
+        USE_ROPE=cos_sin is not None, WRITE_CACHE=write, **launch_args(qkv.device),
         num_warps=min(4, triton.next_power_of_2(triton.cdiv(block_q * d, ELEMS_PER_WARP))),
     )
     return q, k, v

@@ -137,7 +137,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         x_ptr=x, weight_ptr=weight, residual_ptr=x if residual is None else residual, out_ptr=out,
         stride_x=x.stride(0), stride_res=0 if residual is None else residual.stride(0),
         H=h, eps=eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, **launch_args(x.device, kernel="rms_norm"),
+        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, **launch_args(x.device),
         num_warps=min(16, max(1, block_h // 256)),
     )
     return out

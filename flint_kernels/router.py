@@ -317,7 +317,7 @@ def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm, routing=No
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32", ONE_CHUNK=one_chunk,
         NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
-        **launch_args(x.device, prefetches=one_chunk, kernel="router"),
+        **launch_args(x.device, prefetches=one_chunk),
         num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,
     )
     return ids, weights, logits

@@ -216,7 +216,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
         logits_ptr=logits, temperature_ptr=temperature, top_k_ptr=top_k, top_p_ptr=top_p, min_p_ptr=min_p,
         seeds_ptr=seeds, offsets_ptr=offsets, out_ptr=out, V=vocab, stride_s=logits.stride(0),
         BLOCK_V=min(BLOCK_V, triton.next_power_of_2(vocab)), MAX_ROUNDS=MAX_ROUNDS,
-        **launch_args(logits.device, kernel="sampling"), num_warps=1 if INTERPRET else 8,
+        **launch_args(logits.device), num_warps=1 if INTERPRET else 8,
     )
     return out
 

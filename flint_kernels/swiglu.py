@@ -50,7 +50,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(BLOCK, triton.next_power_of_2(two_i // 2))
     _silu_mul_kernel[(t, triton.cdiv(two_i // 2, block))](
         gate_up_ptr=gate_up, out_ptr=out, I=two_i // 2, stride_t=gate_up.stride(0), BLOCK=block,
-        **launch_args(gate_up.device, kernel="swiglu"), num_warps=4)
+        **launch_args(gate_up.device), num_warps=4)
     return out
 
 

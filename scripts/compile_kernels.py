@@ -114,17 +114,14 @@ def ptx_counts(ptx: str) -> dict:
         griddep=len(re.findall(r"griddepcontrol\.(?:wait|launch_dependents)", ptx)))
 
 
-def pdl_prologue_ok(ptx: str, order) -> bool:
-    """PDL on (order LATE / EARLY, flint_kernels/pdl.py): griddepcontrol.wait, then
-    launch_dependents (EARLY: the other way round), precede every global store and atomic (loads
-    may come first: weight prefetch); off (False): neither."""
-    if not order:
+def pdl_prologue_ok(ptx: str, on: bool) -> bool:
+    """PDL on: griddepcontrol.wait, then launch_dependents, precede every global store and atomic
+    (loads may come first: weight prefetch, flint_kernels/pdl.py); off: neither."""
+    if not on:
         return "griddepcontrol" not in ptx
-    from flint_kernels.pdl import EARLY
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
-    first, second = (launch, wait) if order == EARLY else (wait, launch)
-    store = re.search(r"\b(?:st|atom|red)\.global", ptx)
-    return 0 <= first < second and (store is None or second < store.start())
+    first = re.search(r"\b(?:st|atom|red)\.global", ptx)
+    return 0 <= wait < launch and (first is None or launch < first.start())
 
 
 # ----------------------------------------------------------------------------- launches

@@ -43,30 +43,6 @@ def test_prefetch_only_gives_the_attribute_to_prefetching_launches(flags):
     assert launch_args(CUDA0) == {"PDL": True}  # still runs the prologue: its successor may start early
 
 
-def test_early_trigger_names_the_launches(flags):
-    assert launch_args(CUDA0, kernel="decode_split") == {"PDL": pdl.LATE, "launch_pdl": True}
-    flags.setattr(pdl, "EARLY_TRIGGER", "decode_split:router")
-    assert launch_args(CUDA0, kernel="decode_split") == {"PDL": pdl.EARLY, "launch_pdl": True}
-    assert launch_args(CUDA0, prefetches=True, kernel="router") == {"PDL": pdl.EARLY, "launch_pdl": True}
-    assert launch_args(CUDA0, kernel="nvfp4_gemv") == {"PDL": pdl.LATE, "launch_pdl": True}
-    flags.setattr(pdl, "EARLY_TRIGGER", "all")
-    assert launch_args(CUDA0, kernel="moe_down")["PDL"] == pdl.EARLY
-    assert launch_args(CUDA0)["PDL"] == pdl.LATE  # no name (the MoE gate/up launches): always late
-    flags.setattr(pdl, "ENABLED", False)
-    assert launch_args(CUDA0, kernel="moe_down") == {"PDL": False}
-
-
-def test_early_trigger_rejects_unknown_names():
-    assert pdl.early_kernels("") == frozenset()
-    assert pdl.early_kernels("all") == frozenset(pdl.EARLY_KERNELS)
-    with pytest.raises(ValueError, match=r"FLINT_PDL_EARLY: got \['moe_gate_up'\], expected 'all' or names"):
-        pdl.early_kernels("router:moe_gate_up")
-    base = {k: v for k, v in os.environ.items() if k != "FLINT_PDL_EARLY"}
-    run = subprocess.run([sys.executable, "-c", "from flint_kernels import pdl"],
-                         env={**base, "FLINT_PDL_EARLY": "split"}, capture_output=True, text=True)
-    assert run.returncode != 0 and "FLINT_PDL_EARLY: got ['split']" in run.stderr
-
-
 @pytest.mark.parametrize("switch,value", [("ENABLED", False), ("INTERPRET", True)])
 def test_switches_turn_it_off(flags, switch, value):
     flags.setattr(pdl, switch, value)
@@ -179,13 +155,12 @@ def test_graph_replay_with_pdl_equals_without(monkeypatch):
     p = _chain_weights()
     x, res = (torch.randn(1, 2048, device=DEVICE).to(torch.bfloat16) for _ in range(2))
     results = {}
-    for mode in ("1", "early", "prefetch", "0"):  # FLINT_PDL's values; "early": 1 with FLINT_PDL_EARLY=all
+    for mode in ("1", "prefetch", "0"):  # FLINT_PDL's values
         monkeypatch.setattr(pdl, "ENABLED", mode != "0")
         monkeypatch.setattr(pdl, "PREFETCH_ONLY", mode == "prefetch")
-        monkeypatch.setattr(pdl, "EARLY_TRIGGER", "all" if mode == "early" else "")
         eager, outs = _replays(p, x, res)
         for i, out in enumerate(outs):
             assert all(torch.equal(a, b) for a, b in zip(out, eager)), f"PDL {mode}: replay {i} differs from eager"
         results[mode] = eager
-    for mode in ("1", "early", "prefetch"):
+    for mode in ("1", "prefetch"):
         assert all(torch.equal(a, b) for a, b in zip(results[mode], results["0"])), f"PDL {mode} differs from off"
