@@ -61,8 +61,10 @@ SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 # ROUTE: each gate/up program picks its token's top-k with tl.topk's bitonic network instead of
-# TOP_K rounds of a max (router.route_from_logits; the same picks). Benchmark knob.
-TOPK_SORT = os.environ.get("FLINT_MOE_TOPK_SORT", "0") == "1"
+# TOP_K rounds of a max (router.route_from_logits; the same picks): gate/up 9.05 -> 8.54 us a
+# layer on the H200's critical path (NVFP4; BF16 11.65 -> 11.30), NVFP4 100K replay 2.475 ->
+# 2.457 ms, BF16 2.929 -> 2.913 (benchmarks/NOTES.md §18). FLINT_MOE_TOPK_SORT=0: the rounds.
+TOPK_SORT = os.environ.get("FLINT_MOE_TOPK_SORT", "1") == "1"
 # polls of the routing handoff before a down program gives up (never, if sound): it then reads
 # expert 0 (a wrong output, not an out-of-bounds read or a hang)
 SPIN_LIMIT = tl.constexpr(1 << 24)

@@ -180,6 +180,26 @@ def test_ops_norm_moe(t, route, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
+def test_topk_sort_real_shapes(fmt, monkeypatch):
+    """flint-40b's MoE at batch 1: tl.topk's picks (moe_gemv.TOPK_SORT) give the same bits and
+    handoff as the rounds of a max, on the GPU's compile of both."""
+    e, k = 256, 6
+    w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, fmt)
+    x = torch.randn(1, 2048, device=DEVICE, dtype=torch.bfloat16)
+    for seed in range(4):
+        logits, bias = logits_and_bias(1, e, seed=seed)
+        results = []
+        for sort in (False, True):
+            monkeypatch.setattr(moe_gemv, "TOPK_SORT", sort)
+            routing = handoff(x)
+            results.append((fused_moe_routed(x, logits, bias, routing, k, 2.5, True, w13, w2, s13, s2), routing))
+        (out, routing), (out_sort, routing_sort) = results
+        assert torch.equal(out, out_sort) and torch.equal(routing, routing_sort)
+        assert torch.equal(routing[:, :k] - 1, route_from_logits_torch(logits, bias, k, 2.5, True)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
 @pytest.mark.parametrize("t", [1, 8])
 def test_real_shapes(fmt, t):
     """flint-40b's MoE (256 experts of 512, top-6, a shared expert) routed in its launches ==
