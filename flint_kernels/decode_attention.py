@@ -261,6 +261,8 @@ def _decode_reduce_kernel(
     hk = hq // G
     _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
     cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)  # the wait (pdl.py)
+    if USE_SINKS:  # a weight: before the wait too
+        sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
     pdl_prologue(PDL)
     cols = tl.arange(0, D)
     one = tl.arange(0, 1)
@@ -273,7 +275,6 @@ def _decode_reduce_kernel(
     l = tl.full([], 1.0, tl.float32)
     acc = v
     if USE_SINKS:  # a score with no value
-        sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
         m_new = tl.maximum(m, sink)
         alpha = tl.exp2(m - m_new)
         l = l * alpha + tl.exp2(sink - m_new)

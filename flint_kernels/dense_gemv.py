@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
-from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch
+from .rms_norm import (check_norm_inputs, folded_norm, folded_norm_by, maybe_folded_rstd, norm_weight,
+                       rms_norm_torch)
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -74,23 +75,28 @@ def _dense_gemv_kernel(
     if PREFETCH > 0:
         # every split is PREFETCH whole steps (the launcher checks): weights first, then the wait
         # for the previous kernel, whose output x is read after it (pdl.py)
+        # (and the norm weight of their columns: a weight too, else an HBM round trip after the wait)
         w0 = tl.load(w_rows + (k_lo + cols)[None, :], mask=row_mask[:, None], other=0.0)
+        nw0 = norm_weight(norm_w_ptr, k_lo + cols, cols >= 0, NORM)
         if PREFETCH > 1:
             w1 = tl.load(w_rows + (k_lo + BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
+            nw1 = norm_weight(norm_w_ptr, k_lo + BLOCK_K + cols, cols >= 0, NORM)
         if PREFETCH > 2:
             w2 = tl.load(w_rows + (k_lo + 2 * BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
+            nw2 = norm_weight(norm_w_ptr, k_lo + 2 * BLOCK_K + cols, cols >= 0, NORM)
         if PREFETCH > 3:
             w3 = tl.load(w_rows + (k_lo + 3 * BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
+            nw3 = norm_weight(norm_w_ptr, k_lo + 3 * BLOCK_K + cols, cols >= 0, NORM)
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
-        acc = _dot_step(w0, x_row, res_row, norm_w_ptr, k_lo + cols, rstd, NORM, HAS_RESIDUAL)
+        acc = _dot_step(w0, x_row, res_row, nw0, k_lo + cols, rstd, NORM, HAS_RESIDUAL)
         if PREFETCH > 1:
-            acc += _dot_step(w1, x_row, res_row, norm_w_ptr, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
+            acc += _dot_step(w1, x_row, res_row, nw1, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
         if PREFETCH > 2:
-            acc += _dot_step(w2, x_row, res_row, norm_w_ptr, k_lo + 2 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
+            acc += _dot_step(w2, x_row, res_row, nw2, k_lo + 2 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
         if PREFETCH > 3:
-            acc += _dot_step(w3, x_row, res_row, norm_w_ptr, k_lo + 3 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
+            acc += _dot_step(w3, x_row, res_row, nw3, k_lo + 3 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
     else:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -113,11 +119,12 @@ def _dense_gemv_kernel(
 
 
 @triton.jit
-def _dot_step(w, x_row, res_row, norm_w_ptr, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """[BLOCK_N] fp32 sums of a loaded weight step w [BLOCK_N, BLOCK_K] times the activations at
-    columns k (all inside the row): x, or rms_norm(residual + x) with NORM."""
+    columns k (all inside the row): x, or rms_norm(residual + x) with NORM (nw: the loaded norm
+    weight at k)."""
     if NORM:
-        x = folded_norm(x_row, res_row, norm_w_ptr, k, k >= 0, rstd, HAS_RESIDUAL).to(tl.float32)
+        x = folded_norm_by(x_row, res_row, nw, k, k >= 0, rstd, HAS_RESIDUAL).to(tl.float32)
     else:
         x = tl.load(x_row + k).to(tl.float32)
     return tl.sum(w.to(tl.float32) * x[None, :], axis=1)

@@ -27,7 +27,7 @@ from . import nvfp4
 from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_unit,
                     is_nvfp4, weight_args, weight_tile)
 from .pdl import launch_args, pdl_prologue
-from .router import ROUTING_COLS, route_from_logits
+from .router import ROUTING_COLS, expert_bias, route_from_logits
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
 
@@ -132,13 +132,14 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
 
 
 @triton.jit
-def _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K: tl.constexpr, ROUTE: tl.constexpr,
+def _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K: tl.constexpr, ROUTE: tl.constexpr,
                  RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr):
     """Expert id (int64; 0 for the shared slot k == K) of token t's slot k: the router's ids, or
-    (ROUTE) picked from the router's logits, with all the token's picks (ids [1, 8] int32, router
-    weights [1, 8] fp32; unused without ROUTE). Both are read past L1."""
+    (ROUTE) picked from the router's logits and the loaded correction bias (router.expert_bias),
+    with all the token's picks (ids [1, 8] int32, router weights [1, 8] fp32; unused without
+    ROUTE). Ids and logits are read past L1."""
     if ROUTE:
-        ids, mix = route_from_logits(logits_ptr, bias_ptr, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
+        ids, mix = route_from_logits(logits_ptr, bias, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
                                      scaling, K, RENORMALIZE, E_POW2, 8, TOPK_SORT)
         e = tl.sum(tl.where(tl.arange(0, 8)[None, :] == k, ids, 0))
     else:
@@ -193,8 +194,11 @@ def _moe_gate_up_kernel(
         return
     rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
+    bias = 0.0
+    if ROUTE:  # the routed slots' correction bias: a weight, loaded before the PDL prologue (pdl.py)
+        bias = expert_bias(bias_ptr, tl.where(k < K, E, 0), E_POW2)
     if PREFETCH > 0:
-        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
+        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
                                    TOPK_SORT)
         routed = k < K
         gate, up = _gate_up_prefetched(
@@ -210,7 +214,7 @@ def _moe_gate_up_kernel(
         return
     pdl_prologue(PDL)
     if k < K:
-        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias_ptr, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
+        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
                                    TOPK_SORT)
         if ROUTE and k == 0 and nb == 0:
             _publish_routing(routing_ptr, t, ids, mix, K)
@@ -366,7 +370,7 @@ def _moe_down_words_kernel(
     in one load of [8 slots, BLOCK_H, KW] words (no per-expert loop: the read is one round trip),
     one reduction over k, then each expert's output rounded to out's dtype, combined with the
     router weights in fp32, rounded, plus the shared expert's, as _moe_down_kernel. The expert
-    ids (the router's, two kernels back) and the weight tiles are loaded before the PDL prologue,
+    ids (the router's, two kernels back), the weight tiles and global scales are loaded before the PDL prologue,
     so the weight read overlaps the gate/up launch (pdl.py)."""
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -384,6 +388,10 @@ def _moe_down_words_kernel(
     g = tl.arange(0, KW // 2)
     s = tl.load(s_base[:, None, None] + rows[None, :, None] * s_sn[:, None, None] + g[None, None, :],
                 mask=live & (g[None, None, :] < n_words[:, None, None] // 2), other=0.0)  # [8, BLOCK_H, KW/2]
+    g_base = tl.where(routed, w2_scale_ptr + e * w2_sge, s2_scale_ptr)
+    g_sn = tl.where(routed, w2_sgn, s2_sgn)
+    global_scale = tl.load(g_base[:, None] + rows[None, :] * g_sn[:, None], mask=used[:, None] & row_mask[None, :],
+                           other=0.0)  # [8, BLOCK_H]
     pdl_prologue(PDL)  # the SwiGLU outputs come from the gate/up launch just before
     a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
     a_mask = used[:, None] & (kw[None, :] < n_words[:, None])
@@ -393,10 +401,7 @@ def _moe_down_words_kernel(
         a = tl.load(a_rows[:, None] + kw[None, :] * 8 + n, mask=a_mask, other=0.0).to(tl.float32)  # [8, KW]
         part += nibbles[n] * (a * fp4_x_unit(PTX))[:, None, :]
     block = tl.sum(tl.reshape(part, [8, BLOCK_H, KW // 2, 2]), axis=3)  # [8, BLOCK_H, KW/2]
-    y = tl.sum(block * (s.to(tl.float32) * fp4_scale_unit(PTX)), axis=2)  # [8, BLOCK_H]
-    g_base = tl.where(routed, w2_scale_ptr + e * w2_sge, s2_scale_ptr)
-    g_sn = tl.where(routed, w2_sgn, s2_sgn)
-    y *= tl.load(g_base[:, None] + rows[None, :] * g_sn[:, None], mask=used[:, None] & row_mask[None, :], other=0.0)
+    y = tl.sum(block * (s.to(tl.float32) * fp4_scale_unit(PTX)), axis=2) * global_scale  # [8, BLOCK_H]
     _store_combined(y, mix, out_ptr + t * H + rows, row_mask, K, SLOTS)
 
 

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import folded_norm
+from .rms_norm import folded_norm_by, norm_weight
 
 GROUP = 16  # weights per E4M3 block scale
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -218,7 +218,8 @@ def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, st
     multiplies each block's sum once. (fp4_load_words then fp4_dot_loaded: the two halves.)
     NORM: x is rms_norm(residual + x) folded in (fp4_dot_loaded)."""
     words, s = fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn, KW, MASK_K)
-    return fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW, MASK_K, PTX, res_ptr, norm_w_ptr, rstd, NORM,
+    nw = fp4_norm_weight(norm_w_ptr, kw0, n_words, KW, NORM)
+    return fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW, MASK_K, PTX, res_ptr, nw, rstd, NORM,
                           HAS_RESIDUAL)
 
 
@@ -242,13 +243,23 @@ def fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_w
 
 
 @triton.jit
+def fp4_norm_weight(norm_w_ptr, kw0, n_words, KW: tl.constexpr, NORM: tl.constexpr):
+    """The norm weight of a step's [KW, 8] columns (words [kw0, kw0 + KW)) for fp4_dot_loaded's
+    NORM, 0 without it: a weight, so a kernel may load it before its PDL wait (pdl.py)."""
+    kw = kw0 + tl.arange(0, KW)
+    j8 = tl.arange(0, 8)[None, :]
+    return norm_weight(norm_w_ptr, kw[:, None] * 8 + j8, (kw < n_words)[:, None] & (j8 < 8), NORM)
+
+
+@triton.jit
 def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr,
-                   res_ptr=None, norm_w_ptr=None, rstd=1.0, NORM: tl.constexpr = False,
+                   res_ptr=None, nw=None, rstd=1.0, NORM: tl.constexpr = False,
                    HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False):
     """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
-    activation is rms_norm(residual + x) with norm weight norm_w_ptr, computed here from the
-    row's rstd (rms_norm.folded_rstd) once for the step's [KW, 8] columns (rms_norm.folded_norm),
-    then nibble j's column picked out of each word's 8 (in-thread selects)."""
+    activation is rms_norm(residual + x) with the norm weight nw of the step's columns
+    (fp4_norm_weight), computed here from the row's rstd (rms_norm.folded_rstd) once for the
+    step's [KW, 8] columns (rms_norm.folded_norm_by), then nibble j's column picked out of each
+    word's 8 (in-thread selects)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
     nibbles = fp4_word_nibbles(words, PTX)
@@ -258,7 +269,7 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
         offs = kw[:, None] * 8 + j8
         x_mask = k_mask[:, None] & (j8 < 8)
         if NORM:
-            xs = folded_norm(x_ptr, res_ptr, norm_w_ptr, offs, x_mask, rstd, HAS_RESIDUAL).to(tl.float32)
+            xs = folded_norm_by(x_ptr, res_ptr, nw, offs, x_mask, rstd, HAS_RESIDUAL).to(tl.float32)
         else:
             xs = tl.load(x_ptr + offs, mask=x_mask, other=0.0).to(tl.float32)
     for j in tl.static_range(8):  # nibble by nibble

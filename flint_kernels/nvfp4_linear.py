@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from . import nvfp4
-from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, packed_words,
-                    scale_strides, weight_tile)
+from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_norm_weight,
+                    packed_words, scale_strides, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
@@ -81,31 +81,38 @@ def _nvfp4_gemv_kernel(
     if PREFETCH > 0:
         # every split is PREFETCH whole steps (the launcher checks): their weights are loaded
         # before the wait for the previous kernel, whose output x is read after it (pdl.py)
+        # (with the norm weight of their columns and the rows' global scale: weights too, else HBM
+        # round trips after the wait)
         KW: tl.constexpr = BLOCK_K // 8
         kw0 = k_lo // 8
         w0, s0 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0, K // 8, stride_wn, stride_sn, KW, False)
+        nw0 = fp4_norm_weight(norm_w_ptr, kw0, K // 8, KW, NORM)
         if PREFETCH > 1:
             w1, s1 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + KW, K // 8, stride_wn, stride_sn,
                                     KW, False)
+            nw1 = fp4_norm_weight(norm_w_ptr, kw0 + KW, K // 8, KW, NORM)
         if PREFETCH > 2:
             w2, s2 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + 2 * KW, K // 8, stride_wn, stride_sn,
                                     KW, False)
+            nw2 = fp4_norm_weight(norm_w_ptr, kw0 + 2 * KW, K // 8, KW, NORM)
         if PREFETCH > 3:
             w3, s3 = fp4_load_words(w_ptr, scales_ptr, rows, row_mask, kw0 + 3 * KW, K // 8, stride_wn, stride_sn,
                                     KW, False)
+            nw3 = fp4_norm_weight(norm_w_ptr, kw0 + 3 * KW, K // 8, KW, NORM)
+        scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
-        acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, KW, False, PTX, res_row, norm_w_ptr, rstd,
+        acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, KW, False, PTX, res_row, nw0, rstd,
                              NORM, HAS_RESIDUAL, X_BLOCK)
         if PREFETCH > 1:
-            acc += fp4_dot_loaded(x_row, w1, s1, kw0 + KW, K // 8, KW, False, PTX, res_row, norm_w_ptr, rstd,
+            acc += fp4_dot_loaded(x_row, w1, s1, kw0 + KW, K // 8, KW, False, PTX, res_row, nw1, rstd,
                                   NORM, HAS_RESIDUAL, X_BLOCK)
         if PREFETCH > 2:
-            acc += fp4_dot_loaded(x_row, w2, s2, kw0 + 2 * KW, K // 8, KW, False, PTX, res_row, norm_w_ptr, rstd,
+            acc += fp4_dot_loaded(x_row, w2, s2, kw0 + 2 * KW, K // 8, KW, False, PTX, res_row, nw2, rstd,
                                   NORM, HAS_RESIDUAL, X_BLOCK)
         if PREFETCH > 3:
-            acc += fp4_dot_loaded(x_row, w3, s3, kw0 + 3 * KW, K // 8, KW, False, PTX, res_row, norm_w_ptr, rstd,
+            acc += fp4_dot_loaded(x_row, w3, s3, kw0 + 3 * KW, K // 8, KW, False, PTX, res_row, nw3, rstd,
                                   NORM, HAS_RESIDUAL, X_BLOCK)
     elif WORDS:
         pdl_prologue(PDL)
@@ -132,7 +139,8 @@ def _nvfp4_gemv_kernel(
             w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, True)
             acc += w * x[None, :]
     y = tl.sum(acc, axis=1)  # [BLOCK_N]
-    scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
+    if PREFETCH == 0:
+        scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
     finish_split(y, scale, out_ptr + t * N + rows, part_ptr, t * N + rows, row_mask, s, T * N,
                  counter_ptr + t * tl.num_programs(1) + nb, SPLIT)
 

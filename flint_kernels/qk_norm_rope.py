@@ -33,8 +33,8 @@ ELEMS_PER_WARP = 512  # [heads, D] elements per warp (16 a thread): one warp per
 def _norm_rope_heads(
     src_ptr,      # [heads, D] from this block's first head (row of qkv)
     dst_ptr,      # [heads, D] from this block's first head (row of q or k), contiguous
-    weight_ptr,   # [D]
-    cos_ptr,      # [D] fp32: cos | sin at this token's position (read when USE_ROPE)
+    w1, w2,       # [1, D/2] each: the norm weight's halves (loaded)
+    cos, sin,     # [1, D/2] fp32 each at this token's position (loaded when USE_ROPE)
     cache_ptr,    # [heads, D] this block's cache rows (written when WRITE_CACHE and write)
     n_heads, write, eps,
     D: tl.constexpr, BLOCK_HEADS: tl.constexpr,
@@ -49,14 +49,10 @@ def _norm_rope_heads(
     x2 = tl.load(src_ptr + off + HALF, mask=mask, other=0.0)
     x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
     rstd = tl.rsqrt((tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)) / D + eps)[:, None]
-    w1 = tl.load(weight_ptr + cols).to(x1.dtype).to(tl.float32)
-    w2 = tl.load(weight_ptr + cols + HALF).to(x1.dtype).to(tl.float32)
     # round after the norm and after the weight, as the reference does
-    y1 = ((x1f * rstd).to(x1.dtype).to(tl.float32) * w1).to(x1.dtype)
-    y2 = ((x2f * rstd).to(x1.dtype).to(tl.float32) * w2).to(x1.dtype)
+    y1 = ((x1f * rstd).to(x1.dtype).to(tl.float32) * w1.to(x1.dtype).to(tl.float32)).to(x1.dtype)
+    y2 = ((x2f * rstd).to(x1.dtype).to(tl.float32) * w2.to(x1.dtype).to(tl.float32)).to(x1.dtype)
     if USE_ROPE:
-        cos = tl.load(cos_ptr + cols)
-        sin = tl.load(cos_ptr + cols + HALF)
         y1f, y2f = y1.to(tl.float32), y2.to(tl.float32)
         y1 = (y1f * cos - y2f * sin).to(x1.dtype)
         y2 = (y2f * cos + y1f * sin).to(x1.dtype)
@@ -86,30 +82,39 @@ def _qk_norm_rope_kernel(
     USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_prologue(PDL)
+    """Program (token, block of heads: Q blocks, then K blocks, then V blocks when WRITE_CACHE).
+    The norm weight, the token's cos | sin row and cache slot (weights, and metadata the host
+    writes before the step) are loaded before the PDL prologue (pdl.py), the heads after it."""
     Q_BLOCKS: tl.constexpr = (HQ + BLOCK_Q - 1) // BLOCK_Q
     K_BLOCKS: tl.constexpr = (HK + BLOCK_K - 1) // BLOCK_K
+    HALF: tl.constexpr = D // 2
     tok = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     row = qkv_ptr + tok * stride_qkv
-    if blk < Q_BLOCKS + K_BLOCKS:
-        cos_row = cos_sin_ptr
-        if USE_ROPE:
-            cos_row = cos_sin_ptr + tl.load(positions_ptr + tok).to(tl.int64) * D
-        if blk < Q_BLOCKS:
-            h0 = blk * BLOCK_Q
-            _norm_rope_heads(row + h0 * D, q_ptr + (tok * HQ + h0) * D, q_weight_ptr, cos_row, q_ptr,
-                             HQ - h0, False, eps,
-                             D=D, BLOCK_HEADS=BLOCK_Q, USE_ROPE=USE_ROPE, WRITE_CACHE=False)
-        else:
-            h0 = (blk - Q_BLOCKS) * BLOCK_K
-            slot = tl.load(slots_ptr + tok).to(tl.int64) if WRITE_CACHE else tok
-            _norm_rope_heads(row + (HQ + h0) * D, k_ptr + (tok * HK + h0) * D, k_weight_ptr, cos_row,
-                             k_cache_ptr + (tl.maximum(slot, 0) * HK + h0) * D, HK - h0, slot >= 0, eps,
-                             D=D, BLOCK_HEADS=BLOCK_K, USE_ROPE=USE_ROPE, WRITE_CACHE=WRITE_CACHE)
+    half = tl.arange(0, HALF)[None, :]
+    weight_ptr = tl.where(blk < Q_BLOCKS, q_weight_ptr, k_weight_ptr)
+    w1 = tl.load(weight_ptr + half)
+    w2 = tl.load(weight_ptr + half + HALF)
+    cos = 1.0
+    sin = 0.0
+    if USE_ROPE:
+        cos_row = cos_sin_ptr + tl.load(positions_ptr + tok).to(tl.int64) * D
+        cos = tl.load(cos_row + half)
+        sin = tl.load(cos_row + half + HALF)
+    slot = tl.load(slots_ptr + tok).to(tl.int64) if WRITE_CACHE else tok
+    pdl_prologue(PDL)
+    if blk < Q_BLOCKS:
+        h0 = blk * BLOCK_Q
+        _norm_rope_heads(row + h0 * D, q_ptr + (tok * HQ + h0) * D, w1, w2, cos, sin, q_ptr,
+                         HQ - h0, False, eps,
+                         D=D, BLOCK_HEADS=BLOCK_Q, USE_ROPE=USE_ROPE, WRITE_CACHE=False)
+    elif blk < Q_BLOCKS + K_BLOCKS:
+        h0 = (blk - Q_BLOCKS) * BLOCK_K
+        _norm_rope_heads(row + (HQ + h0) * D, k_ptr + (tok * HK + h0) * D, w1, w2, cos, sin,
+                         k_cache_ptr + (tl.maximum(slot, 0) * HK + h0) * D, HK - h0, slot >= 0, eps,
+                         D=D, BLOCK_HEADS=BLOCK_K, USE_ROPE=USE_ROPE, WRITE_CACHE=WRITE_CACHE)
     elif WRITE_CACHE:  # V block: a copy into the cache
         h0 = (blk - Q_BLOCKS - K_BLOCKS) * BLOCK_K
-        slot = tl.load(slots_ptr + tok).to(tl.int64)
         heads = tl.arange(0, BLOCK_K)[:, None]
         off = heads * D + tl.arange(0, D)[None, :]
         mask = (heads < HK - h0) & (slot >= 0)

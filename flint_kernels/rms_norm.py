@@ -74,9 +74,15 @@ def residual_add(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr):
 def scale_normed(a, norm_w_ptr, cols, mask, rstd):
     """rms_norm of a (residual + x) given its rows' rstd, with `_rms_norm_kernel`'s roundings: the
     normalised value and the weight each in a's dtype, their product rounded to it."""
+    return normed_by(a, tl.load(norm_w_ptr + cols, mask=mask, other=0.0), rstd)
+
+
+@triton.jit
+def normed_by(a, nw, rstd):
+    """scale_normed with the norm weight nw already loaded (shaped like a, or broadcast to it): a
+    kernel loads it before its PDL wait, as a weight (pdl.py)."""
     dtype = a.dtype
-    nw = tl.load(norm_w_ptr + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)
-    return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw).to(dtype)
+    return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw.to(dtype).to(tl.float32)).to(dtype)
 
 
 @triton.jit
@@ -121,6 +127,21 @@ def folded_norm(x_row, res_row, norm_w_ptr, offs, mask, rstd, HAS_RESIDUAL: tl.c
     """Columns `offs` of rms_norm(residual + x) given folded_rstd's rstd, in x's dtype, rounded
     as `_rms_norm_kernel` rounds (its output bits)."""
     return scale_normed(residual_add(x_row, res_row, offs, mask, HAS_RESIDUAL), norm_w_ptr, offs, mask, rstd)
+
+
+@triton.jit
+def folded_norm_by(x_row, res_row, nw, offs, mask, rstd, HAS_RESIDUAL: tl.constexpr):
+    """folded_norm with the norm weight at offs already loaded (nw, normed_by)."""
+    return normed_by(residual_add(x_row, res_row, offs, mask, HAS_RESIDUAL), nw, rstd)
+
+
+@triton.jit
+def norm_weight(norm_w_ptr, offs, mask, NORM: tl.constexpr):
+    """The norm weight at offs (a kernel's prefetch before its PDL wait) when NORM, else 0."""
+    nw = 0.0
+    if NORM:
+        nw = tl.load(norm_w_ptr + offs, mask=mask, other=0.0)
+    return nw
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

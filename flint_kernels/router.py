@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
-from .rms_norm import check_norm_inputs, folded_norm, folded_rstd, rms_norm_torch
+from .rms_norm import check_norm_inputs, folded_norm_by, folded_rstd, rms_norm_torch
 from .split_k import arrival_counters, last_to_arrive, num_sms
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -122,14 +122,16 @@ def _logits_norm(x_row, res_row, res_out_row, h_row, norm_w_ptr, w_ptr, experts,
                  write, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  PDL: tl.constexpr):
     """[1, BLOCK_E] fp32 logits of one token from rms_norm(residual + x) (BLOCK_H >= H): the weight
-    rows are loaded before the PDL prologue, the norm after it; `write`: store h and residual + x."""
+    rows and the norm weight are loaded before the PDL prologue, the norm computed after it;
+    `write`: store h and residual + x."""
     cols = tl.arange(0, BLOCK_H)
     c_mask = cols < H
     w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
                 mask=e_mask[:, None] & c_mask[None, :], other=0.0)  # [BLOCK_E, BLOCK_H]
+    nw = tl.load(norm_w_ptr + cols, mask=c_mask, other=0.0)  # a weight too
     pdl_prologue(PDL)
     rstd = folded_rstd(x_row, res_row, res_out_row, H, eps, write, HAS_RESIDUAL, BLOCK_H)
-    h = folded_norm(x_row, res_row, norm_w_ptr, cols, c_mask, rstd, HAS_RESIDUAL)  # [BLOCK_H]
+    h = folded_norm_by(x_row, res_row, nw, cols, c_mask, rstd, HAS_RESIDUAL)  # [BLOCK_H]
     tl.store(h_row + cols, h, mask=c_mask & write)
     return tl.sum(h.to(tl.float32)[None, :] * w.to(tl.float32), axis=1)[None, :]
 
@@ -163,8 +165,8 @@ def _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, str
 def _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scaling,
            TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr):
     """Writes the top-k of `tokens` from their [len(tokens), E] logits (stored by every program)."""
-    ids, weights = route_from_logits(logits_ptr, bias_ptr, tokens, t_mask, E, scaling, TOP_K, RENORMALIZE,
-                                     E_POW2, K_POW2)
+    ids, weights = route_from_logits(logits_ptr, expert_bias(bias_ptr, E, E_POW2), tokens, t_mask, E, scaling,
+                                     TOP_K, RENORMALIZE, E_POW2, K_POW2)
     slots = tl.arange(0, K_POW2)
     out = tokens[:, None] * TOP_K + slots[None, :]
     out_mask = t_mask[:, None] & (slots[None, :] < TOP_K)
@@ -173,10 +175,19 @@ def _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scalin
 
 
 @triton.jit
-def route_from_logits(logits_ptr, bias_ptr, tokens, t_mask, E, scaling, TOP_K: tl.constexpr,
+def expert_bias(bias_ptr, E, E_POW2: tl.constexpr):
+    """The router's correction bias [E_POW2] fp32 (0 past E) for route_from_logits: a weight, so
+    a kernel may load it before its PDL wait (pdl.py)."""
+    experts = tl.arange(0, E_POW2)
+    return tl.load(bias_ptr + experts, mask=experts < E, other=0.0)
+
+
+@triton.jit
+def route_from_logits(logits_ptr, bias, tokens, t_mask, E, scaling, TOP_K: tl.constexpr,
                       RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr,
                       TOPK_SORT: tl.constexpr = False):
-    """The routing of `tokens` from their fp32 logits rows ([T, E] at logits_ptr, read past L1):
+    """The routing of `tokens` from their fp32 logits rows ([T, E] at logits_ptr, read past L1)
+    and the correction bias (expert_bias):
     -> ids [len(tokens), K_POW2] int32 and weights (fp32, scaling applied), 0 in slots >= TOP_K.
     Sigmoid scores, top-k on score + bias, weights from the unbiased scores; the same bits in
     every kernel that calls it (the router's last program, or the expert launches). TOPK_SORT:
@@ -187,7 +198,6 @@ def route_from_logits(logits_ptr, bias_ptr, tokens, t_mask, E, scaling, TOP_K: t
     logits = tl.load(logits_ptr + tokens[:, None] * E + experts[None, :],
                      mask=t_mask[:, None] & e_mask[None, :], other=0.0, cache_modifier=".cg")
     scores = tl.sigmoid(logits)  # [BLOCK_T, E_POW2]
-    bias = tl.load(bias_ptr + experts, mask=e_mask, other=0.0)
     bits = (scores + bias[None, :]).to(tl.int32, bitcast=True)
     order = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # int order = float order
     key = (order.to(tl.int64) << 32) | (E_POW2 - 1 - experts)[None, :]
