@@ -95,6 +95,19 @@ def test_routed_ties_and_unnormalised_weights(renormalize):
     check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
 
 
+def routed_both_ways(x, logits, bias, k, weights, monkeypatch):
+    """fused_moe_routed with moe_gemv.TOPK_SORT off, then on: asserts the same output bits and
+    the same handoff; -> the handoff (expert ids + 1, then the router weights' bits)."""
+    results = []
+    for sort in (False, True):
+        monkeypatch.setattr(moe_gemv, "TOPK_SORT", sort)
+        routing = handoff(x)
+        results.append((fused_moe_routed(x, logits, bias, routing, k, 2.5, True, *weights), routing))
+    (out, routing), (out_sort, routing_sort) = results
+    assert torch.equal(out, out_sort) and torch.equal(routing, routing_sort)
+    return routing
+
+
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
 def test_topk_sort_picks_the_same(fmt, ties, monkeypatch):
@@ -107,13 +120,7 @@ def test_topk_sort_picks_the_same(fmt, ties, monkeypatch):
         logits[:, ::3] = 10.0  # 14 experts tie above all others; the six lowest ids win
         bias.zero_()
     x = torch.randn(t, 64, device=DEVICE)
-    results = []
-    for sort in (False, True):
-        monkeypatch.setattr(moe_gemv, "TOPK_SORT", sort)
-        routing = handoff(x)
-        results.append((fused_moe_routed(x, logits, bias, routing, k, 2.5, True, w13, w2, s13, s2), routing))
-    (out, routing), (out_sort, routing_sort) = results
-    assert torch.equal(out, out_sort) and torch.equal(routing, routing_sort)
+    routing = routed_both_ways(x, logits, bias, k, (w13, w2, s13, s2), monkeypatch)
     if ties:
         ids = torch.tensor([[0, 3, 6, 9, 12, 15]] * t, dtype=torch.int32, device=DEVICE)
     else:
@@ -188,13 +195,7 @@ def test_topk_sort_real_shapes(fmt, monkeypatch):
     x = torch.randn(1, 2048, device=DEVICE, dtype=torch.bfloat16)
     for seed in range(4):
         logits, bias = logits_and_bias(1, e, seed=seed)
-        results = []
-        for sort in (False, True):
-            monkeypatch.setattr(moe_gemv, "TOPK_SORT", sort)
-            routing = handoff(x)
-            results.append((fused_moe_routed(x, logits, bias, routing, k, 2.5, True, w13, w2, s13, s2), routing))
-        (out, routing), (out_sort, routing_sort) = results
-        assert torch.equal(out, out_sort) and torch.equal(routing, routing_sort)
+        routing = routed_both_ways(x, logits, bias, k, (w13, w2, s13, s2), monkeypatch)
         assert torch.equal(routing[:, :k] - 1, route_from_logits_torch(logits, bias, k, 2.5, True)[0])
 
 
