@@ -370,8 +370,9 @@ def _moe_down_words_kernel(
     in one load of [8 slots, BLOCK_H, KW] words (no per-expert loop: the read is one round trip),
     one reduction over k, then each expert's output rounded to out's dtype, combined with the
     router weights in fp32, rounded, plus the shared expert's, as _moe_down_kernel. The expert
-    ids (the router's, two kernels back), the weight tiles and global scales are loaded before the PDL prologue,
-    so the weight read overlaps the gate/up launch (pdl.py)."""
+    ids (the router's, two kernels back, or the gate/up launch's handoff), the weight tiles and
+    the global scales are loaded before the PDL prologue, so the weight read overlaps the gate/up
+    launch (pdl.py)."""
     t = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_mask = rows < H
