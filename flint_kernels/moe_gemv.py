@@ -65,6 +65,15 @@ DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 # layer on the H200's critical path (NVFP4; BF16 11.65 -> 11.30), NVFP4 100K replay 2.475 ->
 # 2.457 ms, BF16 2.929 -> 2.913 (benchmarks/NOTES.md §18). FLINT_MOE_TOPK_SORT=0: the rounds.
 TOPK_SORT = os.environ.get("FLINT_MOE_TOPK_SORT", "1") == "1"
+# NVFP4 words: each gate/up step's x, and the down launch's SwiGLU outputs, read as blocks of a
+# word's 8 values (16-byte vector loads) with nibble j's column picked in-thread
+# (nvfp4.fp4_dot_loaded's X_BLOCK), instead of eight stride-8 loads, each of which sm_90 code
+# issued only after the previous one's values went through shared memory. FLINT_FP4_MOE_X_BLOCK=0:
+# the stride-8 loads (a benchmark knob, read at each launch).
+X_BLOCK = os.environ.get("FLINT_FP4_MOE_X_BLOCK", "1") == "1"
+# The NVFP4 down launch loads its global scales before the PDL wait (ca5b325), or after its dot
+# (False): a benchmark knob, read at each launch, while the first's cost is measured (NOTES §18).
+DOWN_SCALES_EARLY = True
 # polls of the routing handoff before a down program gives up (never, if sound): it then reads
 # expert 0 (a wrong output, not an out-of-bounds read or a hang)
 SPIN_LIMIT = tl.constexpr(1 << 24)
@@ -73,11 +82,18 @@ SPIN_LIMIT = tl.constexpr(1 << 24)
 @triton.jit
 def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
                   stride_wn, stride_sn, stride_gn, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
-                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr):
+                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
+                  X_BLOCK: tl.constexpr):
     """-> gate, up [BLOCK_N] fp32 (global scale applied) of one expert's rows `rows` (< n_rows).
     WORDS: an NVFP4 weight comes as int32 words (nvfp4.fp4_dot_words, PTX: its inline-PTX
-    decode), else as bytes."""
+    decode; X_BLOCK: x as blocks of 8), else as bytes. The global scales are loaded before the
+    loop, so their round trip overlaps the weights'."""
     row_mask = rows < n_rows
+    gate_scale = 1.0
+    up_scale = 1.0
+    if FP4:
+        gate_scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
+        up_scale = tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
     USE_WORDS: tl.constexpr = WORDS if FP4 else False
     if USE_WORDS:
         # gate and up rows interleaved in one tile [2 BLOCK_N] (even: gate, odd: up): each x value
@@ -87,7 +103,7 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
         acc = tl.zeros([2 * rows.shape[0], BLOCK_K // 16], tl.float32)
         for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
             acc += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, both, both_mask, k0 // 8, H // 8, stride_wn,
-                                 stride_sn, BLOCK_K // 8, MASK_K, PTX)
+                                 stride_sn, BLOCK_K // 8, MASK_K, PTX, X_BLOCK=X_BLOCK)
         gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
     else:
         acc_g = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
@@ -102,18 +118,16 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
             acc_u += u * x[None, :]
         gate = tl.sum(acc_g, axis=1)
         up = tl.sum(acc_u, axis=1)
-    if FP4:  # the global scale, once per output
-        gate *= tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
-        up *= tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
-    return gate, up
+    return gate * gate_scale, up * up_scale  # the global scale, once per output
 
 
 @triton.jit
 def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn,
                         stride_gn, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, PTX: tl.constexpr,
-                        PDL: tl.constexpr):
+                        X_BLOCK: tl.constexpr, PDL: tl.constexpr):
     """_gate_up_rows for NVFP4 words whose H is STEPS (1 or 2) whole steps: every word of the
-    interleaved gate/up rows is loaded, then the PDL prologue runs, then x is read. -> gate, up."""
+    interleaved gate/up rows and the global scales are loaded, then the PDL prologue runs, then x
+    is read. -> gate, up."""
     row_mask = rows < n_rows
     both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
     both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
@@ -121,14 +135,14 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
     w0, s0 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, 0, H // 8, stride_wn, stride_sn, kw, False)
     if STEPS > 1:
         w1, s1 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, kw, H // 8, stride_wn, stride_sn, kw, False)
+    gate_scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
+    up_scale = tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
     pdl_prologue(PDL)
-    acc = fp4_dot_loaded(x_row_ptr, w0, s0, 0, H // 8, kw, False, PTX)
+    acc = fp4_dot_loaded(x_row_ptr, w0, s0, 0, H // 8, kw, False, PTX, X_BLOCK=X_BLOCK)
     if STEPS > 1:
-        acc += fp4_dot_loaded(x_row_ptr, w1, s1, kw, H // 8, kw, False, PTX)
+        acc += fp4_dot_loaded(x_row_ptr, w1, s1, kw, H // 8, kw, False, PTX, X_BLOCK=X_BLOCK)
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
-    gate *= tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)  # the global scale
-    up *= tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
-    return gate, up
+    return gate * gate_scale, up * up_scale  # the global scale, once per output
 
 
 @triton.jit
@@ -175,7 +189,8 @@ def _moe_gate_up_kernel(
     H, I, IS, stride_xt, stride_inter, E, scaling,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
-    WORDS: tl.constexpr, PTX: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr, PREFETCH: tl.constexpr,
+    WORDS: tl.constexpr, PTX: tl.constexpr, X_BLOCK: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr,
+    PREFETCH: tl.constexpr,
     ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -206,7 +221,7 @@ def _moe_gate_up_kernel(
             tl.where(routed, w13_scales_ptr + e * w13_sse, s13_scales_ptr),
             tl.where(routed, w13_scale_ptr + e * w13_sge, s13_scale_ptr), rows, n_rows, H,
             tl.where(routed, w13_sn, s13_sn), tl.where(routed, w13_ssn, s13_ssn),
-            tl.where(routed, w13_sgn, s13_sgn), BLOCK_K, PREFETCH, PTX, PDL)
+            tl.where(routed, w13_sgn, s13_sgn), BLOCK_K, PREFETCH, PTX, X_BLOCK, PDL)
         if ROUTE and k == 0 and nb == 0:  # after the PDL prologue (a store)
             _publish_routing(routing_ptr, t, ids, mix, K)
         h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
@@ -220,11 +235,11 @@ def _moe_gate_up_kernel(
             _publish_routing(routing_ptr, t, ids, mix, K)
         gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
                                  w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
-                                 BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX)
+                                 BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX, X_BLOCK)
     else:
         gate, up = _gate_up_rows(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
                                  s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
-                                 WORDS, PTX)
+                                 WORDS, PTX, X_BLOCK)
     h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
 
@@ -363,7 +378,7 @@ def _moe_down_words_kernel(
     s2_se, s2_sn, s2_sse, s2_ssn, s2_sge, s2_sgn,
     H, I, IS, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, KW: tl.constexpr, PTX: tl.constexpr,
-    ROUTE: tl.constexpr, ACQUIRE_PTX: tl.constexpr,
+    X_BLOCK: tl.constexpr, SCALES_EARLY: tl.constexpr, ROUTE: tl.constexpr, ACQUIRE_PTX: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Program (token, BLOCK_H output dims): the down projection of all the token's SLOTS experts
@@ -389,20 +404,32 @@ def _moe_down_words_kernel(
     g = tl.arange(0, KW // 2)
     s = tl.load(s_base[:, None, None] + rows[None, :, None] * s_sn[:, None, None] + g[None, None, :],
                 mask=live & (g[None, None, :] < n_words[:, None, None] // 2), other=0.0)  # [8, BLOCK_H, KW/2]
-    g_base = tl.where(routed, w2_scale_ptr + e * w2_sge, s2_scale_ptr)
-    g_sn = tl.where(routed, w2_sgn, s2_sgn)
-    global_scale = tl.load(g_base[:, None] + rows[None, :] * g_sn[:, None], mask=used[:, None] & row_mask[None, :],
-                           other=0.0)  # [8, BLOCK_H]
+    g_ptrs = tl.where(routed, w2_scale_ptr + e * w2_sge, s2_scale_ptr)[:, None] + \
+        rows[None, :] * tl.where(routed, w2_sgn, s2_sgn)[:, None]  # [8, BLOCK_H] global scales
+    g_mask = used[:, None] & row_mask[None, :]
+    global_scale = 1.0
+    if SCALES_EARLY:
+        global_scale = tl.load(g_ptrs, mask=g_mask, other=0.0)
     pdl_prologue(PDL)  # the SwiGLU outputs come from the gate/up launch just before
     a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
     a_mask = used[:, None] & (kw[None, :] < n_words[:, None])
     nibbles = fp4_word_nibbles(words, PTX)
+    n8 = tl.arange(0, 8)
+    if X_BLOCK:  # the word's 8 values in one vector load, nibble n's picked in-thread below
+        a8 = tl.load(a_rows[:, None, None] + kw[None, :, None] * 8 + n8[None, None, :],
+                     mask=a_mask[:, :, None] & (n8 < 8)[None, None, :], other=0.0).to(tl.float32)  # [8, KW, 8]
     part = tl.zeros([8, BLOCK_H, KW], tl.float32)
     for n in tl.static_range(8):  # nibble n: k = 8 w + n
-        a = tl.load(a_rows[:, None] + kw[None, :] * 8 + n, mask=a_mask, other=0.0).to(tl.float32)  # [8, KW]
+        if X_BLOCK:
+            a = tl.sum(tl.where(n8[None, None, :] == n, a8, 0.0), axis=2)  # [8, KW]
+        else:
+            a = tl.load(a_rows[:, None] + kw[None, :] * 8 + n, mask=a_mask, other=0.0).to(tl.float32)  # [8, KW]
         part += nibbles[n] * (a * fp4_x_unit(PTX))[:, None, :]
     block = tl.sum(tl.reshape(part, [8, BLOCK_H, KW // 2, 2]), axis=3)  # [8, BLOCK_H, KW/2]
-    y = tl.sum(block * (s.to(tl.float32) * fp4_scale_unit(PTX)), axis=2) * global_scale  # [8, BLOCK_H]
+    y = tl.sum(block * (s.to(tl.float32) * fp4_scale_unit(PTX)), axis=2)  # [8, BLOCK_H]
+    if not SCALES_EARLY:
+        global_scale = tl.load(g_ptrs, mask=g_mask, other=0.0)
+    y *= global_scale
     _store_combined(y, mix, out_ptr + t * H + rows, row_mask, K, SLOTS)
 
 
@@ -516,7 +543,7 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
             FIRST=first, COUNT=count, PREFETCH=prefetch, **launch_args(x.device, prefetches=prefetch > 0),
-            WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
+            WORDS=words_up, PTX=nvfp4.ptx_decode(), X_BLOCK=X_BLOCK, num_warps=WARPS)
 
     if SPLIT_SHARED and words13 and has_shared:
         # the shared expert's launch first: it reads nothing the router wrote, and puts the router
@@ -531,7 +558,9 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
-            PTX=nvfp4.ptx_decode(), **launch_args(x.device, prefetches=True), num_warps=DOWN_WORDS_WARPS)
+            PTX=nvfp4.ptx_decode(), X_BLOCK=X_BLOCK, SCALES_EARLY=DOWN_SCALES_EARLY,
+            **launch_args(x.device, prefetches=True),
+            num_warps=DOWN_WORDS_WARPS)
         return out
     if DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and slots <= 8 and i_max <= DOWN_DENSE_MAX_I:
         _moe_down_dense_kernel[(t, triton.cdiv(h, DOWN_DENSE_ROWS))](

@@ -206,7 +206,7 @@ def fp4_scale_unit(PTX: tl.constexpr):
 def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
                   KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr = False,
                   res_ptr=None, norm_w_ptr=None, rstd=1.0, NORM: tl.constexpr = False,
-                  HAS_RESIDUAL: tl.constexpr = False):
+                  HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False):
     """GEMV step of an NVFP4 matrix read as 32-bit words (8 weights each, k = 8 w + j in nibble
     j): -> [BLOCK_N, KW / 2] fp32, for rows `rows` and words [kw0, kw0 + KW), the sums over
     each 16-weight block of E2M1 * block scale * x[k]; the global scale is not applied. Sum
@@ -216,11 +216,11 @@ def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, st
     [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs its
     decode (fp4_word_nibbles) and one FMA; each x value serves all the rows; the block scale
     multiplies each block's sum once. (fp4_load_words then fp4_dot_loaded: the two halves.)
-    NORM: x is rms_norm(residual + x) folded in (fp4_dot_loaded)."""
+    NORM: x is rms_norm(residual + x) folded in; X_BLOCK: x read as one block (fp4_dot_loaded)."""
     words, s = fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn, KW, MASK_K)
     nw = fp4_norm_weight(norm_w_ptr, kw0, n_words, KW, NORM)
     return fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW, MASK_K, PTX, res_ptr, nw, rstd, NORM,
-                          HAS_RESIDUAL)
+                          HAS_RESIDUAL, X_BLOCK)
 
 
 @triton.jit
