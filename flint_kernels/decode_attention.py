@@ -54,6 +54,10 @@ WINDOW_SPLITS: int | None = None
 # splits a reduce program merges per step: on a GPU all of them at batch 1 (one round trip; 8
 # warps hold [128, D] fp32), the interpreter also runs the multi-step loop
 REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
+# A reduce program loads its first BLOCK_S partials right after its PDL wait, with the new
+# token's q, k and v, instead of after q . k's cross-warp sum: one round trip to L2, not two. A
+# benchmark knob, read at each launch (benchmarks/NOTES.md §19).
+REDUCE_PARTIALS_FIRST = True
 
 
 @triton.jit
@@ -65,6 +69,20 @@ def _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N: tl.constex
     split_len = tl.maximum(split_len, BLOCK_N)
     start = lo + s * split_len
     return start, tl.minimum(start + split_len, ctx), tl.cdiv(ctx - lo, split_len)
+
+
+@triton.jit
+def _partials(part_ml_ptr, part_acc_ptr, part, s0, splits, cols, num_splits, n_splits, D: tl.constexpr):
+    """The partials of splits s0 + splits of a reduce program (its first at part): -> max [BLOCK_S],
+    sum of p [BLOCK_S], sum of p * v [BLOCK_S, D]; those of splits that did not run (past the
+    n_splits non-empty ones, or all when one split ran: any bits) read as empty."""
+    idx = part + s0 + splits
+    loaded = s0 + splits < num_splits
+    live = (s0 + splits < n_splits) & (n_splits > 1)  # partials exist when several splits ran
+    ms = tl.load(part_ml_ptr + idx * 2, mask=loaded, other=-1e30)
+    ls = tl.load(part_ml_ptr + idx * 2 + 1, mask=loaded, other=0.0)
+    accs = tl.load(part_acc_ptr + idx[:, None] * D + cols[None, :], mask=loaded[:, None], other=0.0)
+    return tl.where(live, ms, -1e30), tl.where(live, ls, 0.0), tl.where(live[:, None], accs, 0.0)
 
 
 @triton.jit
@@ -249,13 +267,14 @@ def _decode_reduce_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
     qk_scale, window, num_splits, eps,
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PDL: tl.constexpr,
+    USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PARTIALS_FIRST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (b, query head): one pass over the splits' partials, BLOCK_S at a time, merged
     online. Every load is issued without waiting for the context length (partials of splits
-    past the sequence's non-empty ones are loaded, then masked), so with BLOCK_S >= num_splits
-    the program makes one round trip to memory. Nothing is stored when one split wrote the
-    output itself."""
+    past the sequence's non-empty ones are loaded, then masked), and (PARTIALS_FIRST) the first
+    BLOCK_S partials with the new token's q, k, v, so with BLOCK_S >= num_splits the program
+    makes one round trip to memory. Nothing is stored when one split wrote the output itself."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
@@ -265,6 +284,14 @@ def _decode_reduce_kernel(
         sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
     pdl_prologue(PDL)
     cols = tl.arange(0, D)
+    splits = tl.arange(0, BLOCK_S)
+    part = (b * tl.num_programs(1) + hq) * num_splits
+    if PARTIALS_FIRST:
+        ms, ls, accs = _partials(part_ml_ptr, part_acc_ptr, part, 0, splits, cols, num_splits, n_splits, D)
+    else:  # loaded in the loop
+        ms = tl.full([BLOCK_S], -1e30, tl.float32)
+        ls = tl.zeros([BLOCK_S], tl.float32)
+        accs = tl.zeros([BLOCK_S, D], tl.float32)
     one = tl.arange(0, 1)
     q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
                                FROM_QKV, USE_ROPE), [D]).to(tl.float32)
@@ -280,19 +307,12 @@ def _decode_reduce_kernel(
         l = l * alpha + tl.exp2(sink - m_new)
         acc = acc * alpha
         m = m_new
-    splits = tl.arange(0, BLOCK_S)
-    part = (b * tl.num_programs(1) + hq) * num_splits
     for s0 in range(0, num_splits, BLOCK_S):
-        idx = part + s0 + splits
-        loaded = s0 + splits < num_splits
-        live = (s0 + splits < n_splits) & (n_splits > 1)  # partials exist when several splits ran
-        ms = tl.load(part_ml_ptr + idx * 2, mask=loaded, other=-1e30)
-        ls = tl.load(part_ml_ptr + idx * 2 + 1, mask=loaded, other=0.0)
-        accs = tl.load(part_acc_ptr + idx[:, None] * D + cols[None, :], mask=loaded[:, None], other=0.0)
-        # stale partials (of splits that did not run this step: any bits) are dropped
-        ms = tl.where(live, ms, -1e30)
-        ls = tl.where(live, ls, 0.0)
-        accs = tl.where(live[:, None], accs, 0.0)
+        if PARTIALS_FIRST:
+            if s0 > 0:
+                ms, ls, accs = _partials(part_ml_ptr, part_acc_ptr, part, s0, splits, cols, num_splits, n_splits, D)
+        else:
+            ms, ls, accs = _partials(part_ml_ptr, part_acc_ptr, part, s0, splits, cols, num_splits, n_splits, D)
         m_new = tl.maximum(m, tl.max(ms, axis=0))
         alpha = tl.exp2(m - m_new)
         w = tl.exp2(ms - m_new)  # [BLOCK_S]
@@ -389,7 +409,8 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
     )
     if splits > 1:  # else the one split wrote every output itself
         _decode_reduce_kernel[(batch, hq)](
-            BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), **common, num_warps=REDUCE_WARPS)
+            BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), PARTIALS_FIRST=REDUCE_PARTIALS_FIRST,
+            **common, num_warps=REDUCE_WARPS)
     return out
 
 

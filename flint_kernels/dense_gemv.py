@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
-from .rms_norm import (check_norm_inputs, folded_norm, folded_norm_by, maybe_folded_rstd, norm_weight,
-                       rms_norm_torch)
+from .rms_norm import (check_norm_inputs, folded_norm, folded_norm_by, maybe_folded_rstd, norm_weight, normed_by,
+                       residual_add, rms_norm_torch)
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -48,6 +48,10 @@ STAGES = 3
 # slower on the H200 (BF16 100K replay 3.034 -> 3.094 ms with WARPS = 8, benchmarks/NOTES.md §13).
 PREFETCH_STEPS = 2
 MAX_SPLITS: int | None = None
+# A prefetching split loads every step's x (and residual) right after its PDL wait, before the
+# row's rstd and the first step's sums: one round trip to L2 instead of one a step (as
+# nvfp4_linear.GEMV_X_EARLY). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
+X_EARLY = True
 
 
 @triton.jit
@@ -63,7 +67,7 @@ def _dense_gemv_kernel(
     T, N, K, stride_xt, stride_wn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, X_EARLY: tl.constexpr, PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it);
     stored in out's dtype, rounded to x's first with ROUND_TO_X (fp32 logits of a bf16 linear)."""
@@ -88,15 +92,27 @@ def _dense_gemv_kernel(
             w3 = tl.load(w_rows + (k_lo + 3 * BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
             nw3 = norm_weight(norm_w_ptr, k_lo + 3 * BLOCK_K + cols, cols >= 0, NORM)
         pdl_prologue(PDL)
+        xa0 = None
+        xa1 = None
+        xa2 = None
+        xa3 = None
+        if X_EARLY:  # every step's activations, then the rstd's row: one round trip
+            xa0 = residual_add(x_row, res_row, k_lo + cols, cols >= 0, HAS_RESIDUAL)
+            if PREFETCH > 1:
+                xa1 = residual_add(x_row, res_row, k_lo + BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
+            if PREFETCH > 2:
+                xa2 = residual_add(x_row, res_row, k_lo + 2 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
+            if PREFETCH > 3:
+                xa3 = residual_add(x_row, res_row, k_lo + 3 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
-        acc = _dot_step(w0, x_row, res_row, nw0, k_lo + cols, rstd, NORM, HAS_RESIDUAL)
+        acc = _dot_step(w0, x_row, res_row, nw0, k_lo + cols, rstd, NORM, HAS_RESIDUAL, xa0)
         if PREFETCH > 1:
-            acc += _dot_step(w1, x_row, res_row, nw1, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
+            acc += _dot_step(w1, x_row, res_row, nw1, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL, xa1)
         if PREFETCH > 2:
-            acc += _dot_step(w2, x_row, res_row, nw2, k_lo + 2 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
+            acc += _dot_step(w2, x_row, res_row, nw2, k_lo + 2 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL, xa2)
         if PREFETCH > 3:
-            acc += _dot_step(w3, x_row, res_row, nw3, k_lo + 3 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL)
+            acc += _dot_step(w3, x_row, res_row, nw3, k_lo + 3 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL, xa3)
     else:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -119,11 +135,16 @@ def _dense_gemv_kernel(
 
 
 @triton.jit
-def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, xa=None):
     """[BLOCK_N] fp32 sums of a loaded weight step w [BLOCK_N, BLOCK_K] times the activations at
     columns k (all inside the row): x, or rms_norm(residual + x) with NORM (nw: the loaded norm
-    weight at k)."""
-    if NORM:
+    weight at k). xa: x (residual + x with NORM and HAS_RESIDUAL) at k already loaded."""
+    if xa is not None:
+        if NORM:
+            x = normed_by(xa, nw, rstd).to(tl.float32)
+        else:
+            x = xa.to(tl.float32)
+    elif NORM:
         x = folded_norm_by(x_row, res_row, nw, k, k >= 0, rstd, HAS_RESIDUAL).to(tl.float32)
     else:
         x = tl.load(x_row + k).to(tl.float32)
@@ -187,7 +208,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split, eps=eps,
         BLOCK_N=BLOCK_N, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype,
+        BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype, X_EARLY=X_EARLY,
         **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
 
 

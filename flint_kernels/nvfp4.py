@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import folded_norm_by, norm_weight
+from .rms_norm import folded_norm_by, norm_weight, normed_by, residual_add
 
 GROUP = 16  # weights per E4M3 block scale
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -252,14 +252,24 @@ def fp4_norm_weight(norm_w_ptr, kw0, n_words, KW: tl.constexpr, NORM: tl.constex
 
 
 @triton.jit
+def fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """A step's activations as one [KW, 8] block, a word's 8 values a row (residual + x, rounded,
+    when HAS_RESIDUAL): what fp4_dot_loaded loads itself with X_BLOCK or NORM, for a kernel that
+    issues all its steps' loads at once and passes them in (its xa)."""
+    kw = kw0 + tl.arange(0, KW)
+    j8 = tl.arange(0, 8)[None, :]
+    return residual_add(x_ptr, res_ptr, kw[:, None] * 8 + j8, (kw < n_words)[:, None] & (j8 < 8), HAS_RESIDUAL)
+
+
+@triton.jit
 def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr,
                    res_ptr=None, nw=None, rstd=1.0, NORM: tl.constexpr = False,
-                   HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False):
+                   HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False, xa=None):
     """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
     activation is rms_norm(residual + x) with the norm weight nw of the step's columns
     (fp4_norm_weight), computed here from the row's rstd (rms_norm.folded_rstd) once for the
     step's [KW, 8] columns (rms_norm.folded_norm_by), then nibble j's column picked out of each
-    word's 8 (in-thread selects)."""
+    word's 8 (in-thread selects). xa: that block already loaded (fp4_x_block; NORM or X_BLOCK)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
     nibbles = fp4_word_nibbles(words, PTX)
@@ -268,7 +278,12 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
         j8 = tl.arange(0, 8)[None, :]
         offs = kw[:, None] * 8 + j8
         x_mask = k_mask[:, None] & (j8 < 8)
-        if NORM:
+        if xa is not None:
+            if NORM:
+                xs = normed_by(xa, nw, rstd).to(tl.float32)
+            else:
+                xs = xa.to(tl.float32)
+        elif NORM:
             xs = folded_norm_by(x_ptr, res_ptr, nw, offs, x_mask, rstd, HAS_RESIDUAL).to(tl.float32)
         else:
             xs = tl.load(x_ptr + offs, mask=x_mask, other=0.0).to(tl.float32)

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from . import nvfp4
 from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_norm_weight,
-                    packed_words, scale_strides, weight_tile)
+                    fp4_x_block, packed_words, scale_strides, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
@@ -50,6 +50,11 @@ GEMV_PREFETCH = os.environ.get("FLINT_FP4_GEMV_PREFETCH", "1") == "1"
 # measured slower on the H200 (NVFP4 100K replay 2.570 -> 2.604 ms, benchmarks/NOTES.md §13).
 GEMV_PREFETCH_STEPS = 2
 GEMV_MAX_SPLITS: int | None = None
+# A prefetching split (X_BLOCK or the folded RMSNorm) loads every step's x block right after its
+# PDL wait, before the row's rstd and the first step's decode: one round trip to L2 instead of
+# one a step (sm_90 code issued the next step's loads after the previous step's shared-memory
+# conversions). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
+GEMV_X_EARLY = True
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
 
@@ -70,7 +75,7 @@ def _nvfp4_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, X_BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
+    X_EARLY: tl.constexpr, PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T: the residual add and RMSNorm
     of the previous launch folded in (every program takes the row's rstd from all K columns, a
@@ -101,19 +106,32 @@ def _nvfp4_gemv_kernel(
             nw3 = fp4_norm_weight(norm_w_ptr, kw0 + 3 * KW, K // 8, KW, NORM)
         scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
         pdl_prologue(PDL)
+        XA: tl.constexpr = X_EARLY and (NORM or X_BLOCK)
+        xa0 = None
+        xa1 = None
+        xa2 = None
+        xa3 = None
+        if XA:  # every step's x block, then the rstd's row: one round trip
+            xa0 = fp4_x_block(x_row, res_row, kw0, K // 8, KW, HAS_RESIDUAL)
+            if PREFETCH > 1:
+                xa1 = fp4_x_block(x_row, res_row, kw0 + KW, K // 8, KW, HAS_RESIDUAL)
+            if PREFETCH > 2:
+                xa2 = fp4_x_block(x_row, res_row, kw0 + 2 * KW, K // 8, KW, HAS_RESIDUAL)
+            if PREFETCH > 3:
+                xa3 = fp4_x_block(x_row, res_row, kw0 + 3 * KW, K // 8, KW, HAS_RESIDUAL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
         acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, KW, False, PTX, res_row, nw0, rstd,
-                             NORM, HAS_RESIDUAL, X_BLOCK)
+                             NORM, HAS_RESIDUAL, X_BLOCK, xa0)
         if PREFETCH > 1:
             acc += fp4_dot_loaded(x_row, w1, s1, kw0 + KW, K // 8, KW, False, PTX, res_row, nw1, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa1)
         if PREFETCH > 2:
             acc += fp4_dot_loaded(x_row, w2, s2, kw0 + 2 * KW, K // 8, KW, False, PTX, res_row, nw2, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa2)
         if PREFETCH > 3:
             acc += fp4_dot_loaded(x_row, w3, s3, kw0 + 3 * KW, K // 8, KW, False, PTX, res_row, nw3, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa3)
     elif WORDS:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -257,7 +275,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
             res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
-            X_BLOCK=nvfp4.X_BLOCK_LOADS,
+            X_BLOCK=nvfp4.X_BLOCK_LOADS, X_EARLY=GEMV_X_EARLY,
             **launch_args(x.device, prefetches=prefetch > 0),
             NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
             num_warps=GEMV_WARPS)

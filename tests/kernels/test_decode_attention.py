@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from flint_kernels import decode_attention as decode_attention_module
 from flint_kernels.decode_attention import decode_attention, decode_attention_torch
 from kv_cases import assert_scaled_close, make_step
 
@@ -68,6 +69,21 @@ def test_every_row_written_for_any_number_of_nonempty_splits(hq, hk, dtype):
         decode_attention(*args, **step.cache_kwargs(), out=out, num_splits=8)
         torch.testing.assert_close(out, decode_attention_torch(*args, **step.cache_kwargs()), **TOL[dtype])
 
+
+
+@pytest.mark.parametrize("layout,window", [("paged", 0), ("ring", WINDOW)])
+def test_partials_loaded_first_give_the_same_bits(layout, window, monkeypatch):
+    """decode_attention.REDUCE_PARTIALS_FIRST: the reduce programs' first block of partials loaded
+    with q, k, v gives the bits of loading it after q . k; 20 splits run the interpreter's
+    blocks of 16 twice (the second loaded in the loop)."""
+    step = make_step([(c, 1) for c in (300, 5, 129)], dtype=torch.bfloat16, layout=layout,
+                     rows_per=16 if layout == "paged" else 128, seed=4, device=DEVICE)
+    outs = []
+    for first in (False, True):
+        monkeypatch.setattr(decode_attention_module, "REDUCE_PARTIALS_FIRST", first)
+        outs.append(run_both(step, window, num_splits=20 if layout == "paged" else 2)[0])
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1], run_both(step, window)[1], **TOL[torch.bfloat16])
 
 def test_huge_sink_and_no_sink():
     step = make_step([(5, 1), (20, 1), (0, 1)], rows_per=4, device=DEVICE)

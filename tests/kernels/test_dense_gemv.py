@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from flint_kernels import dense_gemv as dense_gemv_module
 from flint_kernels.dense_gemv import MAX_TOKENS, dense_gemv, uses_dense_gemv
+from kv_cases import assert_scaled_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32: summation order only; bf16: the output's rounding (the interpreter truncates: 1 ulp)
@@ -56,6 +57,27 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
     torch.testing.assert_close(got, exp, **TOL[torch.float32])
     torch.testing.assert_close(got_res, exp_res, rtol=0, atol=0)
 
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("k,splits", [(STEP, None), (4 * STEP, 2), (4 * STEP, 1)], ids=["one-step", "two-steps", "four-steps"])
+def test_x_loaded_early_gives_the_same_bits(norm, k, splits, monkeypatch):
+    """dense_gemv.X_EARLY: every prefetched step's x (residual + x with the folded RMSNorm) loaded
+    right after the wait gives the bits of loading it step by step."""
+    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
+    x, w = operands(3, 24, k, torch.bfloat16, seed=k)
+    residual, _ = operands(3, 1, k, torch.bfloat16, seed=k + 1)
+    norm_w = (1 + 0.1 * operands(1, 1, k, torch.float32, seed=k + 2)[0][0]).to(torch.bfloat16)
+    outs = []
+    for early in (False, True):
+        monkeypatch.setattr(dense_gemv_module, "X_EARLY", early)
+        if norm:
+            outs.append(dense_gemv_module.rms_norm_dense_gemv(x, residual, norm_w, 1e-6, w, num_splits=splits)[0])
+        else:
+            outs.append(dense_gemv(x, w, num_splits=splits))
+    assert torch.equal(outs[0], outs[1])
+    exp = F.linear(x, w) if not norm else dense_gemv_module.rms_norm_dense_gemv_torch(x, residual, norm_w, 1e-6, w)[0]
+    assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
 
 @pytest.mark.parametrize("t,n,steps,splits", [(1, 40, 2, None), (2, 33, 4, 2), (3, 24, 8, 2)])
 def test_fp32_logits_are_the_rounded_outputs(t, n, steps, splits):

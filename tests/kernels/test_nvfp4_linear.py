@@ -88,6 +88,34 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
     torch.testing.assert_close(got_res, exp_res, rtol=0, atol=0)
 
 
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("x_block", [False, True], ids=["stride-8-x", "x-block"])
+@pytest.mark.parametrize("k,splits", [(1024, 2), (1024, 1)], ids=["two-steps", "four-steps"])
+def test_x_loaded_early_gives_the_same_bits(norm, x_block, k, splits, monkeypatch):
+    """nvfp4_linear.GEMV_X_EARLY: every prefetched step's x block (residual + x with the folded
+    RMSNorm) loaded right after the wait gives the bits of loading it step by step (the
+    interpreter's step is 256 weights: 2 or 4 steps a split)."""
+    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
+    monkeypatch.setattr(nvfp4, "X_BLOCK_LOADS", x_block)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
+    w = weight(24, k, seed=5, per_row=True)
+    gen = torch.Generator(DEVICE).manual_seed(k)
+    x, residual = torch.randn(2, 3, k, device=DEVICE, generator=gen).to(torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(k, device=DEVICE, generator=gen)).to(torch.bfloat16)
+    outs = []
+    for early in (False, True):
+        monkeypatch.setattr(nvfp4_linear_module, "GEMV_X_EARLY", early)
+        if norm:
+            outs.append(nvfp4_linear_module.rms_norm_nvfp4_linear(x, residual, norm_w, 1e-6, w, num_splits=splits)[0])
+        else:
+            outs.append(nvfp4_linear(x, w, num_splits=splits))
+    assert torch.equal(outs[0], outs[1])
+    exp = nvfp4_linear_module.rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-6, w)[0] if norm else \
+        nvfp4_linear_torch(x, w)
+    assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
+
 def test_split_k_is_deterministic():
     w = weight(16, 2048, seed=3)
     x = torch.randn(2, 2048, device=DEVICE)
