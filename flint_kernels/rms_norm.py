@@ -104,13 +104,22 @@ def folded_rstd(x_row, res_row, res_out_row, H, eps, write_res, HAS_RESIDUAL: tl
     """Prologue of a kernel with the residual add + RMSNorm folded in (one token row): -> its fp32
     reciprocal RMS over H columns of residual + x (x alone without HAS_RESIDUAL); stores the
     updated residual row to res_out_row when write_res (one program of the launch does)."""
+    _, rstd = folded_row(x_row, res_row, res_out_row, H, eps, write_res, HAS_RESIDUAL, BLOCK_H)
+    return rstd
+
+
+@triton.jit
+def folded_row(x_row, res_row, res_out_row, H, eps, write_res, HAS_RESIDUAL: tl.constexpr,
+               BLOCK_H: tl.constexpr):
+    """folded_rstd, also returning the row it summed: -> (residual + x [BLOCK_H] in x's dtype,
+    rstd), for a kernel that normalises the whole row (normed_by) without loading it again."""
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     a = residual_add(x_row, res_row, cols, mask, HAS_RESIDUAL)
     if HAS_RESIDUAL:
         tl.store(res_out_row + cols, a, mask=mask & write_res)
     af = a.to(tl.float32)
-    return tl.rsqrt(tl.sum(af * af, axis=0) / H + eps)
+    return a, tl.rsqrt(tl.sum(af * af, axis=0) / H + eps)
 
 
 @triton.jit

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
-from .rms_norm import check_norm_inputs, folded_norm_by, folded_rstd, rms_norm_torch
+from .rms_norm import check_norm_inputs, folded_row, normed_by, rms_norm_torch
 from .split_k import arrival_counters, last_to_arrive, num_sms
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -130,8 +130,8 @@ def _logits_norm(x_row, res_row, res_out_row, h_row, norm_w_ptr, w_ptr, experts,
                 mask=e_mask[:, None] & c_mask[None, :], other=0.0)  # [BLOCK_E, BLOCK_H]
     nw = tl.load(norm_w_ptr + cols, mask=c_mask, other=0.0)  # a weight too
     pdl_prologue(PDL)
-    rstd = folded_rstd(x_row, res_row, res_out_row, H, eps, write, HAS_RESIDUAL, BLOCK_H)
-    h = folded_norm_by(x_row, res_row, nw, cols, c_mask, rstd, HAS_RESIDUAL)  # [BLOCK_H]
+    a, rstd = folded_row(x_row, res_row, res_out_row, H, eps, write, HAS_RESIDUAL, BLOCK_H)
+    h = normed_by(a, nw, rstd)  # [BLOCK_H], from the row's one load
     tl.store(h_row + cols, h, mask=c_mask & write)
     return tl.sum(h.to(tl.float32)[None, :] * w.to(tl.float32), axis=1)[None, :]
 
