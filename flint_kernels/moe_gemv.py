@@ -65,14 +65,17 @@ DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 # layer on the H200's critical path (NVFP4; BF16 11.65 -> 11.30), NVFP4 100K replay 2.475 ->
 # 2.457 ms, BF16 2.929 -> 2.913 (benchmarks/NOTES.md §18). FLINT_MOE_TOPK_SORT=0: the rounds.
 TOPK_SORT = os.environ.get("FLINT_MOE_TOPK_SORT", "1") == "1"
-# NVFP4 words: each gate/up step's x, and the down launch's SwiGLU outputs, read as blocks of a
-# word's 8 values (16-byte vector loads) with nibble j's column picked in-thread
-# (nvfp4.fp4_dot_loaded's X_BLOCK), instead of eight stride-8 loads, each of which sm_90 code
-# issued only after the previous one's values went through shared memory. FLINT_FP4_MOE_X_BLOCK=0:
-# the stride-8 loads (a benchmark knob, read at each launch).
-X_BLOCK = os.environ.get("FLINT_FP4_MOE_X_BLOCK", "1") == "1"
+# NVFP4 words: the down launch reads the token's SwiGLU outputs as 16-byte blocks of a word's 8
+# values with nibble j's column picked in-thread (nvfp4.fp4_dot_loaded's X_BLOCK), instead of
+# eight stride-8 loads, each of which sm_90 code issued only after the previous one's values went
+# through shared memory: down 5.18 -> 4.32 us a layer on the H200's critical path (NVFP4 100K
+# replay, benchmarks/NOTES.md §19). The gate/up launch's stride-8 loads come through cp.async
+# with its weights and hit L1: blocks there cost 8 layout conversions a step (8.39 -> 8.98 us).
+# Benchmark knobs, read at each launch.
+GATE_UP_X_BLOCK = False
+DOWN_X_BLOCK = True
 # The NVFP4 down launch loads its global scales before the PDL wait (ca5b325), or after its dot
-# (False): a benchmark knob, read at each launch, while the first's cost is measured (NOTES §18).
+# (False): 4.32 vs 4.52 us a layer (§19). A benchmark knob, read at each launch.
 DOWN_SCALES_EARLY = True
 # polls of the routing handoff before a down program gives up (never, if sound): it then reads
 # expert 0 (a wrong output, not an out-of-bounds read or a hang)
@@ -543,7 +546,7 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
             FIRST=first, COUNT=count, PREFETCH=prefetch, **launch_args(x.device, prefetches=prefetch > 0),
-            WORDS=words_up, PTX=nvfp4.ptx_decode(), X_BLOCK=X_BLOCK, num_warps=WARPS)
+            WORDS=words_up, PTX=nvfp4.ptx_decode(), X_BLOCK=GATE_UP_X_BLOCK, num_warps=WARPS)
 
     if SPLIT_SHARED and words13 and has_shared:
         # the shared expert's launch first: it reads nothing the router wrote, and puts the router
@@ -558,7 +561,7 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
-            PTX=nvfp4.ptx_decode(), X_BLOCK=X_BLOCK, SCALES_EARLY=DOWN_SCALES_EARLY,
+            PTX=nvfp4.ptx_decode(), X_BLOCK=DOWN_X_BLOCK, SCALES_EARLY=DOWN_SCALES_EARLY,
             **launch_args(x.device, prefetches=True),
             num_warps=DOWN_WORDS_WARPS)
         return out

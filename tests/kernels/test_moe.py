@@ -129,12 +129,14 @@ def test_nvfp4_small_batch_slot_layouts(shared, k, words, monkeypatch):
 
 def x_block_both_ways(x, ids, weights, ws, monkeypatch):
     """fused_moe's small-batch NVFP4 word launches reading x and the SwiGLU outputs with eight
-    stride-8 loads (moe_gemv.X_BLOCK off), then as blocks of a word's 8 values: -> both outputs."""
+    stride-8 loads (moe_gemv.GATE_UP_X_BLOCK and DOWN_X_BLOCK off), then as blocks of a word's 8
+    values (both on): -> both outputs."""
     monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
     monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
     outs = []
     for block in (False, True):
-        monkeypatch.setattr(moe_gemv, "X_BLOCK", block)
+        monkeypatch.setattr(moe_gemv, "GATE_UP_X_BLOCK", block)
+        monkeypatch.setattr(moe_gemv, "DOWN_X_BLOCK", block)
         outs.append(fused_moe(x, ids, weights, *ws, path="small"))
     return outs
 
@@ -143,10 +145,10 @@ def x_block_both_ways(x, ids, weights, ws, monkeypatch):
     ("same", 64, torch.float32, False), ("wider", 64, torch.bfloat16, False), ("none", 512, torch.float32, False),
     ("same", 512, torch.bfloat16, True)], ids=["same", "wider-bf16", "none-two-steps", "shared-launch-first-bf16"])
 def test_x_block_reads_the_same_bits(shared, h, dtype, split_shared, monkeypatch):
-    """moe_gemv.X_BLOCK: x (gate/up, both the pipelined and the prefetched launch) and the
-    SwiGLU outputs (down, a narrower routed expert's words masked) read as 16-byte blocks with
-    nibble j's value picked in-thread: the same output bits as the stride-8 loads, and close to
-    fused_moe_torch."""
+    """moe_gemv.GATE_UP_X_BLOCK, DOWN_X_BLOCK: x (gate/up, both the pipelined and the prefetched
+    launch) and the SwiGLU outputs (down, a narrower routed expert's words masked) read as 16-byte
+    blocks with nibble j's value picked in-thread: the same output bits as the stride-8 loads, and
+    close to fused_moe_torch."""
     monkeypatch.setattr(moe_gemv, "SPLIT_SHARED", split_shared)
     t, e, k = 3, 8, 3
     w13, w2, s13, s2 = experts(e, h, 32, 64 if shared == "wider" else 32, dtype, "nvfp4", seed=11)
@@ -285,7 +287,7 @@ def test_real_shapes(path, fmt, t, words):
 @pytest.mark.parametrize("t", [1, 8])
 def test_x_block_real_shapes(t, monkeypatch):
     """flint-40b's NVFP4 MoE (256 experts, top-6, the shared expert) compiled for the GPU: the
-    block reads of moe_gemv.X_BLOCK give the stride-8 loads' bits."""
+    block reads of moe_gemv.GATE_UP_X_BLOCK and DOWN_X_BLOCK give the stride-8 loads' bits."""
     e, k = 256, 6
     w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, "nvfp4")
     ids, weights = routing(t, e, k)
