@@ -60,7 +60,8 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
 
 
 @pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("k,splits", [(STEP, None), (4 * STEP, 2), (4 * STEP, 1)], ids=["one-step", "two-steps", "four-steps"])
+@pytest.mark.parametrize("k,splits", [(STEP, None), (4 * STEP, 2), (4 * STEP, 1)],
+                         ids=["one-step", "two-steps", "four-steps"])
 def test_x_loaded_early_gives_the_same_bits(norm, k, splits, monkeypatch):
     """dense_gemv.X_EARLY: every prefetched step's x (residual + x with the folded RMSNorm) loaded
     right after the wait gives the bits of loading it step by step."""
