@@ -43,11 +43,12 @@ WARPS = 4 if INTERPRET else int(os.environ.get("FLINT_DENSE_GEMV_WARPS", "4"))
 BLOCK_K = 128 if INTERPRET else 1024
 STAGES = 3
 # Up to this many steps a split loads before the wait (1..4); MAX_SPLITS caps the K splits where
-# the splits still prefetch (None: two programs an SM and at most two steps a split). Benchmark
-# knobs: one split of four steps for o_proj (K = 4096) saves the split-K round trip but measured
-# slower on the H200 (BF16 100K replay 3.034 -> 3.094 ms with WARPS = 8, benchmarks/NOTES.md §13).
-PREFETCH_STEPS = 2
-MAX_SPLITS: int | None = None
+# the splits still prefetch (None: two programs an SM and at most two steps a split). One split
+# of four steps for o_proj (K = 4096: 249 registers, two programs an SM, all 256 resident) saves
+# the split-K arrival and reload since X_EARLY loads its four x steps at once: BF16 100K replay
+# 2.838 -> 2.793 ms on the H200 (benchmarks/NOTES.md §19; 3.034 -> 3.094 before X_EARLY, 8 warps).
+PREFETCH_STEPS = 4
+MAX_SPLITS: int | None = 1
 # A prefetching split loads every step's x (and residual) right after its PDL wait, before the
 # row's rstd and the first step's sums: one round trip to L2 instead of one a step (as
 # nvfp4_linear.GEMV_X_EARLY). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
@@ -154,7 +155,8 @@ def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None,
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [T, K] (T <= MAX_TOKENS), w [N, K] of x's dtype -> [T, N] in x.dtype (fp32 accumulation).
-    num_splits: K splits (default: about two programs per SM, and at most two steps a split).
+    num_splits: K splits (default: about two programs per SM, and at most two steps a split;
+    MAX_SPLITS of up to PREFETCH_STEPS steps where that still fits).
     out_dtype torch.float32: the same values (rounded to x.dtype) stored as fp32, i.e.
     dense_gemv(x, w).float() in one launch (the LM head's logits)."""
     n, k = _check_inputs(x, w)

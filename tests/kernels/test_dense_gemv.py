@@ -28,7 +28,7 @@ STEP = dense_gemv_module.BLOCK_K  # K in launcher steps: the same cases on a GPU
     (1, 48, STEP, None),     # one step a program, loaded before the wait
     (2, 40, 2 * STEP, 1),    # two steps a program, both loaded before the wait
     (3, 33, 4 * STEP, 2),    # split-K, two steps a split, odd rows
-    (4, 24, 8 * STEP, 2),    # four steps a split: the pipelined loop
+    (4, 24, 10 * STEP, 2),   # five steps a split: the pipelined loop
     (1, 20, 96, None),       # K not a power of two: one masked step
     (2, 17, 200, None),      # K not a multiple of the step (of the interpreter's: masked loop steps)
 ])
