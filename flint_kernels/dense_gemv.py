@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
-from .rms_norm import (check_norm_inputs, folded_norm, folded_norm_by, maybe_folded_rstd, norm_weight, normed_by,
-                       residual_add, rms_norm_torch)
+from .rms_norm import (check_norm_inputs, folded_norm, maybe_folded_rstd, norm_weight, residual_add, rms_norm_torch,
+                       step_activations)
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -140,15 +140,7 @@ def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: 
     """[BLOCK_N] fp32 sums of a loaded weight step w [BLOCK_N, BLOCK_K] times the activations at
     columns k (all inside the row): x, or rms_norm(residual + x) with NORM (nw: the loaded norm
     weight at k). xa: x (residual + x with NORM and HAS_RESIDUAL) at k already loaded."""
-    if xa is not None:
-        if NORM:
-            x = normed_by(xa, nw, rstd).to(tl.float32)
-        else:
-            x = xa.to(tl.float32)
-    elif NORM:
-        x = folded_norm_by(x_row, res_row, nw, k, k >= 0, rstd, HAS_RESIDUAL).to(tl.float32)
-    else:
-        x = tl.load(x_row + k).to(tl.float32)
+    x = step_activations(x_row, res_row, nw, k, k >= 0, rstd, xa, NORM, HAS_RESIDUAL)
     return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
 
 

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import folded_norm_by, norm_weight, normed_by, residual_add
+from .rms_norm import norm_weight, residual_add, step_activations
 
 GROUP = 16  # weights per E4M3 block scale
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -268,7 +268,7 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
     """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
     activation is rms_norm(residual + x) with the norm weight nw of the step's columns
     (fp4_norm_weight), computed here from the row's rstd (rms_norm.folded_rstd) once for the
-    step's [KW, 8] columns (rms_norm.folded_norm_by), then nibble j's column picked out of each
+    step's [KW, 8] columns (rms_norm.step_activations), then nibble j's column picked out of each
     word's 8 (in-thread selects). xa: that block already loaded (fp4_x_block; NORM or X_BLOCK)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
@@ -277,16 +277,7 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
     if NORM or X_BLOCK:  # the step's x as one [KW, 8] block (vector loads), a word's 8 values a row
         j8 = tl.arange(0, 8)[None, :]
         offs = kw[:, None] * 8 + j8
-        x_mask = k_mask[:, None] & (j8 < 8)
-        if xa is not None:
-            if NORM:
-                xs = normed_by(xa, nw, rstd).to(tl.float32)
-            else:
-                xs = xa.to(tl.float32)
-        elif NORM:
-            xs = folded_norm_by(x_ptr, res_ptr, nw, offs, x_mask, rstd, HAS_RESIDUAL).to(tl.float32)
-        else:
-            xs = tl.load(x_ptr + offs, mask=x_mask, other=0.0).to(tl.float32)
+        xs = step_activations(x_ptr, res_ptr, nw, offs, k_mask[:, None] & (j8 < 8), rstd, xa, NORM, HAS_RESIDUAL)
     for j in tl.static_range(8):  # nibble by nibble
         if NORM or X_BLOCK:  # column j of the block, picked in-thread
             x = tl.sum(tl.where(j8 == j, xs, 0.0), axis=1)

@@ -139,9 +139,19 @@ def folded_norm(x_row, res_row, norm_w_ptr, offs, mask, rstd, HAS_RESIDUAL: tl.c
 
 
 @triton.jit
-def folded_norm_by(x_row, res_row, nw, offs, mask, rstd, HAS_RESIDUAL: tl.constexpr):
-    """folded_norm with the norm weight at offs already loaded (nw, normed_by)."""
-    return normed_by(residual_add(x_row, res_row, offs, mask, HAS_RESIDUAL), nw, rstd)
+def step_activations(x_row, res_row, nw, offs, mask, rstd, xa, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """fp32 activations at offs of a GEMV step with the RMSNorm optionally folded in: x, or with
+    NORM rms_norm(residual + x) as folded_norm computes it (nw: the loaded norm weight at offs,
+    rstd: the row's). xa: x (residual + x with NORM and HAS_RESIDUAL) at offs already loaded, else None."""
+    a = xa
+    if xa is None:
+        if NORM:
+            a = residual_add(x_row, res_row, offs, mask, HAS_RESIDUAL)
+        else:
+            a = tl.load(x_row + offs, mask=mask, other=0.0)
+    if NORM:
+        a = normed_by(a, nw, rstd)
+    return a.to(tl.float32)
 
 
 @triton.jit
