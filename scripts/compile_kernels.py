@@ -2,6 +2,7 @@
 
     python scripts/compile_kernels.py                 # sm_90 (H200): table, exit 1 on failure
     python scripts/compile_kernels.py --arch 100 --ptx-stats
+    python scripts/compile_kernels.py --only "moe small routed nvfp4 T=1" --chains
 
 The public launchers run on small CPU tensors of the real dtypes and constexprs (head_dim 128,
 GQA 32/4, block size 64, ring 513; H 2048, 256 experts of 512, top-6, vocab 151552), as on a
@@ -14,6 +15,10 @@ Launches use programmatic dependent launch as on an H200 (flint_kernels/pdl.py; 
 a kernel fails unless its PTX waits (griddepcontrol.wait) before its first global store or
 atomic when PDL is on (weight loads may come first), and has no griddepcontrol instruction when
 it is off.
+--chains prints, instead of the table, each kernel's SASS after its PDL wait (ACQBULK) reduced to
+its global loads, cp.async copies, barriers, shuffles, stores and atomics, repeats counted
+("LDG.E.128x2 BARx21 ..."): a load behind a BAR.SYNC waits for the values before it, so each
+such run is one more round trip to memory after the wait (benchmarks/NOTES.md §19).
 """
 
 from __future__ import annotations
@@ -103,6 +108,30 @@ def ptxas_stats(ptx: str, arch: int) -> dict:
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
     return dict(regs=int(regs.group(1)) if regs else -1, spills=int(spills.group(1)) if spills else 0)
+
+
+_CHAIN_OPS = ("LDG", "LDGSTS", "BAR.SYNC", "ATOMG", "RED", "STG", "SHFL", "EXIT")
+
+
+def sass_chain(cubin: bytes) -> str:
+    """The kernel's instructions after griddepcontrol.wait (ACQBULK; all of them without PDL),
+    reduced to memory, barrier and shuffle operations, consecutive repeats counted."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    runs: list[list] = []
+    for line in sass[max(sass.find("ACQBULK"), 0):].splitlines():
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", line)
+        if not m or not m.group(1).startswith(_CHAIN_OPS):
+            continue
+        op = m.group(1) if m.group(1).startswith("LDG") else m.group(1).split(".")[0]
+        if runs and runs[-1][0] == op:
+            runs[-1][1] += 1
+        else:
+            runs.append([op, 1])
+    return " ".join(op if n == 1 else f"{op}x{n}" for op, n in runs)
 
 
 def ptx_counts(ptx: str) -> dict:
@@ -325,20 +354,26 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="substring of the case names to compile")
     parser.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                         help="launch with programmatic dependent launch, as on sm_90+ by default (FLINT_PDL=1; default on)")
+    parser.add_argument("--chains", action="store_true",
+                        help="print each kernel's SASS after its PDL wait as runs of loads, barriers and stores")
     args = parser.parse_args(argv)
     from flint_kernels import pdl, split_k
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
     pdl.ON_HOST = pdl.ENABLED = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
     failures = 0
-    print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
-          "cp.async | griddep |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if not args.chains:
+        print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
+              "cp.async | griddep |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, module, call in launches():
         if args.only not in name:
             continue
         for fn, kwargs in record(module, call):
             try:
                 compiled = compile_launch(fn, kwargs, args.arch)
+                if args.chains:
+                    print(f"{name} | {fn.__name__}: {sass_chain(compiled.asm['cubin'])}", flush=True)
+                    continue
                 stats = ptxas_stats(compiled.asm["ptx"], args.arch)
             except Exception as e:  # noqa: BLE001  (report every case, then fail)
                 failures += 1
