@@ -12,16 +12,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compile_rows(*args) -> list[list[str]]:
-    """The table rows of scripts/compile_kernels.py --arch 90 ARGS, split into cells (exit 0 asserted)."""
+def compile_output(*args) -> str:
+    """stdout of scripts/compile_kernels.py --arch 90 ARGS (exit 0 asserted)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py"), "--arch", "90", *args],
                             capture_output=True, text=True, env=env, timeout=600)
     if "ptxas" in result.stderr and "No such file" in result.stderr:
         pytest.skip("Triton's bundled ptxas is missing")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    return result.stdout
+
+
+def compile_rows(*args) -> list[list[str]]:
+    """The table rows of compile_output(ARGS), split into cells."""
     return [[cell.strip() for cell in line.split("|")[1:-1]]
-            for line in result.stdout.splitlines() if line.startswith("| ") and "_kernel" in line]
+            for line in compile_output(*args).splitlines() if line.startswith("| ") and "_kernel" in line]
 
 
 def test_kernels_compile_for_sm90():
@@ -39,13 +44,7 @@ def test_activations_load_in_one_round_trip_after_the_wait():
     """--chains: the batch-1 MoE down launch (NVFP4 words) loads the token's SwiGLU outputs as
     one block, two 16-byte loads a thread, before any barrier after its PDL wait (they were eight
     stride-8 loads, each behind the previous one's shared-memory conversion), and nothing after."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py"), "--arch", "90", "--chains",
-                             "--only", "moe small routed nvfp4 T=1"], capture_output=True, text=True, env=env,
-                            timeout=600)
-    if "ptxas" in result.stderr and "No such file" in result.stderr:
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    chains = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    out = compile_output("--chains", "--only", "moe small routed nvfp4 T=1")
+    chains = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     down = chains["moe small routed nvfp4 T=1 | _moe_down_words_kernel"].split()
     assert down[0] == "LDG.E.128x2" and not any(op.startswith("LDG") for op in down[1:]), down
