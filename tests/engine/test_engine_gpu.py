@@ -27,6 +27,9 @@ def engine(weights, config, **overrides):
 
 
 def last_logits(eng, prompts):
+    """The last prompt position's logits of each prompt, from the model's forward (prefill steps
+    only: an engine made for it needs no decode graphs, enforce_eager, whose capture would compile
+    every decode kernel for five batch sizes first)."""
     seqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=1)) for p in prompts]
     logits = {}
     while eng.has_work():
@@ -55,7 +58,7 @@ def test_kernels_match_torch_ops_in_fp32(fmt):
     ops' function (NVFP4 weights dequantised exactly in both)."""
     config = FlintConfig.preset("flint-small")
     weights = random_stacked_weights(config, 0, torch.float32, "cuda", nvfp4=fmt == "nvfp4")
-    kernels = last_logits(engine(weights, config, dtype="float32"), PROMPTS)
+    kernels = last_logits(engine(weights, config, dtype="float32", enforce_eager=True), PROMPTS)
     plain = last_logits(engine(weights, config, dtype="float32", kernel_backend="torch", enforce_eager=True), PROMPTS)
     for a, b in zip(kernels, plain):
         assert (a - b).abs().max().item() < 2e-3 * b.abs().max().item(), f"{fmt}: kernels vs torch ops (fp32)"
@@ -66,7 +69,7 @@ def test_bf16_kernels_are_close_to_the_bf16_reference(small):
     """bf16: roundings differ in order, and a flipped router choice moves a token's output a lot,
     so this bounds the relative L2 error of the last logits instead of the max."""
     fmt, config, weights = small
-    kernels = last_logits(engine(weights, config), PROMPTS)  # chunked prefill: 512 tokens a step
+    kernels = last_logits(engine(weights, config, enforce_eager=True), PROMPTS)  # chunked prefill: 512 tokens a step
     ref = build_reference(config, reference_state_dict(weights, torch.bfloat16), dtype=torch.bfloat16,
                           device="cuda")
     for prompt, a in zip(PROMPTS, kernels):
