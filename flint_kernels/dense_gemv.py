@@ -140,7 +140,9 @@ def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: 
     """[BLOCK_N] fp32 sums of a loaded weight step w [BLOCK_N, BLOCK_K] times the activations at
     columns k (all inside the row): x, or rms_norm(residual + x) with NORM (nw: the loaded norm
     weight at k). xa: x (residual + x with NORM and HAS_RESIDUAL) at k already loaded."""
-    x = step_activations(x_row, res_row, nw, k, k >= 0, rstd, xa, NORM, HAS_RESIDUAL)
+    if xa is None:
+        xa = residual_add(x_row, res_row, k, k >= 0, HAS_RESIDUAL)
+    x = step_activations(xa, nw, rstd, NORM)
     return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
 
 

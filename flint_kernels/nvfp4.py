@@ -276,8 +276,9 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
     part = tl.zeros(words.shape, tl.float32)
     if NORM or X_BLOCK:  # the step's x as one [KW, 8] block (vector loads), a word's 8 values a row
         j8 = tl.arange(0, 8)[None, :]
-        offs = kw[:, None] * 8 + j8
-        xs = step_activations(x_ptr, res_ptr, nw, offs, k_mask[:, None] & (j8 < 8), rstd, xa, NORM, HAS_RESIDUAL)
+        if xa is None:
+            xa = fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW, HAS_RESIDUAL)
+        xs = step_activations(xa, nw, rstd, NORM)
     for j in tl.static_range(8):  # nibble by nibble
         if NORM or X_BLOCK:  # column j of the block, picked in-thread
             x = tl.sum(tl.where(j8 == j, xs, 0.0), axis=1)

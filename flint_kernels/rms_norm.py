@@ -139,16 +139,10 @@ def folded_norm(x_row, res_row, norm_w_ptr, offs, mask, rstd, HAS_RESIDUAL: tl.c
 
 
 @triton.jit
-def step_activations(x_row, res_row, nw, offs, mask, rstd, xa, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """fp32 activations at offs of a GEMV step with the RMSNorm optionally folded in: x, or with
-    NORM rms_norm(residual + x) as folded_norm computes it (nw: the loaded norm weight at offs,
-    rstd: the row's). xa: x (residual + x with NORM and HAS_RESIDUAL) at offs already loaded, else None."""
-    a = xa
-    if xa is None:
-        if NORM:
-            a = residual_add(x_row, res_row, offs, mask, HAS_RESIDUAL)
-        else:
-            a = tl.load(x_row + offs, mask=mask, other=0.0)
+def step_activations(a, nw, rstd, NORM: tl.constexpr):
+    """fp32 activations of a GEMV step from its loaded a (residual_add's x, or residual + x): a,
+    or with NORM rms_norm(residual + x) as folded_norm computes it (nw: the loaded norm weight of
+    those columns, rstd: the row's)."""
     if NORM:
         a = normed_by(a, nw, rstd)
     return a.to(tl.float32)
