@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from . import nvfp4
-from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_unit,
-                    is_nvfp4, weight_args, weight_tile)
+from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_block,
+                    fp4_x_unit, is_nvfp4, weight_args, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .router import ROUTING_COLS, expert_bias, route_from_logits
 from .split_k import num_sms
@@ -74,6 +74,11 @@ TOPK_SORT = os.environ.get("FLINT_MOE_TOPK_SORT", "1") == "1"
 # Benchmark knobs, read at each launch.
 GATE_UP_X_BLOCK = False
 DOWN_X_BLOCK = True
+# NVFP4 words, H one or two whole steps: the gate/up programs load x as blocks of a word's 8
+# values right after the PDL wait, before the expert pick, and then every word of their rows at
+# once (no pipelined loop), so x's round trip runs under the logits load and the top-k instead
+# of after the weights. A benchmark knob, read at each launch.
+GATE_UP_X_FIRST = True
 # The NVFP4 down launch loads its global scales before the PDL wait (ca5b325), or after its dot
 # (False): 4.32 vs 4.52 us a layer (§19). A benchmark knob, read at each launch.
 DOWN_SCALES_EARLY = True
@@ -127,10 +132,10 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
 @triton.jit
 def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn,
                         stride_gn, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, PTX: tl.constexpr,
-                        X_BLOCK: tl.constexpr, PDL: tl.constexpr):
+                        X_BLOCK: tl.constexpr, PDL: tl.constexpr, xa0=None, xa1=None):
     """_gate_up_rows for NVFP4 words whose H is STEPS (1 or 2) whole steps: every word of the
     interleaved gate/up rows and the global scales are loaded, then the PDL prologue runs, then x
-    is read. -> gate, up."""
+    is read (or was: xa0, xa1 are the steps' x blocks, _x_blocks, with X_BLOCK). -> gate, up."""
     row_mask = rows < n_rows
     both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
     both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
@@ -141,11 +146,23 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
     gate_scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
     up_scale = tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
     pdl_prologue(PDL)
-    acc = fp4_dot_loaded(x_row_ptr, w0, s0, 0, H // 8, kw, False, PTX, X_BLOCK=X_BLOCK)
+    acc = fp4_dot_loaded(x_row_ptr, w0, s0, 0, H // 8, kw, False, PTX, X_BLOCK=X_BLOCK, xa=xa0)
     if STEPS > 1:
-        acc += fp4_dot_loaded(x_row_ptr, w1, s1, kw, H // 8, kw, False, PTX, X_BLOCK=X_BLOCK)
+        acc += fp4_dot_loaded(x_row_ptr, w1, s1, kw, H // 8, kw, False, PTX, X_BLOCK=X_BLOCK, xa=xa1)
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
     return gate * gate_scale, up * up_scale  # the global scale, once per output
+
+
+@triton.jit
+def _x_blocks(x_row_ptr, H, BLOCK_K: tl.constexpr, STEPS: tl.constexpr):
+    """x of a gate/up program's STEPS (1 or 2) steps as [BLOCK_K / 8, 8] blocks (fp4_x_block),
+    loaded at once. -> (step 0's, step 1's; step 0's again when STEPS == 1)"""
+    kw: tl.constexpr = BLOCK_K // 8
+    xa0 = fp4_x_block(x_row_ptr, x_row_ptr, 0, H // 8, kw, False)
+    xa1 = xa0
+    if STEPS > 1:
+        xa1 = fp4_x_block(x_row_ptr, x_row_ptr, kw, H // 8, kw, False)
+    return xa0, xa1
 
 
 @triton.jit
@@ -193,7 +210,7 @@ def _moe_gate_up_kernel(
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
     WORDS: tl.constexpr, PTX: tl.constexpr, X_BLOCK: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, X_FIRST: tl.constexpr,
     ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -202,7 +219,9 @@ def _moe_gate_up_kernel(
     the PDL prologue, which the launcher allows only when the router's ids are two kernels back
     (the shared expert's launch in between, pdl.py). ROUTE: a routed program picks its expert
     from the router's logits itself (route_from_logits), instead of reading the router's ids,
-    and program (t, slot 0, rows 0) hands the token's picks to the down launch (_publish_routing)."""
+    and program (t, slot 0, rows 0) hands the token's picks to the down launch (_publish_routing).
+    X_FIRST (NVFP4 words, 1 or 2 steps spanning H): x is loaded right after the PDL prologue,
+    before the pick, then every word of the rows at once (_gate_up_prefetched after the wait)."""
     slot = (tl.program_id(0) // COUNT) * SLOTS + FIRST + tl.program_id(0) % COUNT
     nb = tl.program_id(1)
     t = slot // SLOTS
@@ -231,7 +250,20 @@ def _moe_gate_up_kernel(
         tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
         return
     pdl_prologue(PDL)
-    if k < K:
+    if X_FIRST > 0:
+        xa0, xa1 = _x_blocks(x_row, H, BLOCK_K, X_FIRST)  # before the pick: it needs no expert id
+        if k < K:
+            e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
+                                       TOPK_SORT)
+            if ROUTE and k == 0 and nb == 0:
+                _publish_routing(routing_ptr, t, ids, mix, K)
+            gate, up = _gate_up_prefetched(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
+                                           w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
+                                           BLOCK_K, X_FIRST, PTX, True, False, xa0, xa1)
+        else:
+            gate, up = _gate_up_prefetched(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
+                                           s13_sn, s13_ssn, s13_sgn, BLOCK_K, X_FIRST, PTX, True, False, xa0, xa1)
+    elif k < K:
         e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
                                    TOPK_SORT)
         if ROUTE and k == 0 and nb == 0:
@@ -539,13 +571,14 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             block_k = min(WORDS_MAX_K, WORDS_TILE // (2 * block_n), triton.next_power_of_2(h))
         steps = h // block_k if h % block_k == 0 else 0
         prefetch = steps if prefetch_ok and words13 and steps <= 2 else 0
+        x_first = steps if GATE_UP_X_FIRST and not prefetch and words13 and steps <= 2 else 0
         _moe_gate_up_kernel[(t * count, triton.cdiv(rows, block_n))](
             x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **routing, **weight_args("w13", w13, words=words_up),
             **weight_args("s13", shared13, words=words_up),
             H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
-            FIRST=first, COUNT=count, PREFETCH=prefetch, **launch_args(x.device, prefetches=prefetch > 0),
+            FIRST=first, COUNT=count, PREFETCH=prefetch, X_FIRST=x_first, **launch_args(x.device, prefetches=prefetch > 0),
             WORDS=words_up, PTX=nvfp4.ptx_decode(), X_BLOCK=GATE_UP_X_BLOCK, num_warps=WARPS)
 
     if SPLIT_SHARED and words13 and has_shared:

@@ -161,6 +161,36 @@ def test_x_block_reads_the_same_bits(shared, h, dtype, split_shared, monkeypatch
     check(blocked, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
+def x_first_both_ways(x, ids, weights, ws, monkeypatch):
+    """fused_moe's small-batch NVFP4 word launches with gate/up's x loaded after the weights
+    (moe_gemv.GATE_UP_X_FIRST off), then before the expert pick (on): -> both outputs."""
+    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
+    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
+    outs = []
+    for first in (False, True):
+        monkeypatch.setattr(moe_gemv, "GATE_UP_X_FIRST", first)
+        outs.append(fused_moe(x, ids, weights, *ws, path="small"))
+    return outs
+
+
+@pytest.mark.parametrize("shared,h,dtype", [("same", 64, torch.float32), ("wider", 64, torch.bfloat16),
+                                            ("none", 256, torch.float32), ("same", 256, torch.bfloat16)],
+                         ids=["one-step", "wider-bf16", "none-two-steps", "two-steps-bf16"])
+def test_x_first_gives_the_same_bits(shared, h, dtype, monkeypatch):
+    """moe_gemv.GATE_UP_X_FIRST: x read before the pick and the rows' words at once (one and two
+    steps: H 64 and 256 under the interpreter's 128-column steps) give the pipelined loop's
+    output bits, and are close to fused_moe_torch."""
+    t, e, k = 3, 8, 3
+    w13, w2, s13, s2 = experts(e, h, 32, 64 if shared == "wider" else 32, dtype, "nvfp4", seed=13)
+    if shared == "none":
+        s13 = s2 = None
+    ids, weights = routing(t, e, k, seed=13)
+    x = torch.randn(t, h, device=DEVICE).to(dtype)
+    looped, first = x_first_both_ways(x, ids, weights, (w13, w2, s13, s2), monkeypatch)
+    assert torch.equal(looped, first)
+    check(first, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_one_expert_for_every_token_and_no_shared_expert(path):
     t, e, k = 6, 16, 2
@@ -295,3 +325,18 @@ def test_x_block_real_shapes(t, monkeypatch):
     strided, blocked = x_block_both_ways(x, ids, weights, (w13, w2, s13, s2), monkeypatch)
     assert torch.equal(strided, blocked)
     assert_scaled_close(blocked, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 8])
+def test_x_first_real_shapes(t, monkeypatch):
+    """flint-40b's NVFP4 MoE compiled for the GPU: gate/up's x before the pick
+    (moe_gemv.GATE_UP_X_FIRST; at batch 1 two steps of 1024 a program) gives the pipelined
+    loop's bits."""
+    e, k = 256, 6
+    w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, "nvfp4")
+    ids, weights = routing(t, e, k)
+    x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
+    looped, first = x_first_both_ways(x, ids, weights, (w13, w2, s13, s2), monkeypatch)
+    assert torch.equal(looped, first)
+    assert_scaled_close(first, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)
