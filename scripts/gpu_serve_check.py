@@ -43,7 +43,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def summary(seconds: list[float]) -> dict:
+    """Median, p90 and mean in ms; None for each when there is no value (a text stream whose run
+    came as one event has no gap to time)."""
     ms = [s * 1e3 for s in seconds]
+    if not ms:
+        return {"median_ms": None, "p90_ms": None, "mean_ms": None, "n": 0}
     return {"median_ms": statistics.median(ms), "p90_ms": pct(ms, 0.9), "mean_ms": statistics.fmean(ms), "n": len(ms)}
 
 
@@ -136,7 +140,10 @@ def listed(value) -> list:
 
 
 def timed_runs(url: str, model: str, body: dict, runs: int) -> dict:
-    """ITL per token (an event's gap over its new tokens), TTFT, and what the first run streamed."""
+    """ITL per token (an event's gap over its new tokens), TTFT, and what the first run streamed.
+    The ensemble streams text: a step whose tokens decode to no new text (random weights pick
+    many ids the tokenizer prints as nothing) sends no event, so its ITL can have fewer values
+    than tokens, or none (itl n 0, itl_mean_ms None)."""
     itl, ttft, mean, events_per_run, outputs = [], [], [], [], []
     for _ in range(runs):
         start = time.perf_counter()
@@ -154,7 +161,7 @@ def timed_runs(url: str, model: str, body: dict, runs: int) -> dict:
             outputs.append([int(t) for _, e in events for t in listed(e.get("token_ids", []))])
         else:
             outputs.append("".join(e.get("text_output", "") for _, e in events))
-    return {"itl": summary(itl), "itl_mean_ms": statistics.fmean(mean) * 1e3, "ttft": summary(ttft),
+    return {"itl": summary(itl), "itl_mean_ms": statistics.fmean(mean) * 1e3 if mean else None, "ttft": summary(ttft),
             "events_per_run": events_per_run, "output": outputs[0],
             "runs_repeat_output": all(o == outputs[0] for o in outputs),
             "num_input_tokens": int(events[0][1].get("num_input_tokens", -1)), "num_output_tokens": counts[-1]}
@@ -244,11 +251,12 @@ def print_summary(args) -> int:
     cases = json.loads(Path(args.results).read_text())["cases"]
     print("\n| case | engine step ms (median / p90) | flint_model ITL ms (median / p90) | ITL / step | "
           "flint ITL ms (median / p90 / mean) | tokens equal |\n|---|---|---|---|---|---|")
+    ms = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     for c in cases:
         s, d, f = c["engine"]["decode_step"], c["client"]["flint_model"]["itl"], c["client"]["flint"]
         print(f"| {c['case']} | {s['median_ms']:.3f} / {s['p90_ms']:.3f} | {d['median_ms']:.3f} / {d['p90_ms']:.3f} | "
-              f"{c['itl_over_step']:.3f} | {f['itl']['median_ms']:.3f} / {f['itl']['p90_ms']:.3f} / "
-              f"{f['itl_mean_ms']:.3f} | {'yes' if c['checks']['tokens_equal'] else 'NO'} |")
+              f"{c['itl_over_step']:.3f} | {ms(f['itl']['median_ms'])} / {ms(f['itl']['p90_ms'])} / "
+              f"{ms(f['itl_mean_ms'])} | {'yes' if c['checks']['tokens_equal'] else 'NO'} |")
     return 0 if all(c["checks"]["ok"] for c in cases) else 1
 
 
