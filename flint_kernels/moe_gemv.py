@@ -45,9 +45,12 @@ DOWN_ROWS: int | None = None
 # NVFP4 as 32-bit words (nvfp4.MOE_WORDS, MOE_DOWN_WORDS): a thread's x values must serve many
 # rows, since each costs a load and a conversion. gate/up: a step spans WORDS_TILE weights of the
 # 2 x BLOCK_N interleaved rows (1024 of H at 8 rows: two pipelined steps); down: a program loads
-# DOWN_WORDS_ROWS rows of all the token's experts at once (_moe_down_words_kernel).
+# DOWN_WORDS_ROWS rows of all the token's experts at once (_moe_down_words_kernel). 8 rows (256
+# programs at batch 1, 80 registers): down 4.97 -> 4.17 us a layer on the H200's critical path
+# once gate/up read x first (GATE_UP_X_FIRST), NVFP4 100K replay 2.297 -> 2.275 ms
+# (benchmarks/NOTES.md §20); 16 was the better before it (§18).
 WORDS_MAX_K, WORDS_TILE = (256, 1 << 16) if INTERPRET else (2048, 1 << 14)
-DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (16, 8)
+DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (8, 8)
 # NVFP4 word gate/up with a shared expert: two launches, the shared expert's then the routed
 # ones', each loading its weights before the PDL wait (the routed launch may: the router that
 # wrote its expert ids is then two kernels back). Off by default: on the H200 the launch it adds

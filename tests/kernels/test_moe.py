@@ -191,6 +191,21 @@ def test_x_first_gives_the_same_bits(shared, h, dtype, monkeypatch):
     check(first, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
+@pytest.mark.parametrize("rows", [8, 16])
+def test_down_words_rows_a_program(rows, monkeypatch):
+    """The NVFP4 word down launch with 8 (the GPU's default) or 16 output rows a program, a wider
+    shared expert: close to fused_moe_torch."""
+    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
+    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
+    monkeypatch.setattr(moe_gemv, "DOWN_WORDS_ROWS", rows)
+    t, e, k = 3, 8, 3
+    w13, w2, s13, s2 = experts(e, 64, 32, 64, torch.bfloat16, "nvfp4", seed=17)
+    ids, weights = routing(t, e, k, seed=17)
+    x = torch.randn(t, 64, device=DEVICE).to(torch.bfloat16)
+    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"),
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.bfloat16)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_one_expert_for_every_token_and_no_shared_expert(path):
     t, e, k = 6, 16, 2
