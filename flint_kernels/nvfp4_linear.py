@@ -50,6 +50,12 @@ GEMV_PREFETCH = os.environ.get("FLINT_FP4_GEMV_PREFETCH", "1") == "1"
 # measured slower on the H200 (NVFP4 100K replay 2.570 -> 2.604 ms, benchmarks/NOTES.md §13).
 GEMV_PREFETCH_STEPS = 2
 GEMV_MAX_SPLITS: int | None = None
+# Rows a program of a GEMV launch that would split K, when all of K's word steps fit one
+# prefetching split (<= GEMV_PREFETCH_STEPS): that launch then takes one split of this many rows
+# (twice the programs at 8 for 16), so no split-K arrival and partial reload, and no more decode
+# a program than a split had (o_proj: K = 4096, 4 steps, with GEMV_PREFETCH_STEPS = 4). None: the
+# split. A benchmark knob, read at each launch; not measured yet (benchmarks/NOTES.md §20).
+GEMV_UNSPLIT_BLOCK_N: int | None = None
 # A prefetching split (X_BLOCK or the folded RMSNorm) loads every step's x block right after its
 # PDL wait, before the row's rstd and the first step's decode: one round trip to L2 instead of
 # one a step (sm_90 code issued the next step's loads after the previous step's shared-memory
@@ -250,10 +256,14 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
     k_blocks = triton.cdiv(k, block_k)
     splits = num_splits or pick_splits(tiles, k_blocks, x.device)
+    gemv_block_n = GEMV_BLOCK_N
     if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_MAX_SPLITS is not None:
         fewer = min(splits, GEMV_MAX_SPLITS)
         if triton.cdiv(k_blocks, fewer) <= GEMV_PREFETCH_STEPS:  # only where the splits still prefetch
             splits = fewer
+    if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_UNSPLIT_BLOCK_N and splits > 1 and words \
+            and k % block_k == 0 and k_blocks <= GEMV_PREFETCH_STEPS:
+        splits, gemv_block_n = 1, GEMV_UNSPLIT_BLOCK_N  # one prefetching split of fewer rows
     if not 1 <= splits <= k_blocks:
         raise ValueError(f"nvfp4_linear: num_splits {splits}, expected 1..{k_blocks} for K={k}")
     k_per_split = triton.cdiv(k_blocks, splits) * block_k
@@ -271,8 +281,8 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         whole = words and k % k_per_split == 0 and steps <= GEMV_PREFETCH_STEPS
         prefetch = steps if GEMV_PREFETCH and whole else 0
         residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)
-        _nvfp4_gemv_kernel[(t, triton.cdiv(n, GEMV_BLOCK_N), splits)](
-            **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k,
+        _nvfp4_gemv_kernel[(t, triton.cdiv(n, gemv_block_n), splits)](
+            **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=gemv_block_n, BLOCK_K=block_k,
             res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
             X_BLOCK=nvfp4.X_BLOCK_LOADS, X_EARLY=GEMV_X_EARLY,

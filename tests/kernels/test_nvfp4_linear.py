@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+import triton
 
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
@@ -116,6 +117,42 @@ def test_x_loaded_early_gives_the_same_bits(norm, x_block, k, splits, monkeypatc
         nvfp4_linear_torch(x, w)
     assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
 
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rows", [8, 32])
+def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
+    """nvfp4_linear.GEMV_UNSPLIT_BLOCK_N: a batch-1 launch that would split its 4 steps (the
+    interpreter's step is 256 weights) runs as one prefetching split of `rows` rows a program,
+    close to dequantise-then-matmul, with and without the folded RMSNorm; the launch it makes is
+    one split of those rows."""
+    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", rows)
+    launches = []
+    kernel = nvfp4_linear_module._nvfp4_gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                launches.append((grid, kwargs["BLOCK_N"], kwargs["SPLIT"], kwargs["PREFETCH"]))
+                return kernel[grid](**kwargs)
+            return run
+    monkeypatch.setattr(nvfp4_linear_module, "_nvfp4_gemv_kernel", Spy())
+    k = 1024
+    w = weight(40, k, seed=3, per_row=True)
+    gen = torch.Generator(DEVICE).manual_seed(3)
+    x, residual = torch.randn(2, 1, k, device=DEVICE, generator=gen)
+    if norm:
+        norm_w = 1 + 0.1 * torch.randn(k, device=DEVICE, generator=gen)
+        got, got_res = nvfp4_linear_module.rms_norm_nvfp4_linear(x, residual, norm_w, 1e-6, w)
+        exp, exp_res = nvfp4_linear_module.rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-6, w)
+        torch.testing.assert_close(got_res, exp_res, rtol=0, atol=0)
+    else:
+        got, exp = nvfp4_linear(x, w), nvfp4_linear_torch(x, w)
+    torch.testing.assert_close(got, exp, **TOL[torch.float32])
+    assert launches == [((1, triton.cdiv(40, rows), 1), rows, 1, 4)]
+
+
 def test_split_k_is_deterministic():
     w = weight(16, 2048, seed=3)
     x = torch.randn(2, 2048, device=DEVICE)
@@ -146,6 +183,20 @@ def test_real_shapes(t, n, k, words):
         pytest.skip("LM head runs on sampled rows only")
     w = quantize_nvfp4(torch.randn(n, k, device=DEVICE) / k ** 0.5)
     x = torch.randn(t, k, device=DEVICE, dtype=torch.bfloat16)
+    got, expected = nvfp4_linear(x, w), nvfp4_linear_torch(x, w)
+    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected, rel=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 4])
+def test_unsplit_real_shapes(t, monkeypatch):
+    """flint-40b's o_proj (2048 x 4096) with nvfp4_linear.GEMV_UNSPLIT_BLOCK_N = 8: one split of
+    four prefetched steps, 256 programs at batch 1, close to dequantise-then-matmul."""
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", 8)
+    w = quantize_nvfp4(torch.randn(2048, 4096, device=DEVICE) / 64)
+    x = torch.randn(t, 4096, device=DEVICE, dtype=torch.bfloat16)
     got, expected = nvfp4_linear(x, w), nvfp4_linear_torch(x, w)
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
     assert_scaled_close(got, expected, rel=1e-2)
