@@ -157,6 +157,20 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
 
 
 @triton.jit
+def _gate_up_after_wait(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn, stride_gn,
+                        BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
+                        WORDS: tl.constexpr, PTX: tl.constexpr, X_BLOCK: tl.constexpr, X_FIRST: tl.constexpr,
+                        xa0, xa1):
+    """gate, up of one expert's rows after the PDL prologue: X_FIRST (1 or 2 word steps): x
+    already loaded (xa0, xa1: _x_blocks) and every word loaded at once; else the pipelined loop."""
+    if X_FIRST > 0:
+        return _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn,
+                                   stride_gn, BLOCK_K, X_FIRST, PTX, True, False, xa0, xa1)
+    return _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn, stride_gn,
+                         BLOCK_K, MASK_K, FP4, NUM_STAGES, WORDS, PTX, X_BLOCK)
+
+
+@triton.jit
 def _x_blocks(x_row_ptr, H, BLOCK_K: tl.constexpr, STEPS: tl.constexpr):
     """x of a gate/up program's STEPS (1 or 2) steps as [BLOCK_K / 8, 8] blocks (fp4_x_block),
     loaded at once. -> (step 0's, step 1's; step 0's again when STEPS == 1)"""
@@ -253,31 +267,22 @@ def _moe_gate_up_kernel(
         tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
         return
     pdl_prologue(PDL)
+    xa0 = None
+    xa1 = None
     if X_FIRST > 0:
         xa0, xa1 = _x_blocks(x_row, H, BLOCK_K, X_FIRST)  # before the pick: it needs no expert id
-        if k < K:
-            e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
-                                       TOPK_SORT)
-            if ROUTE and k == 0 and nb == 0:
-                _publish_routing(routing_ptr, t, ids, mix, K)
-            gate, up = _gate_up_prefetched(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
-                                           w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
-                                           BLOCK_K, X_FIRST, PTX, True, False, xa0, xa1)
-        else:
-            gate, up = _gate_up_prefetched(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
-                                           s13_sn, s13_ssn, s13_sgn, BLOCK_K, X_FIRST, PTX, True, False, xa0, xa1)
-    elif k < K:
+    if k < K:
         e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
                                    TOPK_SORT)
         if ROUTE and k == 0 and nb == 0:
             _publish_routing(routing_ptr, t, ids, mix, K)
-        gate, up = _gate_up_rows(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
-                                 w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
-                                 BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX, X_BLOCK)
+        gate, up = _gate_up_after_wait(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
+                                       w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
+                                       BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX, X_BLOCK, X_FIRST, xa0, xa1)
     else:
-        gate, up = _gate_up_rows(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
-                                 s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
-                                 WORDS, PTX, X_BLOCK)
+        gate, up = _gate_up_after_wait(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
+                                       s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
+                                       WORDS, PTX, X_BLOCK, X_FIRST, xa0, xa1)
     h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
 

@@ -127,18 +127,36 @@ def test_nvfp4_small_batch_slot_layouts(shared, k, words, monkeypatch):
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
 
 
-def x_block_both_ways(x, ids, weights, ws, monkeypatch):
-    """fused_moe's small-batch NVFP4 word launches reading x and the SwiGLU outputs with eight
-    stride-8 loads (moe_gemv.GATE_UP_X_BLOCK and DOWN_X_BLOCK off), then as blocks of a word's 8
-    values (both on): -> both outputs."""
+def knobs_both_ways(knobs, x, ids, weights, ws, monkeypatch):
+    """fused_moe's small-batch NVFP4 word launches with the moe_gemv `knobs` off, then on: -> both
+    outputs."""
     monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
     monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
     outs = []
-    for block in (False, True):
-        monkeypatch.setattr(moe_gemv, "GATE_UP_X_BLOCK", block)
-        monkeypatch.setattr(moe_gemv, "DOWN_X_BLOCK", block)
+    for on in (False, True):
+        for knob in knobs:
+            monkeypatch.setattr(moe_gemv, knob, on)
         outs.append(fused_moe(x, ids, weights, *ws, path="small"))
     return outs
+
+
+def x_block_both_ways(x, ids, weights, ws, monkeypatch):
+    """x and the SwiGLU outputs read with eight stride-8 loads (moe_gemv.GATE_UP_X_BLOCK and
+    DOWN_X_BLOCK off), then as blocks of a word's 8 values (both on), gate/up in its pipelined
+    loop (GATE_UP_X_FIRST off, which always reads blocks): -> both outputs."""
+    monkeypatch.setattr(moe_gemv, "GATE_UP_X_FIRST", False)
+    return knobs_both_ways(("GATE_UP_X_BLOCK", "DOWN_X_BLOCK"), x, ids, weights, ws, monkeypatch)
+
+
+def small_case(shared, h, dtype, seed):
+    """3 tokens, top-3 of 8 NVFP4 experts of width 32 and H `h`; shared: "none", "same" (a shared
+    expert as wide) or "wider" (64): -> x, ids, weights, (w13, w2, s13, s2)."""
+    t, e, k = 3, 8, 3
+    w13, w2, s13, s2 = experts(e, h, 32, 64 if shared == "wider" else 32, dtype, "nvfp4", seed=seed)
+    if shared == "none":
+        s13 = s2 = None
+    ids, weights = routing(t, e, k, seed=seed)
+    return torch.randn(t, h, device=DEVICE).to(dtype), ids, weights, (w13, w2, s13, s2)
 
 
 @pytest.mark.parametrize("shared,h,dtype,split_shared", [
@@ -150,27 +168,10 @@ def test_x_block_reads_the_same_bits(shared, h, dtype, split_shared, monkeypatch
     blocks with nibble j's value picked in-thread: the same output bits as the stride-8 loads, and
     close to fused_moe_torch."""
     monkeypatch.setattr(moe_gemv, "SPLIT_SHARED", split_shared)
-    t, e, k = 3, 8, 3
-    w13, w2, s13, s2 = experts(e, h, 32, 64 if shared == "wider" else 32, dtype, "nvfp4", seed=11)
-    if shared == "none":
-        s13 = s2 = None
-    ids, weights = routing(t, e, k, seed=11)
-    x = torch.randn(t, h, device=DEVICE).to(dtype)
-    strided, blocked = x_block_both_ways(x, ids, weights, (w13, w2, s13, s2), monkeypatch)
+    x, ids, weights, ws = small_case(shared, h, dtype, seed=11)
+    strided, blocked = x_block_both_ways(x, ids, weights, ws, monkeypatch)
     assert torch.equal(strided, blocked)
-    check(blocked, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
-
-
-def x_first_both_ways(x, ids, weights, ws, monkeypatch):
-    """fused_moe's small-batch NVFP4 word launches with gate/up's x loaded after the weights
-    (moe_gemv.GATE_UP_X_FIRST off), then before the expert pick (on): -> both outputs."""
-    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
-    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
-    outs = []
-    for first in (False, True):
-        monkeypatch.setattr(moe_gemv, "GATE_UP_X_FIRST", first)
-        outs.append(fused_moe(x, ids, weights, *ws, path="small"))
-    return outs
+    check(blocked, fused_moe_torch(x, ids, weights, *ws), dtype)
 
 
 @pytest.mark.parametrize("shared,h,dtype", [("same", 64, torch.float32), ("wider", 64, torch.bfloat16),
@@ -180,15 +181,10 @@ def test_x_first_gives_the_same_bits(shared, h, dtype, monkeypatch):
     """moe_gemv.GATE_UP_X_FIRST: x read before the pick and the rows' words at once (one and two
     steps: H 64 and 256 under the interpreter's 128-column steps) give the pipelined loop's
     output bits, and are close to fused_moe_torch."""
-    t, e, k = 3, 8, 3
-    w13, w2, s13, s2 = experts(e, h, 32, 64 if shared == "wider" else 32, dtype, "nvfp4", seed=13)
-    if shared == "none":
-        s13 = s2 = None
-    ids, weights = routing(t, e, k, seed=13)
-    x = torch.randn(t, h, device=DEVICE).to(dtype)
-    looped, first = x_first_both_ways(x, ids, weights, (w13, w2, s13, s2), monkeypatch)
+    x, ids, weights, ws = small_case(shared, h, dtype, seed=13)
+    looped, first = knobs_both_ways(("GATE_UP_X_FIRST",), x, ids, weights, ws, monkeypatch)
     assert torch.equal(looped, first)
-    check(first, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+    check(first, fused_moe_torch(x, ids, weights, *ws), dtype)
 
 
 @pytest.mark.parametrize("rows", [8, 16])
@@ -352,6 +348,6 @@ def test_x_first_real_shapes(t, monkeypatch):
     w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, "nvfp4")
     ids, weights = routing(t, e, k)
     x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
-    looped, first = x_first_both_ways(x, ids, weights, (w13, w2, s13, s2), monkeypatch)
+    looped, first = knobs_both_ways(("GATE_UP_X_FIRST",), x, ids, weights, (w13, w2, s13, s2), monkeypatch)
     assert torch.equal(looped, first)
     assert_scaled_close(first, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)
