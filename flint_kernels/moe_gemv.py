@@ -80,7 +80,8 @@ DOWN_X_BLOCK = True
 # NVFP4 words, H one or two whole steps: the gate/up programs load x as blocks of a word's 8
 # values right after the PDL wait, before the expert pick, and then every word of their rows at
 # once (no pipelined loop), so x's round trip runs under the logits load and the top-k instead
-# of after the weights. A benchmark knob, read at each launch.
+# of after the weights: gate/up 8.31 -> 7.47 us a layer on the H200's critical path, NVFP4 100K
+# replay 2.309 -> 2.276 ms (benchmarks/NOTES.md §20). A benchmark knob, read at each launch.
 GATE_UP_X_FIRST = True
 # The NVFP4 down launch loads its global scales before the PDL wait (ca5b325), or after its dot
 # (False): 4.32 vs 4.52 us a layer (§19). A benchmark knob, read at each launch.
@@ -586,7 +587,8 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
-            FIRST=first, COUNT=count, PREFETCH=prefetch, X_FIRST=x_first, **launch_args(x.device, prefetches=prefetch > 0),
+            FIRST=first, COUNT=count, PREFETCH=prefetch, X_FIRST=x_first,
+            **launch_args(x.device, prefetches=prefetch > 0),
             WORDS=words_up, PTX=nvfp4.ptx_decode(), X_BLOCK=GATE_UP_X_BLOCK, num_warps=WARPS)
 
     if SPLIT_SHARED and words13 and has_shared:
