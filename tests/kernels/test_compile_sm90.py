@@ -43,8 +43,15 @@ def test_without_pdl_no_griddepcontrol():
 def test_activations_load_in_one_round_trip_after_the_wait():
     """--chains: the batch-1 MoE down launch (NVFP4 words) loads the token's SwiGLU outputs as
     one block, two 16-byte loads a thread, before any barrier after its PDL wait (they were eight
-    stride-8 loads, each behind the previous one's shared-memory conversion), and nothing after."""
+    stride-8 loads, each behind the previous one's shared-memory conversion), and nothing after;
+    the gate/up launch loads x with the router's logits, before its expert pick."""
     out = compile_output("--chains", "--only", "moe small routed nvfp4 T=1")
     chains = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     down = chains["moe small routed nvfp4 T=1 | _moe_down_words_kernel"].split()
     assert down[0] == "LDG.E.128x2" and not any(op.startswith("LDG") for op in down[1:]), down
+    # gate/up (moe_gemv.GATE_UP_X_FIRST): x's two 16-byte blocks a thread issue with the logits
+    # load, before the top-k's first barrier; after the pick only weight loads follow (no x load
+    # behind a barrier: no 2-byte LDG.E.U16 and no cp.async loop)
+    gate_up = chains["moe small routed nvfp4 T=1 | _moe_gate_up_kernel"].split()
+    assert gate_up[:2] == ["LDG.E.128x2", "LDG.E.64.STRONG.GPU"], gate_up
+    assert not any(op.startswith(("LDG.E.U16", "LDGSTS")) for op in gate_up), gate_up
