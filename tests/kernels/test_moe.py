@@ -194,12 +194,8 @@ def test_down_words_rows_a_program(rows, monkeypatch):
     monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
     monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
     monkeypatch.setattr(moe_gemv, "DOWN_WORDS_ROWS", rows)
-    t, e, k = 3, 8, 3
-    w13, w2, s13, s2 = experts(e, 64, 32, 64, torch.bfloat16, "nvfp4", seed=17)
-    ids, weights = routing(t, e, k, seed=17)
-    x = torch.randn(t, 64, device=DEVICE).to(torch.bfloat16)
-    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"),
-          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.bfloat16)
+    x, ids, weights, ws = small_case("wider", 64, torch.bfloat16, seed=17)
+    check(fused_moe(x, ids, weights, *ws, path="small"), fused_moe_torch(x, ids, weights, *ws), torch.bfloat16)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -117,6 +117,7 @@ def test_x_loaded_early_gives_the_same_bits(norm, x_block, k, splits, monkeypatc
         nvfp4_linear_torch(x, w)
     assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
 
+
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rows", [8, 32])
 def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
@@ -137,6 +138,7 @@ def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
                 launches.append((grid, kwargs["BLOCK_N"], kwargs["SPLIT"], kwargs["PREFETCH"]))
                 return kernel[grid](**kwargs)
             return run
+
     monkeypatch.setattr(nvfp4_linear_module, "_nvfp4_gemv_kernel", Spy())
     k = 1024
     w = weight(40, k, seed=3, per_row=True)
