@@ -47,15 +47,17 @@ GEMV_PREFETCH = os.environ.get("FLINT_FP4_GEMV_PREFETCH", "1") == "1"
 # Up to this many word steps a split prefetches (1..4); GEMV_MAX_SPLITS caps the K splits where
 # the splits still prefetch (None: as many as give two programs an SM). Benchmark knobs: one
 # split of four steps for o_proj (K = 4096, GEMV_MAX_SPLITS = 1) saves the split-K round trip but
-# measured slower on the H200 (NVFP4 100K replay 2.570 -> 2.604 ms, benchmarks/NOTES.md §13).
-GEMV_PREFETCH_STEPS = 2
+# measured slower on the H200 (NVFP4 100K replay 2.570 -> 2.604 ms, benchmarks/NOTES.md §13): its
+# 16-row programs decode twice the weights; GEMV_UNSPLIT_BLOCK_N below halves the rows instead.
+GEMV_PREFETCH_STEPS = 4
 GEMV_MAX_SPLITS: int | None = None
 # Rows a program of a GEMV launch that would split K, when all of K's word steps fit one
 # prefetching split (<= GEMV_PREFETCH_STEPS): that launch then takes one split of this many rows
-# (twice the programs at 8 for 16), so no split-K arrival and partial reload, and no more decode
-# a program than a split had (o_proj: K = 4096, 4 steps, with GEMV_PREFETCH_STEPS = 4). None: the
-# split. A benchmark knob, read at each launch; not measured yet (benchmarks/NOTES.md §20).
-GEMV_UNSPLIT_BLOCK_N: int | None = None
+# (4 for 16: four times the programs), so no split-K arrival and partial reload, and less decode a
+# program than a split had (o_proj: K = 4096, 4 steps, 512 programs). None: the split. Measured
+# on the H200, NVFP4 100K replay 2.268 -> 2.230 ms (8 rows: 2.235), o_proj ~4.1 -> ~3.3 us
+# (benchmarks/NOTES.md §21). A benchmark knob, read at each launch.
+GEMV_UNSPLIT_BLOCK_N: int | None = 64 if INTERPRET else 4  # (interpreter: few, large programs)
 # A prefetching split (X_BLOCK or the folded RMSNorm) loads every step's x block right after its
 # PDL wait, before the row's rstd and the first step's decode: one round trip to L2 instead of
 # one a step (sm_90 code issued the next step's loads after the previous step's shared-memory

@@ -191,12 +191,14 @@ def test_real_shapes(t, n, k, words):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [4, 8])
 @pytest.mark.parametrize("t", [1, 4])
-def test_unsplit_real_shapes(t, monkeypatch):
-    """flint-40b's o_proj (2048 x 4096) with nvfp4_linear.GEMV_UNSPLIT_BLOCK_N = 8: one split of
-    four prefetched steps, 256 programs at batch 1, close to dequantise-then-matmul."""
+def test_unsplit_real_shapes(t, rows, monkeypatch):
+    """flint-40b's o_proj (2048 x 4096) with nvfp4_linear.GEMV_UNSPLIT_BLOCK_N = 4 (the GPU
+    default) or 8: one split of four prefetched steps, 512 or 256 programs at batch 1, close to
+    dequantise-then-matmul."""
     monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", 8)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", rows)
     w = quantize_nvfp4(torch.randn(2048, 4096, device=DEVICE) / 64)
     x = torch.randn(t, 4096, device=DEVICE, dtype=torch.bfloat16)
     got, expected = nvfp4_linear(x, w), nvfp4_linear_torch(x, w)
