@@ -49,6 +49,11 @@ STAGES = 3
 # 2.838 -> 2.793 ms on the H200 (benchmarks/NOTES.md §19; 3.034 -> 3.094 before X_EARLY, 8 warps).
 PREFETCH_STEPS = 4
 MAX_SPLITS: int | None = 1
+# Rows a program of a launch that MAX_SPLITS left as one split of more than two steps (o_proj:
+# 4 steps in 256 programs of 8 rows, 249 registers, two an SM): 4 gives 512 programs of half the
+# weights each, as nvfp4_linear.GEMV_UNSPLIT_BLOCK_N. None: BLOCK_N. A benchmark knob, read at
+# each launch (benchmarks/NOTES.md §21).
+UNSPLIT_BLOCK_N: int | None = None
 # A prefetching split loads every step's x (and residual) right after its PDL wait, before the
 # row's rstd and the first step's sums: one round trip to L2 instead of one a step (as
 # nvfp4_linear.GEMV_X_EARLY). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
@@ -191,6 +196,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
             splits = fewer
     if not 1 <= splits <= k_blocks:
         raise ValueError(f"dense_gemv: num_splits {splits}, expected 1..{k_blocks} for K={k}")
+    block_n = BLOCK_N
+    if num_splits is None and UNSPLIT_BLOCK_N and splits == 1 and 2 < k_blocks <= PREFETCH_STEPS \
+            and k % block_k == 0:
+        block_n = UNSPLIT_BLOCK_N  # one prefetching split of fewer rows
     k_per_split = triton.cdiv(k_blocks, splits) * block_k
     splits = triton.cdiv(k, k_per_split)  # no empty split
     steps = k_per_split // block_k
@@ -198,11 +207,11 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
     part = torch.empty((splits, t, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = arrival_counters(tiles, x.device) if splits > 1 else out
     residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)
-    _dense_gemv_kernel[(t, triton.cdiv(n, BLOCK_N), splits)](
+    _dense_gemv_kernel[(t, triton.cdiv(n, block_n), splits)](
         x_ptr=x, w_ptr=w, out_ptr=out, part_ptr=part, counter_ptr=counters,
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w,
         T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split, eps=eps,
-        BLOCK_N=BLOCK_N, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
+        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype, X_EARLY=X_EARLY,
         **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)

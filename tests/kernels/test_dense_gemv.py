@@ -60,6 +60,42 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
 
 
 @pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rows", [4, 16])
+def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
+    """dense_gemv.UNSPLIT_BLOCK_N: a launch that MAX_SPLITS leaves as one split of 4 steps runs in
+    programs of `rows` rows, close to F.linear (the folded RMSNorm's too); a launch of two steps
+    keeps BLOCK_N rows."""
+    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
+    monkeypatch.setattr(dense_gemv_module, "MAX_SPLITS", 1)
+    monkeypatch.setattr(dense_gemv_module, "UNSPLIT_BLOCK_N", rows)
+    launches = []
+    kernel = dense_gemv_module._dense_gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                launches.append((grid, kwargs["BLOCK_N"], kwargs["SPLIT"], kwargs["PREFETCH"]))
+                return kernel[grid](**kwargs)
+            return run
+
+    monkeypatch.setattr(dense_gemv_module, "_dense_gemv_kernel", Spy())
+    x, w = operands(1, 40, 4 * STEP, torch.float32, seed=rows)
+    if norm:
+        residual, _ = operands(1, 1, 4 * STEP, torch.float32, seed=rows + 1)
+        norm_w = 1 + 0.1 * operands(1, 1, 4 * STEP, torch.float32, seed=rows + 2)[0][0]
+        got, got_res = dense_gemv_module.rms_norm_dense_gemv(x, residual, norm_w, 1e-6, w)
+        exp, exp_res = dense_gemv_module.rms_norm_dense_gemv_torch(x, residual, norm_w, 1e-6, w)
+        torch.testing.assert_close(got_res, exp_res, rtol=0, atol=0)
+    else:
+        got, exp = dense_gemv(x, w), F.linear(x, w)
+    torch.testing.assert_close(got, exp, **TOL[torch.float32])
+    two_steps = dense_gemv(x[:, :2 * STEP].contiguous(), w[:, :2 * STEP].contiguous())
+    torch.testing.assert_close(two_steps, F.linear(x[:, :2 * STEP], w[:, :2 * STEP]), **TOL[torch.float32])
+    block_n = dense_gemv_module.BLOCK_N
+    assert launches == [((1, -(-40 // rows), 1), rows, 1, 4), ((1, -(-40 // block_n), 1), block_n, 1, 2)]
+
+
+@pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("k,splits", [(STEP, None), (4 * STEP, 2), (4 * STEP, 1)],
                          ids=["one-step", "two-steps", "four-steps"])
 def test_x_loaded_early_gives_the_same_bits(norm, k, splits, monkeypatch):
@@ -126,8 +162,10 @@ def test_errors_name_the_argument():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("unsplit_rows", [None, 4])
 @pytest.mark.parametrize("t", [1, 4])
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (20480, 2048), (2048, 10240)])
-def test_real_shapes(t, n, k):
+def test_real_shapes(t, n, k, unsplit_rows, monkeypatch):
+    monkeypatch.setattr(dense_gemv_module, "UNSPLIT_BLOCK_N", unsplit_rows)  # o_proj (2048 x 4096)
     x, w = operands(t, n, k, torch.bfloat16, seed=n + k)
     torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.bfloat16])
