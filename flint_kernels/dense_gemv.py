@@ -51,9 +51,9 @@ PREFETCH_STEPS = 4
 MAX_SPLITS: int | None = 1
 # Rows a program of a launch that MAX_SPLITS left as one split of more than two steps (o_proj:
 # 4 steps in 256 programs of 8 rows, 249 registers, two an SM): 4 gives 512 programs of half the
-# weights each, as nvfp4_linear.GEMV_UNSPLIT_BLOCK_N. None: BLOCK_N. A benchmark knob, read at
-# each launch (benchmarks/NOTES.md §21).
-UNSPLIT_BLOCK_N: int | None = None
+# weights each, as nvfp4_linear.GEMV_UNSPLIT_BLOCK_N: BF16 100K replay 2.818 -> 2.809 ms on the
+# H200, the same in three paired runs (benchmarks/NOTES.md §21). None: BLOCK_N. Read at each launch.
+UNSPLIT_BLOCK_N: int | None = 4
 # A prefetching split loads every step's x (and residual) right after its PDL wait, before the
 # row's rstd and the first step's sums: one round trip to L2 instead of one a step (as
 # nvfp4_linear.GEMV_X_EARLY). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
