@@ -49,12 +49,11 @@ class FlintAttention:
         slots = batch.full_slots if self.is_full else batch.ring_slots
         cache_rows = dict(block_tables=batch.block_tables if self.is_full else None,
                           ring_rows=None if self.is_full else batch.ring_rows)
-        if batch.decode_only:  # the Q/K norm, RoPE and cache write inside the attention launches
-            out = ops.decode_attention_qkv(
+        if batch.decode_only:  # the Q/K norm, RoPE and cache write in the attention op, then o_proj
+            return ops.decode_attention_o(
                 qkv, self.q_norm, self.k_norm, batch.positions, self.cos_sin, c.rms_norm_eps,
                 c.num_attention_heads, c.num_key_value_heads, k_cache, v_cache, slots, batch.context_lens,
-                self.sinks, self.sm_scale, self.window, **cache_rows)  # [N, Hq, D]
-            return ops.linear(out.reshape(out.shape[0], -1), self.o_proj)
+                self.sinks, self.sm_scale, self.window, self.o_proj, **cache_rows)  # [N, H]
         # Full layers write K/V before attention (distinct slots). A sliding layer's ring write
         # waits until after attention: a chunk would overwrite ring slots that its own earlier
         # tokens still read.

@@ -50,6 +50,13 @@ if FOLD_NORM not in FOLD_MODES:
 FUSE_QK_NORM_ROPE = os.environ.get("FLINT_FUSE_QK_NORM_ROPE", "0")
 if FUSE_QK_NORM_ROPE not in ("0", "1"):
     raise ValueError(f"FLINT_FUSE_QK_NORM_ROPE: got {FUSE_QK_NORM_ROPE!r}, expected '0' or '1'")
+# Decode steps with an NVFP4 o_proj: the decode-attention reduce in 4 warps a program, not
+# decode_attention.REDUCE_WARPS (8). The o_proj launch prefetches its weights under the reduce
+# (PDL); with 4.7 MB of NVFP4 weights the reduce's own time shows, with 16 MB of BF16 the
+# prefetch sets the pace. H200, batch-1 decode at 100K, graph replay (benchmarks/NOTES.md §22):
+# NVFP4 2.222 -> 2.209 and 2.227 -> 2.208 ms (reduce 3.0 -> 2.5 us sliding, 4.0 -> 3.4 full; o_proj
+# +0.3 us sliding), BF16 2.800 -> 2.817 ms (so BF16 keeps 8); 2 warps lose in both (2.263, 2.867).
+NVFP4_REDUCE_WARPS = 4
 
 # Decode steps: the MoE top-k picked inside the expert launches from the router's logits
 # (router.rms_norm_router_logits, moe.fused_moe_routed), so the router launch ends at its
@@ -73,9 +80,10 @@ class Ops:
     #                              -> (h = rms_norm(..), ids, weights, residual + x)
     qk_norm_rope: Callable    # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache, slot_mapping)
     attention: Callable       # (q, k, v, qsl, context_lens, k_cache, v_cache, sinks, scale, window, ...)
-    # decode steps (one token a sequence): qk_norm_rope (writing the cache) + attention in one op
-    decode_attention_qkv: Callable  # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache,
-    #                                  slot_mapping, context_lens, sinks, scale, window, block_tables, ring_rows)
+    # decode steps (one token a sequence): qk_norm_rope (writing the cache) + attention + o_proj in one op
+    decode_attention_o: Callable  # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache,
+    #                                slot_mapping, context_lens, sinks, scale, window, o_w, block_tables,
+    #                                ring_rows) -> linear(attention [N, Hq * D], o_w) [N, H]
     cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip)
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
     router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
@@ -209,21 +217,28 @@ def _attention_triton(q, k, v, query_start_loc, context_lens, k_cache, v_cache, 
                              max_query_len, block_tables=block_tables, ring_rows=ring_rows)
 
 
-def _decode_attention_qkv_torch(*args, **kwargs):
+def _decode_attention_o_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
+                              context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None):
     from flint_kernels.decode_attention import decode_attention_qkv_torch
-    return decode_attention_qkv_torch(*args, **kwargs)
+    out = decode_attention_qkv_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
+                                     context_lens, sinks, sm_scale, window, block_tables, ring_rows)
+    return linear_torch(out.reshape(out.shape[0], -1), o_w)
 
 
-def _decode_attention_qkv_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
-                                 context_lens, sinks, sm_scale, window, block_tables=None, ring_rows=None):
+def _decode_attention_o_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
+                               context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None):
     from flint_kernels.decode_attention import decode_attention, decode_attention_qkv
 
+    reduce_warps = NVFP4_REDUCE_WARPS if isinstance(o_w, NVFP4Weight) else None
     if FUSE_QK_NORM_ROPE == "1":
-        return decode_attention_qkv(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
-                                    context_lens, sinks, sm_scale, window, block_tables, ring_rows)
-    q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
-    return decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                            block_tables=block_tables, ring_rows=ring_rows)
+        out = decode_attention_qkv(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
+                                   context_lens, sinks, sm_scale, window, block_tables, ring_rows,
+                                   reduce_warps=reduce_warps)
+    else:
+        q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
+        out = decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                               block_tables=block_tables, ring_rows=ring_rows, reduce_warps=reduce_warps)
+    return linear_triton(out.reshape(out.shape[0], -1), o_w)  # [N, H]
 
 
 TORCH_OPS = Ops(
@@ -237,7 +252,7 @@ TORCH_OPS = Ops(
     norm_router=norm_router_torch,
     qk_norm_rope=qk_k.qk_norm_rope_torch,
     attention=_attention_torch,
-    decode_attention_qkv=_decode_attention_qkv_torch,
+    decode_attention_o=_decode_attention_o_torch,
     cache_write=cache_write_torch,
     silu_mul=swiglu_k.silu_mul_torch,
     router=router_k.router_topk_torch,
@@ -260,7 +275,7 @@ def triton_ops() -> Ops:
         norm_router=norm_router_triton,
         qk_norm_rope=qk_k.qk_norm_rope,
         attention=_attention_triton,
-        decode_attention_qkv=_decode_attention_qkv_triton,
+        decode_attention_o=_decode_attention_o_triton,
         cache_write=cache_write_torch,
         silu_mul=swiglu_k.silu_mul,
         router=router_k.router_topk,

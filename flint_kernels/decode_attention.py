@@ -52,7 +52,8 @@ SPLIT_WARPS = 4        # warps of a split program (a launch-config knob: scripts
 # (a benchmark knob: NVFP4 100K replay 2.570 -> 2.719 ms on the H200, benchmarks/NOTES.md §13)
 WINDOW_SPLITS: int | None = None
 # splits a reduce program merges per step: on a GPU all of them at batch 1 (one round trip; 8
-# warps hold [128, D] fp32), the interpreter also runs the multi-step loop
+# warps hold [128, D] fp32), the interpreter also runs the multi-step loop. A launch's
+# reduce_warps overrides REDUCE_WARPS (the NVFP4 model's decode steps take 4: flint_backend/ops.py)
 REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
 # A reduce program loads its first BLOCK_S partials right after its PDL wait, with the new
 # token's q, k and v, instead of after q . k's cross-warp sum: one round trip to L2, not two. A
@@ -327,13 +328,15 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
                      sinks: torch.Tensor | None, sm_scale: float, window: int,
                      block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
-                     out: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, num_splits: int | None = None,
+                     reduce_warps: int | None = None) -> torch.Tensor:
     """q [B, Hq, D], k/v [B, Hk, D] (token b at position context_lens[b]) -> out [B, Hq, D].
-    num_splits: the split grid axis (default: enough programs for WAVES per SM, capped by the window)."""
+    num_splits: the split grid axis (default: enough programs for WAVES per SM, capped by the window).
+    reduce_warps: warps of a reduce program (default REDUCE_WARPS), a launch config."""
     check_attention_inputs("decode_attention", q, k, v, None, context_lens, k_cache, v_cache, sinks,
                            window, block_tables, ring_rows)
     return _launch("decode_attention", q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                   block_tables, ring_rows, out, num_splits, None)
+                   block_tables, ring_rows, out, num_splits, reduce_warps, None)
 
 
 def decode_attention_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -342,7 +345,8 @@ def decode_attention_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: to
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                          context_lens: torch.Tensor, sinks: torch.Tensor | None, sm_scale: float, window: int,
                          block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
-                         out: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
+                         out: torch.Tensor | None = None, num_splits: int | None = None,
+                         reduce_warps: int | None = None) -> torch.Tensor:
     """qk_norm_rope (writing this step's K/V to the cache) then decode_attention, in the attention
     launches: qkv [B, (Hq + 2 Hk) D] raw projections -> out [B, Hq, D]. Arguments as in those two."""
     b, d, writes = qk_norm_rope_k.check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
@@ -357,12 +361,12 @@ def decode_attention_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: to
     check_attention_inputs("decode_attention_qkv", q, k, v, None, context_lens, k_cache, v_cache, sinks,
                            window, block_tables, ring_rows)
     return _launch("decode_attention_qkv", q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                   block_tables, ring_rows, out, num_splits,
+                   block_tables, ring_rows, out, num_splits, reduce_warps,
                    (q_weight, k_weight, positions, cos_sin, slot_mapping, eps))
 
 
 def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, block_tables,
-            ring_rows, out, num_splits, from_qkv: tuple | None) -> torch.Tensor:
+            ring_rows, out, num_splits, reduce_warps, from_qkv: tuple | None) -> torch.Tensor:
     """The split and reduce launches. from_qkv: decode_attention_qkv's (q_weight, k_weight,
     positions, cos_sin, slot_mapping, eps), q/k/v being views of the raw projections."""
     batch, hq, d = q.shape
@@ -377,6 +381,8 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError(f"{name}: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} "
                          f"{tuple(q.shape)} with unit stride in D")
+    if reduce_warps is not None and reduce_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{name}: reduce_warps {reduce_warps}, expected a power of two 1..16 or None")
     if batch == 0:
         return out
     splits = num_splits or _default_num_splits(batch, hk, window, q.device)
@@ -410,7 +416,7 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
     if splits > 1:  # else the one split wrote every output itself
         _decode_reduce_kernel[(batch, hq)](
             BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), PARTIALS_FIRST=REDUCE_PARTIALS_FIRST,
-            **common, num_warps=REDUCE_WARPS)
+            **common, num_warps=reduce_warps or REDUCE_WARPS)
     return out
 
 
@@ -426,8 +432,9 @@ def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
                            sinks: torch.Tensor | None, sm_scale: float, window: int,
                            block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
-                           out: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
-    """Same signature and semantics as `decode_attention` (num_splits is ignored)."""
+                           out: torch.Tensor | None = None, num_splits: int | None = None,
+                           reduce_warps: int | None = None) -> torch.Tensor:
+    """Same signature and semantics as `decode_attention` (num_splits and reduce_warps are ignored)."""
     qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     result = attention_torch(q, k, v, qsl, context_lens, k_cache, v_cache, sinks, sm_scale, window,
                              block_tables=block_tables, ring_rows=ring_rows)
@@ -444,7 +451,7 @@ def decode_attention_qkv_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weig
                                context_lens: torch.Tensor, sinks: torch.Tensor | None, sm_scale: float,
                                window: int, block_tables: torch.Tensor | None = None,
                                ring_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                               num_splits: int | None = None) -> torch.Tensor:
+                               num_splits: int | None = None, reduce_warps: int | None = None) -> torch.Tensor:
     """Same signature and semantics as `decode_attention_qkv`: qk_norm_rope_torch, then attention."""
     q, k, v = qk_norm_rope_k.qk_norm_rope_torch(qkv, q_weight, k_weight, positions, cos_sin, eps, num_q_heads,
                                                 num_kv_heads, k_cache, v_cache, slot_mapping)

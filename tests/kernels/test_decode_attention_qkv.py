@@ -1,12 +1,16 @@
 """decode_attention_qkv (Q/K norm, RoPE and this step's cache write inside the decode-attention
 launches) vs decode_attention_qkv_torch = qk_norm_rope_torch then attention_torch, each checked
-against flint_backend.reference in test_qk_norm_rope.py and test_attention.py."""
+against flint_backend.reference in test_qk_norm_rope.py and test_attention.py; and
+ops.decode_attention_o, the engine's decode-step op (those launches, then o_proj)."""
 
 import math
 
 import pytest
 import torch
 
+from flint_backend import ops as ops_module
+from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
+from flint_kernels import decode_attention as decode_attention_module
 from flint_kernels.decode_attention import decode_attention, decode_attention_qkv, decode_attention_qkv_torch
 from flint_kernels.qk_norm_rope import qk_norm_rope
 from kv_cases import assert_scaled_close, make_step
@@ -51,11 +55,11 @@ def _new_token_slots(step) -> torch.Tensor:
     return step.ring_rows.long() * rows_per + pos % rows_per
 
 
-def _run(fn, step, head, slots, window, num_splits=None):
+def _run(fn, step, head, slots, window, num_splits=None, **launch):
     """-> (output, k_cache, v_cache) of fn on copies of the step's caches."""
     k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
     out = fn(*head, k_cache, v_cache, slots, step.context_lens, step.sinks, 1 / math.sqrt(head[1].shape[0]),
-             window, **step.cache_kwargs(), num_splits=num_splits)
+             window, **step.cache_kwargs(), num_splits=num_splits, **launch)
     return out, k_cache, v_cache
 
 
@@ -115,6 +119,61 @@ def test_errors_name_the_field():
     with pytest.raises(ValueError, match="decode_attention_qkv: k_cache, v_cache and slot_mapping"):
         decode_attention_qkv(*head, step.k_cache, step.v_cache, None, step.context_lens, step.sinks, 0.25, 0,
                              **step.cache_kwargs())
+    with pytest.raises(ValueError, match="decode_attention_qkv: reduce_warps 3, expected a power of two"):
+        _run(decode_attention_qkv, step, head, slots, window, reduce_warps=3)
+
+
+def test_reduce_warps_keep_the_output():
+    # a launch config: the reduce's warps change nothing computed (bit-equal under the interpreter,
+    # which ignores warps; on a GPU the cross-warp sums may run in another order)
+    step, head, slots, window = _case([40, 3, 70], layout="ring", rows_per=12, seed=7)
+    exp, exp_k, _ = _run(decode_attention_qkv, step, head, slots, window, num_splits=3)
+    for warps in (1, 4, 8):
+        got, got_k, _ = _run(decode_attention_qkv, step, head, slots, window, num_splits=3, reduce_warps=warps)
+        torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got_k, exp_k, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fuse", ["0", "1"])
+@pytest.mark.parametrize("o_format", ["bf16", "nvfp4"])
+def test_ops_decode_attention_o(o_format, fuse, monkeypatch):
+    """ops.decode_attention_o (Q/K norm + RoPE + cache write, attention, o_proj): the triton op is
+    the attention launches then the triton linear, close to the torch op, with dense and NVFP4
+    o_proj; the reduce takes ops.NVFP4_REDUCE_WARPS warps before an NVFP4 o_proj,
+    decode_attention.REDUCE_WARPS before a dense one."""
+    monkeypatch.setattr(ops_module, "FUSE_QK_NORM_ROPE", fuse)
+    launches = []
+    launch = decode_attention_module._launch
+
+    def spy(name, *args):
+        launches.append((name, args[-2]))  # (launcher, reduce_warps)
+        return launch(name, *args)
+
+    monkeypatch.setattr(decode_attention_module, "_launch", spy)
+    step, head, slots, window = _case([40, 3, 70], dtype=torch.bfloat16, layout="ring", rows_per=12, seed=9)
+    g = torch.Generator().manual_seed(3)
+    o_w = torch.randn(24, 8 * 16, generator=g) / 11  # [H, Hq * D]
+    o_w = quantize_nvfp4(o_w).to(DEVICE) if o_format == "nvfp4" else o_w.bfloat16().to(DEVICE)
+    scale = 1 / math.sqrt(16)
+    outs = []
+    for ops in (ops_module.get_ops("triton"), ops_module.get_ops("torch")):
+        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+        outs.append((ops.decode_attention_o(*head, k_cache, v_cache, slots, step.context_lens, step.sinks, scale,
+                                            window, o_w, **step.cache_kwargs()), k_cache))
+    (got, got_k), (exp, exp_k) = outs
+    name = "decode_attention_qkv" if fuse == "1" else "decode_attention"
+    assert launches == [(name, ops_module.NVFP4_REDUCE_WARPS if o_format == "nvfp4" else None)]
+    if fuse == "1":
+        attention, _, _ = _run(decode_attention_qkv, step, head, slots, window)  # [3, Hq, D]
+    else:
+        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+        q, k, v = qk_norm_rope(*head, k_cache, v_cache, slots)
+        attention = decode_attention(q, k, v, k_cache, v_cache, step.context_lens, step.sinks, scale, window,
+                                     **step.cache_kwargs())
+    assert torch.equal(got, ops_module.linear_triton(attention.reshape(3, -1), o_w))
+    # the attention outputs differ from torch's by up to ~5 bf16 ulps (TOL), summed over 128 columns
+    assert_scaled_close(got, exp, rel=4e-2)
+    torch.testing.assert_close(got_k, exp_k, equal_nan=True, **CACHE_TOL[torch.bfloat16])
 
 
 @pytest.mark.gpu
