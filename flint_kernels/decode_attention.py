@@ -43,9 +43,11 @@ LOG2E = 1.4426950408889634
 TILE_N = 64            # cached positions per tile
 MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
 WAVES = 2              # default splits aim at this many programs per SM
-# K/V tiles in flight per split program (cp.async): paged, 3 (~100 KB of shared memory: two
-# programs an SM); ring, 2
-PAGED_STAGES, RING_STAGES = 4, 3
+# K/V tiles in flight per split program (cp.async): paged 3 (72 KB of shared memory, 4 stages take
+# 104 KB), ring 3. Batch-1 decode at 100K on the H200, graph replay: 3 paged stages take a full
+# layer's split 50.8 -> 50.2 us, NVFP4 2.199 -> 2.187 ms, BF16 2.786 -> 2.776 (2: 58 us a full
+# split; benchmarks/NOTES.md §22). Read at each launch.
+PAGED_STAGES, RING_STAGES = 3, 3
 SPLIT_WARPS = 4        # warps of a split program (a launch-config knob: scripts/sweep_decode_attention.py)
 # Default splits of a sliding-window layer: None caps them at a tile each; 1 streams the window
 # in one program per KV head, which finishes the output itself, so the reduce launch is skipped
