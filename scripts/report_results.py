@@ -63,31 +63,53 @@ def markdown(runs: list[dict]) -> str:
 
 
 def plot(runs: list[dict], path: Path) -> None:
+    """Left: the latest run of each format, ms/token against context, with its bandwidth floor and
+    target. Right: every run's ms/token at its longest context, in input order (the history)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    several = len({run["meta"]["commit"] for run in runs}) > 1
-    floors = set()  # one floor line per format: it depends on the bytes, not on the run
-    for run in runs:
+    fig, (now, history) = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw=dict(width_ratios=[1, 1.3]))
+    formats = list(dict.fromkeys(run["format"] for run in runs))
+    colors = dict(zip(formats, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    latest = {run["format"]: run for run in runs}  # the last input of each format
+    for fmt, run in latest.items():
         ctx = [d["context"] for d in run["decode"]]
-        date = run["meta"]["date"]
-        tag = f" ({run['meta']['commit']}, {date[:10]} {date[11:16]} UTC)" if several else ""
-        ax.plot(ctx, [d["ms_per_token"] for d in run["decode"]], "o-", label=f"{run['format']} measured{tag}")
-        if run["format"] not in floors:
-            floors.add(run["format"])
-            ax.plot(ctx, [d["floor_ms"] for d in run["decode"]], "--", label=f"{run['format']} bandwidth floor")
-    ax.axhline(ANNOUNCED_GB200_MS, color="gray", linestyle=":", label="vLLM GB200 NVFP4 @100K (2.06 ms)")
-    ax.set_xscale("log")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("ms / token (batch 1)")
-    m = runs[0]["meta"]
-    commits = ", ".join(dict.fromkeys(run["meta"]["commit"] for run in runs))
+        now.plot(ctx, [d["ms_per_token"] for d in run["decode"]], "o-", color=colors[fmt], label=f"{fmt} measured")
+        now.plot(ctx, [d["floor_ms"] for d in run["decode"]], "--", color=colors[fmt],
+                 label=f"{fmt} bandwidth floor")
+        if fmt in TARGETS:
+            now.plot([max(ctx)], [TARGETS[fmt]], "*", color=colors[fmt], markersize=12,
+                     label=f"{fmt} target @{max(ctx) // 1000}K ({TARGETS[fmt]} ms)")
+    now.axhline(ANNOUNCED_GB200_MS, color="gray", linestyle=":", label="vLLM GB200 NVFP4 @100K (2.06 ms)")
+    now.set_xscale("log")
+    now.set_ylim(bottom=0)
+    now.set_xlabel("context (tokens)")
+    now.set_ylabel("ms / token (batch 1)")
+    m = runs[-1]["meta"]
+    now.set_title(f"latest: commit {m['commit']}, {m['date'][:16].replace('T', ' ')} UTC", fontsize=9)
+    now.legend(fontsize=7, loc="lower right")
+
+    for fmt in formats:
+        points = [(i, run) for i, run in enumerate(runs) if run["format"] == fmt]
+        xs = [i for i, _ in points]
+        history.plot(xs, [max(run["decode"], key=lambda d: d["context"])["ms_per_token"] for _, run in points],
+                     "o-", color=colors[fmt], label=f"{fmt} measured")
+        if fmt in TARGETS:
+            history.axhline(TARGETS[fmt], color=colors[fmt], linestyle=":", label=f"{fmt} target ({TARGETS[fmt]} ms)")
+    ticks = list(dict.fromkeys((run["meta"]["commit"], run["meta"]["date"][:10]) for run in runs))
+    first = {}
+    for i, run in enumerate(runs):
+        first.setdefault((run["meta"]["commit"], run["meta"]["date"][:10]), i)
+    history.set_xticks([first[t] for t in ticks], [f"{c}\n{d[5:]}" for c, d in ticks], fontsize=6, rotation=60)
+    history.set_ylim(bottom=0)
+    history.set_ylabel("ms / token at the longest context")
+    history.set_title("every run (commit, date)", fontsize=9)
+    history.legend(fontsize=7, loc="lower left")
     dates = " to ".join(dict.fromkeys(run["meta"]["date"][:10] for run in (runs[0], runs[-1])))
-    ax.set_title(f"flint-40b decode, {m['gpu']}, {dates}, commits {commits}", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.suptitle(f"flint-40b batch-1 decode, {m['gpu']}, {dates}", fontsize=10)
+    fig.text(0.01, 0.01, f"latest command: {m['command']}", fontsize=6, color="dimgray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=120)
 
 
