@@ -97,11 +97,10 @@ def plot(runs: list[dict], path: Path) -> None:
                      "o-", color=colors[fmt], label=f"{fmt} measured")
         if fmt in TARGETS:
             history.axhline(TARGETS[fmt], color=colors[fmt], linestyle=":", label=f"{fmt} target ({TARGETS[fmt]} ms)")
-    ticks = list(dict.fromkeys((run["meta"]["commit"], run["meta"]["date"][:10]) for run in runs))
-    first = {}
+    first = {}  # (commit, day) -> the index of its first run: one tick each
     for i, run in enumerate(runs):
         first.setdefault((run["meta"]["commit"], run["meta"]["date"][:10]), i)
-    history.set_xticks([first[t] for t in ticks], [f"{c}\n{d[5:]}" for c, d in ticks], fontsize=6, rotation=60)
+    history.set_xticks(list(first.values()), [f"{c}\n{d[5:]}" for c, d in first], fontsize=6, rotation=60)
     history.set_ylim(bottom=0)
     history.set_ylabel("ms / token at the longest context")
     history.set_title("every run (commit, date)", fontsize=9)
