@@ -123,15 +123,28 @@ def test_errors_name_the_field():
         _run(decode_attention_qkv, step, head, slots, window, reduce_warps=3)
 
 
-def test_reduce_warps_keep_the_output():
-    # a launch config: the reduce's warps change nothing computed (bit-equal under the interpreter,
-    # which ignores warps; on a GPU the cross-warp sums may run in another order)
+def test_reduce_warps_reach_the_reduce_launch_and_keep_the_output(monkeypatch):
+    # a launch config: the reduce launch gets reduce_warps warps (REDUCE_WARPS without it), and
+    # nothing computed changes (bit-equal under the interpreter, which ignores warps; on a GPU the
+    # cross-warp sums may run in another order)
+    warps_seen = []
+    kernel = decode_attention_module._decode_reduce_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                warps_seen.append(kwargs["num_warps"])
+                return kernel[grid](**kwargs)
+            return run
+
+    monkeypatch.setattr(decode_attention_module, "_decode_reduce_kernel", Spy())
     step, head, slots, window = _case([40, 3, 70], layout="ring", rows_per=12, seed=7)
     exp, exp_k, _ = _run(decode_attention_qkv, step, head, slots, window, num_splits=3)
-    for warps in (1, 4, 8):
+    for warps in (1, 2, 8):
         got, got_k, _ = _run(decode_attention_qkv, step, head, slots, window, num_splits=3, reduce_warps=warps)
         torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got_k, exp_k, equal_nan=True, rtol=0, atol=0)
+    assert warps_seen == [decode_attention_module.REDUCE_WARPS, 1, 2, 8]
 
 
 @pytest.mark.parametrize("fuse", ["0", "1"])
