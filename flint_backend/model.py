@@ -20,11 +20,6 @@ from flint_backend.engine.kv_cache import KVCache
 from flint_backend.engine.step_batch import StepBatch
 from flint_backend.ops import Ops
 
-# Where a decode step issues the next full-attention layer's K/V prefetch (ops.prefetch_kv, on
-# when flint_kernels.kv_prefetch.PAGES > 0): "attention" = after the layer before it has attended
-# (~18 us ahead at batch 1, NVFP4), "layer" = before that layer (~28 us). Read at each step.
-KV_PREFETCH_AT = "attention"
-
 
 def rope_cos_sin_cache(max_positions: int, head_dim: int, theta: float, device) -> torch.Tensor:
     """[max_positions, D] fp32: cos of the D/2 frequencies, then their sin (angles built in fp64)."""
@@ -121,14 +116,10 @@ class FlintDecoderLayer:
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: StepBatch, kv: KVCache):
         """x: the previous sublayer's output [N, H]; residual: the running sum (None at layer 0).
         Each residual add + RMSNorm is folded into the op after it (at decode sizes one launch)."""
-        x, residual = self.attend(x, residual, batch, kv)
-        return self.mlp.forward(x, residual, self.post_norm)
-
-    def attend(self, x: torch.Tensor, residual: torch.Tensor | None, batch: StepBatch, kv: KVCache):
-        """The attention half: -> (o_proj output [N, H], residual + x)."""
         attn = self.self_attn
         qkv, residual = self.ops.norm_linear(x, residual, self.input_norm, self.eps, attn.qkv_proj)
-        return attn.forward(qkv, batch, kv), residual
+        x = attn.forward(qkv, batch, kv)  # [N, H]
+        return self.mlp.forward(x, residual, self.post_norm)
 
 
 class FlintModel:
@@ -145,13 +136,9 @@ class FlintModel:
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
         """-> logits [S, V] fp32 of the tokens in batch.sample_rows."""
         x, residual = self.ops.embedding(self.embed, batch.input_ids), None  # [N, H]
-        joins = []
-        for i, layer in enumerate(self.layers):
-            joins.append(self._prefetch_kv(i, "layer", batch, kv))
-            x, residual = layer.attend(x, residual, batch, kv)
-            joins.append(self._prefetch_kv(i, "attention", batch, kv))
-            x, residual = layer.mlp.forward(x, residual, layer.post_norm)
-        return self._head(x, residual, batch, joins)
+        for layer in self.layers:
+            x, residual = layer.forward(x, residual, batch, kv)
+        return self._head(x, residual, batch)
 
     @torch.no_grad()
     def forward_low_latency(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
@@ -162,10 +149,8 @@ class FlintModel:
         RoPE and the KV write into the QKV launch: benchmarks/NOTES.md.)"""
         c, ops = self.config, self.ops
         x, residual = self.ops.embedding(self.embed, batch.input_ids), None  # [N, H]
-        joins = []
-        for i, layer in enumerate(self.layers):
+        for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            joins.append(self._prefetch_kv(i, "layer", batch, kv))
             k_cache, v_cache = kv.layer(attn.layer)
             slots = batch.full_slots if attn.is_full else batch.ring_slots
             q, k, v, residual = ops.norm_qkv_rope(
@@ -176,28 +161,12 @@ class FlintModel:
                 attn.window, block_tables=batch.block_tables if attn.is_full else None,
                 ring_rows=None if attn.is_full else batch.ring_rows, decode_only=True, max_query_len=1)
             x = ops.linear(out.reshape(out.shape[0], -1), attn.o_proj)
-            joins.append(self._prefetch_kv(i, "attention", batch, kv))
             x, residual = mlp.forward(x, residual, layer.post_norm)
-        return self._head(x, residual, batch, joins)
+        return self._head(x, residual, batch)
 
-    def _prefetch_kv(self, i: int, point: str, batch: StepBatch, kv: KVCache):
-        """At `point` of layer i ("layer": before it, "attention": after its attention) of a
-        decode step, when that is KV_PREFETCH_AT and layer i + 1 is a full-attention layer: its
-        first K/V pages into L2 (ops.prefetch_kv, a hint), so that they arrive while layer i's
-        latency-bound launches leave HBM idle. -> the op's join, or None."""
-        nxt = i + 1
-        if (point != KV_PREFETCH_AT or not batch.decode_only or nxt >= len(self.layers)
-                or not self.layers[nxt].self_attn.is_full):
-            return None
-        return self.ops.prefetch_kv(*kv.layer(nxt), batch.block_tables, batch.context_lens)
-
-    def _head(self, x: torch.Tensor, residual: torch.Tensor, batch: StepBatch, joins=()) -> torch.Tensor:
+    def _head(self, x: torch.Tensor, residual: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         if batch.sample_rows.shape[0] != x.shape[0]:  # only sampled rows need the head (increasing rows:
             residual = residual.index_select(0, batch.sample_rows)  # as many as x means all of them)
             x = x.index_select(0, batch.sample_rows)
         h = self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, residual=residual)
-        logits = self.ops.logits(h, self.lm_head)
-        for join in joins:  # the prefetches' side stream rejoins at the step's end: no launch waits on it
-            if join is not None:
-                join()
-        return logits
+        return self.ops.logits(h, self.lm_head)

@@ -92,8 +92,6 @@ class Ops:
     norm_moe: Callable        # (x, residual | None, norm_w, eps, router_w, bias, top_k, scaling, renorm,
     #                              w13, w2, shared_w13, shared_w2) -> (MoE(rms_norm(..)), residual + x)
     sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
-    # decode steps: a full layer's first K/V pages into L2 a layer ahead, on a side stream (a hint)
-    prefetch_kv: Callable     # (k_cache, v_cache, block_tables, context_lens) -> join () -> None, or None
     # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
     norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
 
@@ -243,31 +241,6 @@ def _decode_attention_o_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k
     return linear_triton(out.reshape(out.shape[0], -1), o_w)  # [N, H]
 
 
-def prefetch_kv_torch(k_cache, v_cache, block_tables, context_lens):
-    """Nothing to issue: plain PyTorch has no L2 prefetch (the hint changes no result)."""
-    return None
-
-
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def prefetch_kv_triton(k_cache, v_cache, block_tables, context_lens):
-    """kv_prefetch.prefetch_first_pages on a side stream forked from the current one (in a captured
-    decode step, a branch of the graph: no launch of the step's chain waits for it or carries
-    it) -> a join for the end of the step, or None when off (kv_prefetch.PAGES = 0, or no sm_90)."""
-    from flint_kernels import kv_prefetch as kv_prefetch_k
-
-    device = k_cache.device
-    if not kv_prefetch_k.PAGES or not kv_prefetch_k.can_prefetch(device):
-        return None
-    side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
-    main = torch.cuda.current_stream(device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        kv_prefetch_k.prefetch_first_pages(k_cache, v_cache, block_tables, context_lens)
-    return lambda: main.wait_stream(side)
-
-
 TORCH_OPS = Ops(
     name="torch",
     embedding=embedding_k.embedding_torch,
@@ -287,7 +260,6 @@ TORCH_OPS = Ops(
     norm_moe=norm_moe_torch,
     norm_qkv_rope=norm_qkv_k.norm_qkv_rope_torch,
     sample=sampling_k.sample_torch,
-    prefetch_kv=prefetch_kv_torch,
 )
 
 
@@ -310,7 +282,6 @@ def triton_ops() -> Ops:
         moe=moe_k.fused_moe,
         norm_moe=norm_moe_triton,
         sample=sampling_k.sample,
-        prefetch_kv=prefetch_kv_triton,
         norm_qkv_rope=norm_qkv_k.norm_qkv_rope,
     )
 

@@ -64,7 +64,7 @@ REDUCE_PARTIALS_FIRST = True
 
 
 @triton.jit
-def split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N: tl.constexpr):
+def _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N: tl.constexpr):
     """Cached positions [start, end) of split s of sequence b, and how many splits are non-empty."""
     ctx = tl.load(context_lens_ptr + b)
     lo = tl.where(window > 0, tl.maximum(ctx - window + 1, 0), 0)
@@ -128,7 +128,7 @@ def _decode_split_kernel(
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    start, end, n_splits = split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N)
+    start, end, n_splits = _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N)
     n_splits = tl.maximum(n_splits, 1)  # no cached position: split 0 still adds the new token and sink
     if s >= n_splits:
         return
@@ -281,7 +281,7 @@ def _decode_reduce_kernel(
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
-    _, _, n_splits = split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
+    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
     cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)  # the wait (pdl.py)
     if USE_SINKS:  # a weight: before the wait too
         sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
@@ -387,7 +387,7 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         raise ValueError(f"{name}: reduce_warps {reduce_warps}, expected a power of two 1..16 or None")
     if batch == 0:
         return out
-    splits = num_splits or default_num_splits(batch, hk, window, q.device)
+    splits = num_splits or _default_num_splits(batch, hk, window, q.device)
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"{name}: num_splits {splits}, expected 1..{MAX_SPLITS}")
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
@@ -422,7 +422,7 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
     return out
 
 
-def default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
+def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
     """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
     splits = triton.cdiv(WAVES * num_sms(torch.device(device)), batch * num_kv_heads)
     if window:
