@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from . import nvfp4
-from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit, fp4_word_nibbles, fp4_x_block,
-                    fp4_x_unit, is_nvfp4, weight_args, weight_tile)
+from .nvfp4 import (DOT_3D, by_column, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit,
+                    fp4_word_nibbles, fp4_x_block, fp4_x_unit, is_nvfp4, weight_args, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .router import ROUTING_COLS, expert_bias, route_from_logits
 from .split_k import num_sms
@@ -83,6 +83,9 @@ DOWN_X_BLOCK = True
 # of after the weights: gate/up 8.31 -> 7.47 us a layer on the H200's critical path, NVFP4 100K
 # replay 2.309 -> 2.276 ms (benchmarks/NOTES.md §20). A benchmark knob, read at each launch.
 GATE_UP_X_FIRST = True
+# With X_FIRST: the offsets of the rows' words and scales computed before the PDL wait (index
+# math), so that after the pick only the expert's base is added. A benchmark knob, read at each launch.
+GATE_UP_OFFSETS_FIRST = True
 # The NVFP4 down launch loads its global scales before the PDL wait (ca5b325), or after its dot
 # (False): 4.32 vs 4.52 us a layer (§19). A benchmark knob, read at each launch.
 DOWN_SCALES_EARLY = True
@@ -136,17 +139,25 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
 @triton.jit
 def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn,
                         stride_gn, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, PTX: tl.constexpr,
-                        X_BLOCK: tl.constexpr, PDL: tl.constexpr, xa0=None, xa1=None):
+                        X_BLOCK: tl.constexpr, PDL: tl.constexpr, xa0=None, xa1=None, offs=None):
     """_gate_up_rows for NVFP4 words whose H is STEPS (1 or 2) whole steps: every word of the
     interleaved gate/up rows and the global scales are loaded, then the PDL prologue runs, then x
     is read (or was: xa0, xa1 are the steps' x blocks, _x_blocks, with X_BLOCK). -> gate, up."""
     row_mask = rows < n_rows
-    both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
-    both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
     kw: tl.constexpr = BLOCK_K // 8
-    w0, s0 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, 0, H // 8, stride_wn, stride_sn, kw, False)
-    if STEPS > 1:
-        w1, s1 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, kw, H // 8, stride_wn, stride_sn, kw, False)
+    if offs is None:
+        both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
+        both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
+        w0, s0 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, 0, H // 8, stride_wn, stride_sn, kw, False)
+        if STEPS > 1:
+            w1, s1 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, kw, H // 8, stride_wn, stride_sn, kw, False)
+    else:
+        w_off, s_off, w_mask = offs
+        w0 = tl.load(w_ptr + w_off, mask=w_mask, other=0)
+        s0 = tl.load(scales_ptr + s_off, mask=w_mask, other=0.0)
+        if STEPS > 1:
+            w1 = tl.load(w_ptr + w_off + kw, mask=w_mask, other=0)
+            s1 = tl.load(scales_ptr + s_off + kw // 2, mask=w_mask, other=0.0)
     gate_scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
     up_scale = tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
     pdl_prologue(PDL)
@@ -161,14 +172,26 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
 def _gate_up_after_wait(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn, stride_gn,
                         BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
                         WORDS: tl.constexpr, PTX: tl.constexpr, X_BLOCK: tl.constexpr, X_FIRST: tl.constexpr,
-                        xa0, xa1):
+                        xa0, xa1, offs=None):
     """gate, up of one expert's rows after the PDL prologue: X_FIRST (1 or 2 word steps): x
     already loaded (xa0, xa1: _x_blocks) and every word loaded at once; else the pipelined loop."""
     if X_FIRST > 0:
         return _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn,
-                                   stride_gn, BLOCK_K, X_FIRST, PTX, True, False, xa0, xa1)
+                                   stride_gn, BLOCK_K, X_FIRST, PTX, True, False, xa0, xa1, offs)
     return _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn, stride_gn,
                          BLOCK_K, MASK_K, FP4, NUM_STAGES, WORDS, PTX, X_BLOCK)
+
+
+@triton.jit
+def _gate_up_offsets(rows, n_rows, stride_wn, stride_sn, KW: tl.constexpr):
+    """Offsets of step 0's words [2R, KW] and block scales [2R, KW / 2] of the interleaved gate
+    and up rows (gate row r, up row n_rows + r; the next step adds KW and KW / 2), and their mask."""
+    row_mask = rows < n_rows
+    both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
+    both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
+    w_off = both[:, None] * stride_wn + tl.arange(0, KW)[None, :]
+    s_off = both[:, None] * stride_sn + tl.arange(0, KW // 2)[None, :]
+    return w_off, s_off, both_mask[:, None]
 
 
 @triton.jit
@@ -228,7 +251,7 @@ def _moe_gate_up_kernel(
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
     WORDS: tl.constexpr, PTX: tl.constexpr, X_BLOCK: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr,
-    PREFETCH: tl.constexpr, X_FIRST: tl.constexpr,
+    PREFETCH: tl.constexpr, X_FIRST: tl.constexpr, OFFSETS_FIRST: tl.constexpr,
     ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -267,6 +290,10 @@ def _moe_gate_up_kernel(
         h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
         tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
         return
+    offs = None
+    if X_FIRST > 0 and OFFSETS_FIRST:  # the rows' word and scale offsets: index math, before the wait
+        offs = _gate_up_offsets(rows, n_rows, tl.where(k < K, w13_sn, s13_sn), tl.where(k < K, w13_ssn, s13_ssn),
+                                BLOCK_K // 8)
     pdl_prologue(PDL)
     xa0 = None
     xa1 = None
@@ -279,11 +306,12 @@ def _moe_gate_up_kernel(
             _publish_routing(routing_ptr, t, ids, mix, K)
         gate, up = _gate_up_after_wait(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
                                        w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
-                                       BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX, X_BLOCK, X_FIRST, xa0, xa1)
+                                       BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX, X_BLOCK, X_FIRST, xa0, xa1,
+                                       offs)
     else:
         gate, up = _gate_up_after_wait(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
                                        s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
-                                       WORDS, PTX, X_BLOCK, X_FIRST, xa0, xa1)
+                                       WORDS, PTX, X_BLOCK, X_FIRST, xa0, xa1, offs)
     h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
 
@@ -463,7 +491,19 @@ def _moe_down_words_kernel(
         a8 = tl.load(a_rows[:, None, None] + kw[None, :, None] * 8 + n8[None, None, :],
                      mask=a_mask[:, :, None] & (n8 < 8)[None, None, :], other=0.0).to(tl.float32)  # [8, KW, 8]
     part = tl.zeros([8, BLOCK_H, KW], tl.float32)
-    for n in tl.static_range(8):  # nibble n: k = 8 w + n
+    if DOT_3D:  # [8, BLOCK_H, KW, 8] products summed over the word's 8 (nvfp4.DOT_3D)
+        if not X_BLOCK:  # column n of the block from the stride-8 load n
+            a_ptrs = a_rows[:, None] + kw[None, :] * 8
+            a8 = tl.reshape(by_column(
+                tl.load(a_ptrs, mask=a_mask, other=0.0), tl.load(a_ptrs + 1, mask=a_mask, other=0.0),
+                tl.load(a_ptrs + 2, mask=a_mask, other=0.0), tl.load(a_ptrs + 3, mask=a_mask, other=0.0),
+                tl.load(a_ptrs + 4, mask=a_mask, other=0.0), tl.load(a_ptrs + 5, mask=a_mask, other=0.0),
+                tl.load(a_ptrs + 6, mask=a_mask, other=0.0), tl.load(a_ptrs + 7, mask=a_mask, other=0.0)),
+                [8, KW, 8]).to(tl.float32)
+        nb = nibbles
+        w8 = tl.reshape(by_column(nb[0], nb[1], nb[2], nb[3], nb[4], nb[5], nb[6], nb[7]), [8, BLOCK_H, KW, 8])
+        part = tl.sum(w8 * (a8 * fp4_x_unit(PTX))[:, None, :, :], axis=3)
+    for n in tl.static_range(0 if DOT_3D else 8):  # nibble n: k = 8 w + n
         if X_BLOCK:
             a = tl.sum(tl.where(n8[None, None, :] == n, a8, 0.0), axis=2)  # [8, KW]
         else:
@@ -587,7 +627,7 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
-            FIRST=first, COUNT=count, PREFETCH=prefetch, X_FIRST=x_first,
+            FIRST=first, COUNT=count, PREFETCH=prefetch, X_FIRST=x_first, OFFSETS_FIRST=GATE_UP_OFFSETS_FIRST,
             **launch_args(x.device, prefetches=prefetch > 0),
             WORDS=words_up, PTX=nvfp4.ptx_decode(), X_BLOCK=GATE_UP_X_BLOCK, num_warps=WARPS)
 

@@ -129,6 +129,16 @@ PTX_DECODE = os.environ.get("FLINT_FP4_PTX", "1") == "1"
 # faster than eight stride-8 loads there, benchmarks/NOTES.md §12); FLINT_FP4_X_BLOCK=0: the
 # stride-8 loads (a benchmark knob, read at import).
 X_BLOCK_LOADS = os.environ.get("FLINT_FP4_X_BLOCK", "1") == "1"
+# A step's products as one [.., KW, 8] tensor (the word's 8 weights joined in-thread, x's [KW, 8]
+# block broadcast over the rows) summed over the 8, instead of nibble by nibble: picking x's
+# column j out of the block gives it a layout other than the words' columns, so each of the 8
+# nibbles cost a layout conversion through shared memory (two barriers); broadcasting the whole
+# block costs one. sm_90 compile (scripts/compile_kernels.py --chains): barriers after the PDL
+# wait 63 -> 7 (o_proj), 33 -> 5 (the norm-folded qkv), 41 -> 25 (MoE gate/up), 20 -> ? (down).
+# The 8 products are summed as a tree (then the words of a block), not in an FMA chain: the
+# same rounding in every kernel that takes this path. FLINT_FP4_DOT_3D=0: nibble by nibble (a
+# benchmark knob, read at import).
+DOT_3D = tl.constexpr(os.environ.get("FLINT_FP4_DOT_3D", "1") == "1")
 
 
 # The PTX decode of fp4_dot_words (nvfp4.PTX_DECODE): a word's E2M1 codes become FP8 E4M3
@@ -183,6 +193,13 @@ def fp4_word_nibbles(words, PTX: tl.constexpr):
                 d4.to(tl.float32), d5.to(tl.float32), d6.to(tl.float32), d7.to(tl.float32))
     return (_nibble_f32(words, 0), _nibble_f32(words, 1), _nibble_f32(words, 2), _nibble_f32(words, 3),
             _nibble_f32(words, 4), _nibble_f32(words, 5), _nibble_f32(words, 6), _nibble_f32(words, 7))
+
+
+@triton.jit
+def by_column(c0, c1, c2, c3, c4, c5, c6, c7):
+    """Eight tensors of one shape S, joined in-thread -> S + [2, 2, 2], whose reshape to S + [8]
+    has c_j at column j (tl.join adds the last dim: j = 4 a + 2 b + c at [.., a, b, c])."""
+    return tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
 
 
 @triton.jit
@@ -279,7 +296,18 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
         if xa is None:
             xa = fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW, HAS_RESIDUAL)
         xs = step_activations(xa, nw, rstd, NORM)
-    for j in tl.static_range(8):  # nibble by nibble
+    if DOT_3D:  # [R, KW, 8] products, summed over the word's 8 (DOT_3D above)
+        if not (NORM or X_BLOCK):  # x read with stride 8, column j of the block from load j
+            x_ptrs = x_ptr + kw * 8
+            xs = tl.reshape(by_column(
+                tl.load(x_ptrs, mask=k_mask, other=0.0), tl.load(x_ptrs + 1, mask=k_mask, other=0.0),
+                tl.load(x_ptrs + 2, mask=k_mask, other=0.0), tl.load(x_ptrs + 3, mask=k_mask, other=0.0),
+                tl.load(x_ptrs + 4, mask=k_mask, other=0.0), tl.load(x_ptrs + 5, mask=k_mask, other=0.0),
+                tl.load(x_ptrs + 6, mask=k_mask, other=0.0), tl.load(x_ptrs + 7, mask=k_mask, other=0.0)), [KW, 8])
+        n = nibbles
+        w8 = tl.reshape(by_column(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]), [words.shape[0], KW, 8])
+        part = tl.sum(w8 * (xs.to(tl.float32) * fp4_x_unit(PTX))[None, :, :], axis=2)
+    for j in tl.static_range(0 if DOT_3D else 8):  # nibble by nibble
         if NORM or X_BLOCK:  # column j of the block, picked in-thread
             x = tl.sum(tl.where(j8 == j, xs, 0.0), axis=1)
         elif MASK_K:  # x read with stride 8

@@ -85,7 +85,9 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
     norm_w = 1 + 0.1 * torch.randn(k, device=DEVICE, generator=gen)
     got, got_res = nvfp4_linear_module.rms_norm_nvfp4_linear(x, residual, norm_w, 1e-6, w)
     exp, exp_res = nvfp4_linear_module.rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-6, w)
-    torch.testing.assert_close(got, exp, **TOL[torch.float32])
+    # fp32 sums in another order: at K = 768 the twin itself is 1.5e-4 from a float64 evaluation
+    # (the kernel 6e-5), so the bound is the twin's error, not TOL's 1e-4
+    torch.testing.assert_close(got, exp, rtol=1e-5, atol=3e-4)
     torch.testing.assert_close(got_res, exp_res, rtol=0, atol=0)
 
 
