@@ -32,9 +32,11 @@ from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 GEMV_MAX_TOKENS = 4
-# GEMV step: BLOCK_N rows x BLOCK_K k (16 x 256 NVFP4 = 2 KB packed + 256 B of scales); the
-# interpreter's cost is per op: few, large programs there
-GEMV_BLOCK_N, GEMV_BLOCK_K = (128, 256) if INTERPRET else (16, 256)
+# GEMV step: BLOCK_N rows x BLOCK_K k (8 x 256 NVFP4 = 1 KB packed + 128 B of scales); the
+# interpreter's cost is per op: few, large programs there. 8 rows (qkv: 640 programs) since the
+# products are summed without a conversion a nibble (nvfp4.DOT_3D): NVFP4 100K replay 2.112 ->
+# 2.103 ms on the H200 (16 rows were the better before: benchmarks/NOTES.md §21, §23)
+GEMV_BLOCK_N, GEMV_BLOCK_K = (128, 256) if INTERPRET else (8, 256)
 GEMV_STAGES = 4  # tiles in flight per program (cp.async): a GEMV step is only ~2.3 KB
 GEMV_WARPS = 4
 # NVFP4 as 32-bit words: a step spans up to 1024 weights, so a thread holds several of the 16 rows

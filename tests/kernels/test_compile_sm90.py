@@ -55,3 +55,19 @@ def test_activations_load_in_one_round_trip_after_the_wait():
     gate_up = chains["moe small routed nvfp4 T=1 | _moe_gate_up_kernel"].split()
     assert gate_up[:2] == ["LDG.E.128x2", "LDG.E.64.STRONG.GPU"], gate_up
     assert not any(op.startswith(("LDG.E.U16", "LDGSTS")) for op in gate_up), gate_up
+    # the rows' offsets come before the pick (moe_gemv.GATE_UP_OFFSETS_FIRST): the routing
+    # handoff's atomic is followed by the weight loads, no barrier between
+    handoff = gate_up.index("ATOMG")
+    assert gate_up[handoff + 1].startswith("LDG.E.128"), gate_up
+
+
+def test_nvfp4_products_need_no_conversion_a_nibble():
+    """nvfp4.DOT_3D: a step's products as one [R, KW, 8] tensor, x's block broadcast once, so the
+    batch-1 o_proj GEMV (4 steps) has a few barriers after its PDL wait (63 nibble by nibble: a
+    layout conversion of x's column each), and the MoE down launch few too (20 before)."""
+    def barriers(case, kernel):
+        out = compile_output("--chains", "--only", case)
+        chain = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)[f"{case} | {kernel}"]
+        return sum(int(op.partition("x")[2] or 1) for op in chain.split() if op.split("x")[0] == "BAR")
+    assert barriers("nvfp4_linear o T=1", "_nvfp4_gemv_kernel") <= 16
+    assert barriers("moe small routed nvfp4 T=1", "_moe_down_words_kernel") <= 10

@@ -187,6 +187,19 @@ def test_x_first_gives_the_same_bits(shared, h, dtype, monkeypatch):
     check(first, fused_moe_torch(x, ids, weights, *ws), dtype)
 
 
+@pytest.mark.parametrize("shared,h,dtype", [("same", 64, torch.float32), ("wider", 64, torch.bfloat16),
+                                            ("none", 256, torch.float32), ("same", 256, torch.bfloat16)],
+                         ids=["one-step", "wider-bf16", "none-two-steps", "two-steps-bf16"])
+def test_offsets_first_gives_the_same_bits(shared, h, dtype, monkeypatch):
+    """moe_gemv.GATE_UP_OFFSETS_FIRST (with X_FIRST): the rows' word and scale offsets computed
+    before the wait, the expert's base added after the pick: the same output bits (a narrower
+    routed expert than the shared one masks its rows)."""
+    x, ids, weights, ws = small_case(shared, h, dtype, seed=19)
+    after, before = knobs_both_ways(("GATE_UP_OFFSETS_FIRST",), x, ids, weights, ws, monkeypatch)
+    assert torch.equal(after, before)
+    check(before, fused_moe_torch(x, ids, weights, *ws), dtype)
+
+
 @pytest.mark.parametrize("rows", [8, 16])
 def test_down_words_rows_a_program(rows, monkeypatch):
     """The NVFP4 word down launch with 8 (the GPU's default) or 16 output rows a program, a wider
