@@ -3,6 +3,7 @@
     python scripts/compile_kernels.py                 # sm_90 (H200): table, exit 1 on failure
     python scripts/compile_kernels.py --arch 100 --ptx-stats
     python scripts/compile_kernels.py --only "moe small routed nvfp4 T=1" --chains
+    python scripts/compile_kernels.py --only "nvfp4_linear o T=1" --barriers
 
 The public launchers run on small CPU tensors of the real dtypes and constexprs (head_dim 128,
 GQA 32/4, block size 64, ring 513; H 2048, 256 experts of 512, top-6, vocab 151552), as on a
@@ -15,6 +16,8 @@ Launches use programmatic dependent launch as on an H200 (flint_kernels/pdl.py; 
 a kernel fails unless its PTX waits (griddepcontrol.wait) before its first global store or
 atomic when PDL is on (weight loads may come first), and has no griddepcontrol instruction when
 it is off.
+--barriers prints, instead of the table, each kernel's bar.sync count after its PDL wait by
+source line (a layout conversion through shared memory costs two or more: NOTES.md §23).
 --chains prints, instead of the table, each kernel's SASS after its PDL wait (ACQBULK) reduced to
 its global loads, cp.async copies, barriers, shuffles, stores and atomics, repeats counted
 ("LDG.E.128x2 BARx21 ..."): a load behind a BAR.SYNC waits for the values before it, so each
@@ -111,6 +114,24 @@ def ptxas_stats(ptx: str, arch: int) -> dict:
 
 
 _CHAIN_OPS = ("LDG", "LDGSTS", "BAR.SYNC", "ATOMG", "RED", "STG", "SHFL", "EXIT")
+
+
+def barrier_lines(ptx: str) -> str:
+    """The PTX's bar.sync instructions after griddepcontrol.wait (all of them without PDL),
+    counted by the source line they come from (the `.loc` before each): "12 nvfp4.py:312 ...",
+    most first. A layout conversion through shared memory costs two or more (NOTES.md §23)."""
+    files = dict(re.findall(r'\.file\s+(\d+)\s+"([^"]+)"', ptx))
+    counts: dict[str, int] = {}
+    where, waited = "?", "griddepcontrol.wait" not in ptx
+    for line in ptx.splitlines():
+        line = line.strip()
+        loc = re.match(r"\.loc\s+(\d+)\s+(\d+)", line)
+        if loc:
+            where = f"{Path(files.get(loc.group(1), '?')).name}:{loc.group(2)}"
+        waited = waited or line.startswith("griddepcontrol.wait")
+        if waited and line.startswith("bar.sync"):
+            counts[where] = counts.get(where, 0) + 1
+    return " ".join(f"{n} {at}" for at, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 
 
 def sass_chain(cubin: bytes) -> str:
@@ -356,12 +377,14 @@ def main(argv=None) -> int:
                         help="launch with programmatic dependent launch, as on sm_90+ by default (FLINT_PDL=1; default on)")
     parser.add_argument("--chains", action="store_true",
                         help="print each kernel's SASS after its PDL wait as runs of loads, barriers and stores")
+    parser.add_argument("--barriers", action="store_true",
+                        help="print each kernel's barriers after its PDL wait by source line (PTX .loc)")
     args = parser.parse_args(argv)
     from flint_kernels import pdl, split_k
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
     pdl.ON_HOST = pdl.ENABLED = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
     failures = 0
-    if not args.chains:
+    if not (args.chains or args.barriers):
         print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
               "cp.async | griddep |")
         print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -373,6 +396,9 @@ def main(argv=None) -> int:
                 compiled = compile_launch(fn, kwargs, args.arch)
                 if args.chains:
                     print(f"{name} | {fn.__name__}: {sass_chain(compiled.asm['cubin'])}", flush=True)
+                    continue
+                if args.barriers:
+                    print(f"{name} | {fn.__name__}: {barrier_lines(compiled.asm['ptx'])}", flush=True)
                     continue
                 stats = ptxas_stats(compiled.asm["ptx"], args.arch)
             except Exception as e:  # noqa: BLE001  (report every case, then fail)

@@ -65,9 +65,9 @@ def test_nvfp4_products_need_no_conversion_a_nibble():
     """nvfp4.DOT_3D: a step's products as one [R, KW, 8] tensor, x's block broadcast once, so the
     batch-1 o_proj GEMV (4 steps) has a few barriers after its PDL wait (63 nibble by nibble: a
     layout conversion of x's column each), and the MoE down launch few too (20 before)."""
-    def barriers(case, kernel):
-        out = compile_output("--chains", "--only", case)
-        chain = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)[f"{case} | {kernel}"]
-        return sum(int(op.partition("x")[2] or 1) for op in chain.split() if op.split("x")[0] == "BAR")
+    def barriers(case, kernel):  # --barriers: "N file:line" pairs of the kernel's PTX after its wait
+        out = compile_output("--barriers", "--only", case)
+        counts = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)[f"{case} | {kernel}"]
+        return sum(int(n) for n in counts.split()[::2]) if counts != "none" else 0
     assert barriers("nvfp4_linear o T=1", "_nvfp4_gemv_kernel") <= 16
     assert barriers("moe small routed nvfp4 T=1", "_moe_down_words_kernel") <= 10
