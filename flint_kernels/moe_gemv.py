@@ -25,7 +25,7 @@ import triton.language as tl
 
 from . import nvfp4
 from .nvfp4 import (DOT_3D, by_column, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit,
-                    fp4_word_nibbles, fp4_x_block, fp4_x_unit, is_nvfp4, weight_args, weight_tile)
+                    fp4_word_nibbles, fp4_x_block, fp4_x_unit, is_nvfp4, load_by_column, weight_args, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .router import ROUTING_COLS, expert_bias, route_from_logits
 from .split_k import num_sms
@@ -84,7 +84,9 @@ DOWN_X_BLOCK = True
 # replay 2.309 -> 2.276 ms (benchmarks/NOTES.md §20). A benchmark knob, read at each launch.
 GATE_UP_X_FIRST = True
 # With X_FIRST: the offsets of the rows' words and scales computed before the PDL wait (index
-# math), so that after the pick only the expert's base is added. A benchmark knob, read at each launch.
+# math), so that after the pick only the expert's base is added: 8 barriers fewer between the
+# pick and the weight loads (sm_90), NVFP4 100K replay 2.109 -> 2.103 ms on the H200
+# (benchmarks/NOTES.md §23). A benchmark knob, read at each launch.
 GATE_UP_OFFSETS_FIRST = True
 # The NVFP4 down launch loads its global scales before the PDL wait (ca5b325), or after its dot
 # (False): 4.32 vs 4.52 us a layer (§19). A benchmark knob, read at each launch.
@@ -493,13 +495,7 @@ def _moe_down_words_kernel(
     part = tl.zeros([8, BLOCK_H, KW], tl.float32)
     if DOT_3D:  # [8, BLOCK_H, KW, 8] products summed over the word's 8 (nvfp4.DOT_3D)
         if not X_BLOCK:  # column n of the block from the stride-8 load n
-            a_ptrs = a_rows[:, None] + kw[None, :] * 8
-            a8 = tl.reshape(by_column(
-                tl.load(a_ptrs, mask=a_mask, other=0.0), tl.load(a_ptrs + 1, mask=a_mask, other=0.0),
-                tl.load(a_ptrs + 2, mask=a_mask, other=0.0), tl.load(a_ptrs + 3, mask=a_mask, other=0.0),
-                tl.load(a_ptrs + 4, mask=a_mask, other=0.0), tl.load(a_ptrs + 5, mask=a_mask, other=0.0),
-                tl.load(a_ptrs + 6, mask=a_mask, other=0.0), tl.load(a_ptrs + 7, mask=a_mask, other=0.0)),
-                [8, KW, 8]).to(tl.float32)
+            a8 = tl.reshape(load_by_column(a_rows[:, None] + kw[None, :] * 8, a_mask), [8, KW, 8]).to(tl.float32)
         nb = nibbles
         w8 = tl.reshape(by_column(nb[0], nb[1], nb[2], nb[3], nb[4], nb[5], nb[6], nb[7]), [8, BLOCK_H, KW, 8])
         part = tl.sum(w8 * (a8 * fp4_x_unit(PTX))[:, None, :, :], axis=3)

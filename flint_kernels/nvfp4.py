@@ -133,11 +133,11 @@ X_BLOCK_LOADS = os.environ.get("FLINT_FP4_X_BLOCK", "1") == "1"
 # block broadcast over the rows) summed over the 8, instead of nibble by nibble: picking x's
 # column j out of the block gives it a layout other than the words' columns, so each of the 8
 # nibbles cost a layout conversion through shared memory (two barriers); broadcasting the whole
-# block costs one. sm_90 compile (scripts/compile_kernels.py --chains): barriers after the PDL
-# wait 63 -> 7 (o_proj), 33 -> 5 (the norm-folded qkv), 41 -> 25 (MoE gate/up), 20 -> ? (down).
-# The 8 products are summed as a tree (then the words of a block), not in an FMA chain: the
-# same rounding in every kernel that takes this path. FLINT_FP4_DOT_3D=0: nibble by nibble (a
-# benchmark knob, read at import).
+# block costs one. sm_90 compile (scripts/compile_kernels.py --barriers): barriers after the PDL
+# wait 63 -> 7 (o_proj), 33 -> 5 (the norm-folded qkv), 41 -> 25 (MoE gate/up), 20 -> 8 (down);
+# H200, NVFP4 100K graph replay 2.161 -> 2.112 ms (benchmarks/NOTES.md §23). The 8 products are
+# summed as a tree (then the words of a block), not in an FMA chain: the same rounding in every
+# kernel that takes this path. FLINT_FP4_DOT_3D=0: nibble by nibble (a benchmark knob, read at import).
 DOT_3D = tl.constexpr(os.environ.get("FLINT_FP4_DOT_3D", "1") == "1")
 
 
@@ -200,6 +200,16 @@ def by_column(c0, c1, c2, c3, c4, c5, c6, c7):
     """Eight tensors of one shape S, joined in-thread -> S + [2, 2, 2], whose reshape to S + [8]
     has c_j at column j (tl.join adds the last dim: j = 4 a + 2 b + c at [.., a, b, c])."""
     return tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+
+
+@triton.jit
+def load_by_column(ptrs, mask):
+    """Values at ptrs + j for j < 8 (eight stride-8 loads when ptrs steps by 8) -> by_column of
+    them: shape(ptrs) + [2, 2, 2], value j at column j of its reshape to shape(ptrs) + [8]."""
+    return by_column(tl.load(ptrs, mask=mask, other=0.0), tl.load(ptrs + 1, mask=mask, other=0.0),
+                     tl.load(ptrs + 2, mask=mask, other=0.0), tl.load(ptrs + 3, mask=mask, other=0.0),
+                     tl.load(ptrs + 4, mask=mask, other=0.0), tl.load(ptrs + 5, mask=mask, other=0.0),
+                     tl.load(ptrs + 6, mask=mask, other=0.0), tl.load(ptrs + 7, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -298,12 +308,7 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
         xs = step_activations(xa, nw, rstd, NORM)
     if DOT_3D:  # [R, KW, 8] products, summed over the word's 8 (DOT_3D above)
         if not (NORM or X_BLOCK):  # x read with stride 8, column j of the block from load j
-            x_ptrs = x_ptr + kw * 8
-            xs = tl.reshape(by_column(
-                tl.load(x_ptrs, mask=k_mask, other=0.0), tl.load(x_ptrs + 1, mask=k_mask, other=0.0),
-                tl.load(x_ptrs + 2, mask=k_mask, other=0.0), tl.load(x_ptrs + 3, mask=k_mask, other=0.0),
-                tl.load(x_ptrs + 4, mask=k_mask, other=0.0), tl.load(x_ptrs + 5, mask=k_mask, other=0.0),
-                tl.load(x_ptrs + 6, mask=k_mask, other=0.0), tl.load(x_ptrs + 7, mask=k_mask, other=0.0)), [KW, 8])
+            xs = tl.reshape(load_by_column(x_ptr + kw * 8, k_mask), [KW, 8])
         n = nibbles
         w8 = tl.reshape(by_column(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]), [words.shape[0], KW, 8])
         part = tl.sum(w8 * (xs.to(tl.float32) * fp4_x_unit(PTX))[None, :, :], axis=2)
