@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from . import nvfp4
-from .nvfp4 import (DOT_3D, by_column, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_scale_unit,
+from .nvfp4 import (DOT_3D, fp4_dot_loaded, fp4_dot_words, fp4_scale_unit, fp4_word_columns,
                     fp4_word_nibbles, fp4_x_block, fp4_x_unit, is_nvfp4, load_by_column, weight_args, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .router import ROUTING_COLS, expert_bias, route_from_logits
@@ -115,8 +115,7 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
     if USE_WORDS:
         # gate and up rows interleaved in one tile [2 BLOCK_N] (even: gate, odd: up): each x value
         # a thread loads serves twice the rows; acc [2 BLOCK_N, BLOCK_K / 16], a sum per 16 weights
-        both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
-        both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
+        both, both_mask = _interleaved_rows(rows, n_rows)
         acc = tl.zeros([2 * rows.shape[0], BLOCK_K // 16], tl.float32)
         for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
             acc += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, both, both_mask, k0 // 8, H // 8, stride_wn,
@@ -147,19 +146,14 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
     is read (or was: xa0, xa1 are the steps' x blocks, _x_blocks, with X_BLOCK). -> gate, up."""
     row_mask = rows < n_rows
     kw: tl.constexpr = BLOCK_K // 8
-    if offs is None:
-        both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
-        both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
-        w0, s0 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, 0, H // 8, stride_wn, stride_sn, kw, False)
-        if STEPS > 1:
-            w1, s1 = fp4_load_words(w_ptr, scales_ptr, both, both_mask, kw, H // 8, stride_wn, stride_sn, kw, False)
-    else:
-        w_off, s_off, w_mask = offs
-        w0 = tl.load(w_ptr + w_off, mask=w_mask, other=0)
-        s0 = tl.load(scales_ptr + s_off, mask=w_mask, other=0.0)
-        if STEPS > 1:
-            w1 = tl.load(w_ptr + w_off + kw, mask=w_mask, other=0)
-            s1 = tl.load(scales_ptr + s_off + kw // 2, mask=w_mask, other=0.0)
+    if offs is None:  # the caller did not compute them before its wait
+        offs = _gate_up_offsets(rows, n_rows, stride_wn, stride_sn, kw)
+    w_off, s_off, w_mask = offs
+    w0 = tl.load(w_ptr + w_off, mask=w_mask, other=0)
+    s0 = tl.load(scales_ptr + s_off, mask=w_mask, other=0.0)
+    if STEPS > 1:
+        w1 = tl.load(w_ptr + w_off + kw, mask=w_mask, other=0)
+        s1 = tl.load(scales_ptr + s_off + kw // 2, mask=w_mask, other=0.0)
     gate_scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
     up_scale = tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
     pdl_prologue(PDL)
@@ -185,12 +179,18 @@ def _gate_up_after_wait(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
 
 
 @triton.jit
+def _interleaved_rows(rows, n_rows):
+    """Gate row r and up row n_rows + r of each of `rows` [R], interleaved -> ([2R], its mask)."""
+    row_mask = rows < n_rows
+    both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
+    return both, tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
+
+
+@triton.jit
 def _gate_up_offsets(rows, n_rows, stride_wn, stride_sn, KW: tl.constexpr):
     """Offsets of step 0's words [2R, KW] and block scales [2R, KW / 2] of the interleaved gate
     and up rows (gate row r, up row n_rows + r; the next step adds KW and KW / 2), and their mask."""
-    row_mask = rows < n_rows
-    both = tl.reshape(tl.join(rows, rows + n_rows), [2 * rows.shape[0]])
-    both_mask = tl.reshape(tl.join(row_mask, row_mask), [2 * rows.shape[0]])
+    both, both_mask = _interleaved_rows(rows, n_rows)
     w_off = both[:, None] * stride_wn + tl.arange(0, KW)[None, :]
     s_off = both[:, None] * stride_sn + tl.arange(0, KW // 2)[None, :]
     return w_off, s_off, both_mask[:, None]
@@ -487,24 +487,24 @@ def _moe_down_words_kernel(
     pdl_prologue(PDL)  # the SwiGLU outputs come from the gate/up launch just before
     a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
     a_mask = used[:, None] & (kw[None, :] < n_words[:, None])
-    nibbles = fp4_word_nibbles(words, PTX)
     n8 = tl.arange(0, 8)
     if X_BLOCK:  # the word's 8 values in one vector load, nibble n's picked in-thread below
         a8 = tl.load(a_rows[:, None, None] + kw[None, :, None] * 8 + n8[None, None, :],
                      mask=a_mask[:, :, None] & (n8 < 8)[None, None, :], other=0.0).to(tl.float32)  # [8, KW, 8]
-    part = tl.zeros([8, BLOCK_H, KW], tl.float32)
     if DOT_3D:  # [8, BLOCK_H, KW, 8] products summed over the word's 8 (nvfp4.DOT_3D)
         if not X_BLOCK:  # column n of the block from the stride-8 load n
             a8 = tl.reshape(load_by_column(a_rows[:, None] + kw[None, :] * 8, a_mask), [8, KW, 8]).to(tl.float32)
-        nb = nibbles
-        w8 = tl.reshape(by_column(nb[0], nb[1], nb[2], nb[3], nb[4], nb[5], nb[6], nb[7]), [8, BLOCK_H, KW, 8])
+        w8 = tl.reshape(fp4_word_columns(words, PTX), [8, BLOCK_H, KW, 8])
         part = tl.sum(w8 * (a8 * fp4_x_unit(PTX))[:, None, :, :], axis=3)
-    for n in tl.static_range(0 if DOT_3D else 8):  # nibble n: k = 8 w + n
-        if X_BLOCK:
-            a = tl.sum(tl.where(n8[None, None, :] == n, a8, 0.0), axis=2)  # [8, KW]
-        else:
-            a = tl.load(a_rows[:, None] + kw[None, :] * 8 + n, mask=a_mask, other=0.0).to(tl.float32)  # [8, KW]
-        part += nibbles[n] * (a * fp4_x_unit(PTX))[:, None, :]
+    else:
+        nibbles = fp4_word_nibbles(words, PTX)
+        part = tl.zeros([8, BLOCK_H, KW], tl.float32)
+        for n in tl.static_range(8):  # nibble n: k = 8 w + n
+            if X_BLOCK:
+                a = tl.sum(tl.where(n8[None, None, :] == n, a8, 0.0), axis=2)  # [8, KW]
+            else:
+                a = tl.load(a_rows[:, None] + kw[None, :] * 8 + n, mask=a_mask, other=0.0).to(tl.float32)
+            part += nibbles[n] * (a * fp4_x_unit(PTX))[:, None, :]
     block = tl.sum(tl.reshape(part, [8, BLOCK_H, KW // 2, 2]), axis=3)  # [8, BLOCK_H, KW/2]
     y = tl.sum(block * (s.to(tl.float32) * fp4_scale_unit(PTX)), axis=2)  # [8, BLOCK_H]
     if not SCALES_EARLY:

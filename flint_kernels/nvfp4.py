@@ -203,6 +203,14 @@ def by_column(c0, c1, c2, c3, c4, c5, c6, c7):
 
 
 @triton.jit
+def fp4_word_columns(words, PTX: tl.constexpr):
+    """fp4_word_nibbles joined in-thread (by_column): shape(words) + [2, 2, 2], nibble j at
+    column j of its reshape to shape(words) + [8] (nvfp4.DOT_3D)."""
+    n = fp4_word_nibbles(words, PTX)
+    return by_column(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7])
+
+
+@triton.jit
 def load_by_column(ptrs, mask):
     """Values at ptrs + j for j < 8 (eight stride-8 loads when ptrs steps by 8) -> by_column of
     them: shape(ptrs) + [2, 2, 2], value j at column j of its reshape to shape(ptrs) + [8]."""
@@ -299,8 +307,6 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
     word's 8 (in-thread selects). xa: that block already loaded (fp4_x_block; NORM or X_BLOCK)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
-    nibbles = fp4_word_nibbles(words, PTX)
-    part = tl.zeros(words.shape, tl.float32)
     if NORM or X_BLOCK:  # the step's x as one [KW, 8] block (vector loads), a word's 8 values a row
         j8 = tl.arange(0, 8)[None, :]
         if xa is None:
@@ -309,17 +315,19 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
     if DOT_3D:  # [R, KW, 8] products, summed over the word's 8 (DOT_3D above)
         if not (NORM or X_BLOCK):  # x read with stride 8, column j of the block from load j
             xs = tl.reshape(load_by_column(x_ptr + kw * 8, k_mask), [KW, 8])
-        n = nibbles
-        w8 = tl.reshape(by_column(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]), [words.shape[0], KW, 8])
+        w8 = tl.reshape(fp4_word_columns(words, PTX), [words.shape[0], KW, 8])
         part = tl.sum(w8 * (xs.to(tl.float32) * fp4_x_unit(PTX))[None, :, :], axis=2)
-    for j in tl.static_range(0 if DOT_3D else 8):  # nibble by nibble
-        if NORM or X_BLOCK:  # column j of the block, picked in-thread
-            x = tl.sum(tl.where(j8 == j, xs, 0.0), axis=1)
-        elif MASK_K:  # x read with stride 8
-            x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
-        else:
-            x = tl.load(x_ptr + kw * 8 + j)
-        part += nibbles[j] * (x.to(tl.float32) * fp4_x_unit(PTX))[None, :]
+    else:
+        nibbles = fp4_word_nibbles(words, PTX)
+        part = tl.zeros(words.shape, tl.float32)
+        for j in tl.static_range(8):  # nibble by nibble
+            if NORM or X_BLOCK:  # column j of the block, picked in-thread
+                x = tl.sum(tl.where(j8 == j, xs, 0.0), axis=1)
+            elif MASK_K:  # x read with stride 8
+                x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
+            else:
+                x = tl.load(x_ptr + kw * 8 + j)
+            part += nibbles[j] * (x.to(tl.float32) * fp4_x_unit(PTX))[None, :]
     block = tl.sum(tl.reshape(part, [words.shape[0], KW // 2, 2]), axis=2)  # the two words of a block
     return block * (s.to(tl.float32) * fp4_scale_unit(PTX))
 
