@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""What a batch-1 decode step costs on the GPU outside its CUDA graph replay, in the engine's loop.
+
+    python scripts/bench_step_gaps.py --formats nvfp4,bf16 --context 100000 --out benchmarks/step_gaps.json
+
+bench.py's ms/token (consecutive engine.step() calls) exceeds one graph replay's time; this says
+by what. The engine's own decode loop (async scheduling: the host-to-device input copies, the
+input-id gather, the graph replay, sampling and the tokens' copy back, all on one stream) runs
+under torch.profiler, and the device trace is cut into steps at each replay's kernels (those
+launched by one cudaGraphLaunch). For each step: its period (one replay's first kernel to the
+next's), the replay's span, every device op between two replays (name, duration) and the time
+the GPU ran nothing; and how far ahead of the device the host launched the replay (a lead near
+zero means the host, not the GPU, sets the pace). Prints markdown, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from flint_backend.engine.engine import LLMEngine
+from flint_backend.engine.engine_args import EngineArgs
+from scripts.bench import copy_bandwidth, start_at_context
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def short(name: str) -> str:
+    name = name.split("(")[0].split("<")[0]
+    return name if len(name) < 56 else name[:53] + "..."
+
+
+def trace_steps(events: list[dict]) -> list[dict]:
+    """Chrome-trace events of the profiled loop -> one dict per replay (the last has no period)."""
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaGraphLaunch"}
+    device = sorted((e for e in events if e.get("cat") in DEVICE_CATS and e.get("ph") == "X"),
+                    key=lambda e: e["ts"])
+    replays: dict[int, list[dict]] = defaultdict(list)
+    outside: list[dict] = []
+    for e in device:
+        corr = e.get("args", {}).get("correlation")
+        (replays[corr] if corr in launches else outside).append(e)
+    spans = sorted((min(e["ts"] for e in ks), max(e["ts"] + e["dur"] for e in ks), corr)
+                   for corr, ks in replays.items())
+    steps = []
+    for i, (start, end, corr) in enumerate(spans):
+        step = {"replay_us": end - start, "kernels": len(replays[corr]),
+                "host_lead_us": start - launches[corr]["ts"]}  # graph launch call -> its first kernel
+        if i + 1 < len(spans):
+            nxt = spans[i + 1][0]
+            ops = [e for e in outside if end <= e["ts"] < nxt]
+            busy = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in ops])
+            step.update(period_us=nxt - start, between_us=nxt - end, busy_between_us=busy,
+                        idle_between_us=nxt - end - busy,
+                        ops=[[short(e["name"]), round(e["ts"] - end, 2), round(e["dur"], 2)] for e in ops])
+        steps.append(step)
+    return steps
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, cur_end = 0.0, None
+    for a, b in sorted(intervals):
+        if cur_end is None or a > cur_end:
+            total += b - a
+            cur_end = b
+        elif b > cur_end:
+            total += b - cur_end
+            cur_end = b
+    return total
+
+
+def profile_loop(engine: LLMEngine, context: int, steps: int) -> list[dict]:
+    seq = start_at_context(engine, context, steps + 10)
+    for _ in range(3):
+        engine.step()  # warm-up: graphs replayed, a step in flight
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    engine.abort(seq.request_id)
+    path = Path(tempfile.mkdtemp()) / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return trace_steps(json.loads(path.read_text())["traceEvents"])
+
+
+def summarize(steps: list[dict]) -> dict:
+    full = [s for s in steps if "period_us" in s][1:]  # the first replay follows the untimed warm-up
+    ops: dict[str, list[float]] = defaultdict(list)
+    for s in full:
+        for name, _, dur in s["ops"]:
+            ops[name].append(dur)
+
+    def median(key):
+        return round(statistics.median(s[key] for s in full), 2)
+
+    return {"steps": len(full), "period_us": median("period_us"), "replay_us": median("replay_us"),
+            "between_us": median("between_us"), "busy_between_us": median("busy_between_us"),
+            "idle_between_us": median("idle_between_us"), "host_lead_us": median("host_lead_us"),
+            "ops": sorted(([name, len(d) / len(full), round(statistics.median(d), 2)] for name, d in ops.items()),
+                          key=lambda r: -r[1] * r[2]),
+            "example": full[len(full) // 2]["ops"]}
+
+
+def run_format(fmt: str, args) -> dict:
+    engine = LLMEngine(EngineArgs(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None,
+                                  dtype="bfloat16", device="cuda", kernel_backend="triton", block_size=64,
+                                  max_num_seqs=64, max_model_len=args.max_model_len,
+                                  kv_cache_memory_fraction=args.kv_fraction))
+    steps = profile_loop(engine, args.context, args.steps)
+    out = {"format": fmt, "context": args.context, **summarize(steps)}
+    print(f"  {fmt}: period {out['period_us']} us, replay {out['replay_us']}, between {out['between_us']} "
+          f"(busy {out['busy_between_us']}, idle {out['idle_between_us']}), host lead {out['host_lead_us']}",
+          flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="flint-40b")
+    parser.add_argument("--formats", default="nvfp4,bf16")
+    parser.add_argument("--context", type=int, default=100000)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--kv-fraction", type=float, default=0.5)
+    parser.add_argument("--max-model-len", type=int, default=262144)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/step_gaps.json"))
+    parser.add_argument("--one-format", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    commit = os.environ.get("FLINT_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    results = {"meta": {"gpu": torch.cuda.get_device_name(), "commit": commit or "unknown",
+                        "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
+                        "command": "python scripts/bench_step_gaps.py " + " ".join(sys.argv[1:]),
+                        "copy_tb_s": round(copy_bandwidth("cuda") / 1e12, 3), "torch": torch.__version__},
+               "formats": []}
+    formats = args.formats.split(",")
+    for fmt in formats:
+        if args.one_format or len(formats) == 1:
+            results["formats"].append(run_format(fmt, args))
+        else:  # a fresh process per format, as bench.py does
+            out = Path(tempfile.mkdtemp()) / f"{fmt}.json"
+            subprocess.run([sys.executable, "-m", "scripts.bench_step_gaps", *_without(sys.argv[1:]),
+                            "--formats", fmt, "--out", str(out), "--one-format"], check=True)
+            results["formats"].append(json.loads(out.read_text())["formats"][0])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print_tables(results)
+
+
+def _without(argv: list[str]) -> list[str]:
+    """argv without --formats and --out (and their values)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--formats", "--out"):
+            skip = True
+        elif not a.startswith(("--formats=", "--out=")):
+            out.append(a)
+    return out
+
+
+def print_tables(results: dict) -> None:
+    m = results["meta"]
+    print(f"\n{m['command']}\n{m['gpu']}, {m['date']}, commit {m['commit']}\n")
+    print("| format | context | step period us | replay us | between replays us | busy | idle | host lead us |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for f in results["formats"]:
+        print(f"| {f['format']} | {f['context']} | {f['period_us']} | {f['replay_us']} | {f['between_us']} | "
+              f"{f['busy_between_us']} | {f['idle_between_us']} | {f['host_lead_us']} |")
+    for f in results["formats"]:
+        print(f"\n{f['format']}: device ops between two replays (per step, median us): " + ", ".join(
+            f"{name} x{n:.2g} {dur}" for name, n, dur in f["ops"]))
+        print("  one step (name, start after the replay us, duration us): " + ", ".join(
+            f"{name} +{at}/{dur}" for name, at, dur in f["example"]))
+
+
+if __name__ == "__main__":
+    main()
