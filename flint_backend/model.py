@@ -135,7 +135,7 @@ class FlintModel:
     @torch.no_grad()
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
         """-> logits [S, V] fp32 of the tokens in batch.sample_rows."""
-        x, residual = self.ops.embedding(self.embed, batch.input_ids), None  # [N, H]
+        x, residual = self._embedding(batch), None  # [N, H]
         for layer in self.layers:
             x, residual = layer.forward(x, residual, batch, kv)
         return self._head(x, residual, batch)
@@ -148,7 +148,7 @@ class FlintModel:
         [down + combine]. (The regular path folds the norms too; this one also folds Q/K norm,
         RoPE and the KV write into the QKV launch: benchmarks/NOTES.md.)"""
         c, ops = self.config, self.ops
-        x, residual = self.ops.embedding(self.embed, batch.input_ids), None  # [N, H]
+        x, residual = self._embedding(batch), None  # [N, H]
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             k_cache, v_cache = kv.layer(attn.layer)
@@ -164,9 +164,16 @@ class FlintModel:
             x, residual = mlp.forward(x, residual, layer.post_norm)
         return self._head(x, residual, batch)
 
+    def _embedding(self, batch: StepBatch) -> torch.Tensor:
+        if batch.prev_rows is None:
+            return self.ops.embedding(self.embed, batch.input_ids)
+        return self.ops.decode_embedding(self.embed, batch.input_ids, batch.prev_rows, batch.prev_slots,
+                                         batch.greedy_slots)
+
     def _head(self, x: torch.Tensor, residual: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """-> fp32 logits of the sampled rows; their argmax into batch.greedy_slots when given."""
         if batch.sample_rows.shape[0] != x.shape[0]:  # only sampled rows need the head (increasing rows:
             residual = residual.index_select(0, batch.sample_rows)  # as many as x means all of them)
             x = x.index_select(0, batch.sample_rows)
-        h = self.ops.rms_norm(x, self.norm, self.config.rms_norm_eps, residual=residual)
-        return self.ops.logits(h, self.lm_head)
+        return self.ops.norm_logits(x, residual, self.norm, self.config.rms_norm_eps, self.lm_head,
+                                    batch.greedy_slots)

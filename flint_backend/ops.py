@@ -21,6 +21,7 @@ from flint_backend.weights.nvfp4 import concat_rows as nvfp4_concat_rows
 from flint_kernels import attention as attention_k
 from flint_kernels import dense_gemv as dense_gemv_k
 from flint_kernels import embedding as embedding_k
+from flint_kernels import greedy as greedy_k
 from flint_kernels import moe as moe_k
 from flint_kernels import moe_gemv as moe_gemv_k
 from flint_kernels import norm_qkv_rope as norm_qkv_k
@@ -64,14 +65,22 @@ NVFP4_REDUCE_WARPS = 4
 # FLINT_MOE_ROUTE_IN_EXPERTS=0: the router picks (rms_norm_router_topk, then fused_moe). Read at
 # each call (a benchmark knob).
 MOE_ROUTE_IN_EXPERTS = os.environ.get("FLINT_MOE_ROUTE_IN_EXPERTS", "1") == "1"
+# Decode steps: the final RMSNorm folded into the LM head's GEMV (every one of its ~19K programs
+# then reads the whole row for the rstd: a launch fewer for ~0.4 GB of L2 reads). Read at each
+# call (a benchmark knob; benchmarks/NOTES.md §24).
+HEAD_FOLD_NORM = os.environ.get("FLINT_HEAD_FOLD_NORM", "1") == "1"
 
 
 @dataclass(frozen=True)
 class Ops:
     name: str
     embedding: Callable       # (weight [V, H], ids [N]) -> [N, H]
+    # a decode step's: an id where prev_rows >= 0 is the previous step's token in its argmax slot
+    decode_embedding: Callable  # (weight, ids [N], prev_rows [N], prev_slots [M], clear_slots [N]) -> [N, H]
     linear: Callable          # (x [T, K], w [N, K] dense or NVFP4) -> [T, N]
     logits: Callable          # (h [S, H], lm_head [V, H]) -> linear(h, lm_head) as fp32 [S, V]
+    # the final RMSNorm + LM head; greedy [S] int64 slots (EMPTY) get the packed argmax (greedy.py)
+    norm_logits: Callable     # (x, residual, norm_w, eps, lm_head, greedy | None) -> fp32 [S, V]
     concat_rows: Callable     # ([w_a, w_b, ...], dim=0) -> one weight, rows stacked (done at load)
     rms_norm: Callable        # (x, w, eps, residual=None) -> y; residual += x first when given
     # the residual add + RMSNorm + the op after it; residual is consumed (use the one returned)
@@ -143,6 +152,30 @@ def logits_triton(h: torch.Tensor, w) -> torch.Tensor:
     if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(h, w):
         return dense_gemv_k.dense_gemv(h, w, out_dtype=torch.float32)
     return linear_triton(h, w).float()
+
+
+def norm_logits_torch(x, residual, norm_w, eps, w, greedy=None):
+    logits = logits_torch(rms_k.rms_norm_torch(x, norm_w, eps, residual=residual), w)
+    if greedy is not None:
+        greedy.copy_(greedy_k.pack_argmax(logits))
+    return logits
+
+
+def norm_logits_triton(x, residual, norm_w, eps, w, greedy=None):
+    """Decode batches of a dense head: the LM head's GEMV picks the greedy tokens, and with
+    HEAD_FOLD_NORM folds the final RMSNorm too (one launch); else rms_norm, logits, torch's argmax."""
+    dense = not isinstance(w, NVFP4Weight)
+    if (HEAD_FOLD_NORM and dense and dense_gemv_k.uses_dense_gemv(x, w) and _foldable(x, residual)
+            and x.shape[1] <= rms_k.MAX_HIDDEN):
+        return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w, out_dtype=torch.float32,
+                                                greedy=greedy)[0]
+    h = rms_k.rms_norm(x, norm_w, eps, residual=residual)
+    if dense and dense_gemv_k.uses_dense_gemv(h, w):
+        return dense_gemv_k.dense_gemv(h, w, out_dtype=torch.float32, greedy=greedy)
+    logits = logits_triton(h, w)
+    if greedy is not None:
+        greedy.copy_(greedy_k.pack_argmax(logits))
+    return logits
 
 
 def norm_linear_torch(x, residual, norm_w, eps, w):
@@ -244,8 +277,10 @@ def _decode_attention_o_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k
 TORCH_OPS = Ops(
     name="torch",
     embedding=embedding_k.embedding_torch,
+    decode_embedding=embedding_k.decode_embedding_torch,
     linear=linear_torch,
     logits=logits_torch,
+    norm_logits=norm_logits_torch,
     concat_rows=concat_rows,
     rms_norm=rms_k.rms_norm_torch,
     norm_linear=norm_linear_torch,
@@ -267,8 +302,10 @@ def triton_ops() -> Ops:
     return Ops(
         name="triton",
         embedding=embedding_k.embedding,
+        decode_embedding=embedding_k.decode_embedding,
         linear=linear_triton,
         logits=logits_triton,
+        norm_logits=norm_logits_triton,
         concat_rows=concat_rows,
         rms_norm=rms_k.rms_norm,
         norm_linear=norm_linear_triton,

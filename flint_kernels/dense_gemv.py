@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import (check_norm_inputs, folded_norm, maybe_folded_rstd, norm_weight, residual_add, rms_norm_torch,
                        step_activations)
@@ -70,13 +71,16 @@ def _dense_gemv_kernel(
     res_ptr,       # [T, K] residual stream before the add (NORM and HAS_RESIDUAL), strided like x
     res_out_ptr,   # [T, K] residual + x, contiguous (written by the programs (t, 0, 0))
     norm_w_ptr,    # [K] RMSNorm weight (NORM)
+    greedy_ptr,    # [T] int64 argmax slots, EMPTY before the launch (GREEDY; greedy.py)
     T, N, K, stride_xt, stride_wn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, X_EARLY: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, X_EARLY: tl.constexpr, GREEDY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it);
-    stored in out's dtype, rounded to x's first with ROUND_TO_X (fp32 logits of a bf16 linear)."""
+    stored in out's dtype, rounded to x's first with ROUND_TO_X (fp32 logits of a bf16 linear).
+    GREEDY (one split): each program also packs its best stored value into the token's argmax slot."""
     t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_wn
@@ -138,6 +142,11 @@ def _dense_gemv_kernel(
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     finish_split(acc, 1.0, out_ptr + t * N + rows, part_ptr, t * N + rows, row_mask, s, T * N,
                  counter_ptr + t * tl.num_programs(1) + nb, SPLIT, x_ptr.dtype.element_ty if ROUND_TO_X else None)
+    if GREEDY:  # the values as stored: fp32 of the rounded ones
+        logits = acc
+        if ROUND_TO_X:
+            logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.atomic_max(greedy_ptr + t, best_packed(logits, rows, row_mask), sem="relaxed")
 
 
 @triton.jit
@@ -152,40 +161,60 @@ def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: 
 
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+               out_dtype: torch.dtype | None = None, greedy: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] (T <= MAX_TOKENS), w [N, K] of x's dtype -> [T, N] in x.dtype (fp32 accumulation).
     num_splits: K splits (default: about two programs per SM, and at most two steps a split;
     MAX_SPLITS of up to PREFETCH_STEPS steps where that still fits).
     out_dtype torch.float32: the same values (rounded to x.dtype) stored as fp32, i.e.
-    dense_gemv(x, w).float() in one launch (the LM head's logits)."""
+    dense_gemv(x, w).float() in one launch (the LM head's logits).
+    greedy: [T] int64 slots holding greedy.EMPTY (an LM head's): each gets the packed argmax of
+    its row of the output as stored (greedy.pack_argmax(out)); the launch is one split."""
     n, k = _check_inputs(x, w)
-    if out_dtype not in (None, x.dtype, torch.float32):
-        raise ValueError(f"dense_gemv: out_dtype {out_dtype}, expected None, {x.dtype} or torch.float32")
-    out = torch.empty((x.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
-    _launch(x, w, out, num_splits, None)
+    out = torch.empty((x.shape[0], n), dtype=_out_dtype(x, out_dtype), device=x.device)
+    _launch(x, w, out, num_splits, None, _checked_greedy(x, greedy))
     return out
 
 
 def rms_norm_dense_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
-                        w: torch.Tensor, num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        w: torch.Tensor, num_splits: int | None = None, out_dtype: torch.dtype | None = None,
+                        greedy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add + RMSNorm before a linear, folded into the GEMV (one launch instead of
     two): -> (rms_norm(residual + x, norm_w) @ W.T [T, N], residual + x [T, K] in a new tensor;
     x itself when residual is None). Computes rms_norm(x, norm_w, eps, residual) then dense_gemv
     with their roundings (the sum of squares may be reduced in another order). x, residual:
-    contiguous [T, K] of one dtype."""
+    contiguous [T, K] of one dtype. out_dtype and greedy as in dense_gemv (the final norm and
+    LM head of a decode step in one launch)."""
     n, k = _check_inputs(x, w)
     check_norm_inputs("rms_norm_dense_gemv", x, residual, norm_w, MAX_TOKENS)
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    out = torch.empty((x.shape[0], n), dtype=_out_dtype(x, out_dtype), device=x.device)
     res_out = x if residual is None else torch.empty_like(x)
-    _launch(x, w, out, num_splits, (residual, res_out, norm_w, eps))
+    _launch(x, w, out, num_splits, (residual, res_out, norm_w, eps), _checked_greedy(x, greedy))
     return out, res_out
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int | None, norm: tuple | None):
-    """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in."""
+def _out_dtype(x: torch.Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise ValueError(f"dense_gemv: out_dtype {out_dtype}, expected None, {x.dtype} or torch.float32")
+    return out_dtype or x.dtype
+
+
+def _checked_greedy(x: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor | None:
+    if greedy is not None and (greedy.shape != (x.shape[0],) or greedy.dtype != torch.int64
+                               or greedy.device != x.device):
+        raise ValueError(f"dense_gemv: greedy is {greedy.dtype} {tuple(greedy.shape)} on {greedy.device}, "
+                         f"expected int64 [{x.shape[0]}] on {x.device}")
+    return greedy
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int | None, norm: tuple | None,
+            greedy: torch.Tensor | None = None):
+    """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in; greedy: argmax slots
+    (one split: every program holds whole sums of its rows)."""
     (t, k), n = x.shape, w.shape[0]
     if t == 0 or n == 0:
         return
+    if greedy is not None:
+        num_splits = 1
     block_k = min(BLOCK_K, triton.next_power_of_2(k))
     k_blocks = triton.cdiv(k, block_k)
     tiles = t * triton.cdiv(n, BLOCK_N)
@@ -210,10 +239,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
     _dense_gemv_kernel[(t, triton.cdiv(n, block_n), splits)](
         x_ptr=x, w_ptr=w, out_ptr=out, part_ptr=part, counter_ptr=counters,
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w,
+        greedy_ptr=out if greedy is None else greedy,
         T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split, eps=eps,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype, X_EARLY=X_EARLY,
+        GREEDY=greedy is not None,
         **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
 
 
@@ -231,17 +262,22 @@ def uses_dense_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype == w.dtype and x.stride(-1) == 1 and w.stride(-1) == 1)
 
 
-def rms_norm_dense_gemv_torch(x, residual, norm_w, eps, w, num_splits=None):
+def rms_norm_dense_gemv_torch(x, residual, norm_w, eps, w, num_splits=None, out_dtype=None, greedy=None):
     """Same signature and semantics as `rms_norm_dense_gemv` (residual itself is not modified)."""
     check_norm_inputs("rms_norm_dense_gemv", x, residual, norm_w, MAX_TOKENS)
     res_out = x if residual is None else residual.clone()
-    return F.linear(rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out), w), res_out
+    h = rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out)
+    return dense_gemv_torch(h, w, num_splits, out_dtype, greedy), res_out
 
 
-def dense_gemv_torch(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
+def dense_gemv_torch(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None,
+                     out_dtype: torch.dtype | None = None, greedy: torch.Tensor | None = None) -> torch.Tensor:
     """Same signature and semantics as `dense_gemv`."""
     _check_inputs(x, w)
-    return F.linear(x, w)
+    out = F.linear(x, w).to(_out_dtype(x, out_dtype))
+    if _checked_greedy(x, greedy) is not None:
+        greedy.copy_(pack_argmax(out.float()))
+    return out
 
 
 def _check_inputs(x, w) -> tuple[int, int]:

@@ -155,8 +155,9 @@ def graph_replay_ms(engine: LLMEngine, context: int) -> float | None:
     if graphs is None or not graphs.graphs:
         return None
     seq = start_at_context(engine, context, 10)
-    graphs._fill([seq], 1)
-    g = graphs.graphs[1]
+    graphs._fill([seq], 1, 0)
+    sync()  # the inputs' copy (a side stream)
+    g = graphs.graphs[1, 0]
     for _ in range(3):
         g.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -326,7 +327,8 @@ def main() -> None:
                         # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS,
                         # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_FP4_GEMV_PREFETCH, FLINT_PDL,
                         # FLINT_FP4_MOE_SPLIT_SHARED, FLINT_MOE_DOWN_DENSE, FLINT_FOLD_NORM, FLINT_ROUTER_NORM_WARPS,
-                        # FLINT_FP4_X_BLOCK, FLINT_FUSE_QK_NORM_ROPE, FLINT_MOE_ROUTE_IN_EXPERTS)
+                        # FLINT_FP4_X_BLOCK, FLINT_FUSE_QK_NORM_ROPE, FLINT_MOE_ROUTE_IN_EXPERTS,
+                        # FLINT_HEAD_FOLD_NORM)
                         "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS,
                                   "nvfp4_moe_down_words": nvfp4.MOE_DOWN_WORDS,
                                   "nvfp4_gemv_prefetch": nvfp4_linear.GEMV_PREFETCH,
@@ -336,7 +338,8 @@ def main() -> None:
                                   "router_norm_warps": router.GEMV_NORM_WARPS,
                                   "nvfp4_x_block": nvfp4.X_BLOCK_LOADS,
                                   "fuse_qk_norm_rope": ops.FUSE_QK_NORM_ROPE,
-                                  "moe_route_in_experts": ops.MOE_ROUTE_IN_EXPERTS}},
+                                  "moe_route_in_experts": ops.MOE_ROUTE_IN_EXPERTS,
+                                  "head_fold_norm": ops.HEAD_FOLD_NORM}},
                "formats": []}
     formats = args.formats.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -68,8 +68,9 @@ def set_variant(settings: list[tuple[str, str, str]]) -> dict:
 
 def capture(engine: LLMEngine, seq) -> torch.cuda.CUDAGraph:
     graphs = engine.runner.graphs
-    graphs._fill([seq], 1)
-    batch, forward = graphs._batch(1), graphs._forward(1)
+    graphs._fill([seq], 1, 0)
+    torch.cuda.synchronize()  # the inputs' copy (a side stream)
+    batch, forward = graphs._batch(1, 0), graphs._forward(1)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -308,6 +308,14 @@ def w4a16_launches() -> list:
     cases.append(("dense_gemv lm_head fp32 logits T=1", gemv, lambda: gemv.dense_gemv(
         torch.randn(1, k, dtype=bf16), head, out_dtype=torch.float32)))
     cases.append(("embedding T=1", embedding, lambda: embedding.embedding(head, torch.zeros(1, dtype=torch.int64))))
+    # what a decode graph runs: the final RMSNorm, the LM head and the greedy argmax in one launch;
+    # the embedding taking the previous step's token from its argmax slot
+    slots = torch.zeros(2, 1, dtype=torch.int64)
+    cases.append(("dense_gemv + rms_norm lm_head fp32 logits + greedy T=1", gemv, lambda: gemv.rms_norm_dense_gemv(
+        torch.randn(1, k, dtype=bf16), torch.randn(1, k, dtype=bf16), torch.randn(k, dtype=bf16), 1e-5, head,
+        out_dtype=torch.float32, greedy=slots[0])))
+    cases.append(("decode_embedding T=1", embedding, lambda: embedding.decode_embedding(
+        head, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), slots[0], slots[1])))
     # the residual add + RMSNorm folded into the GEMVs after a norm (qkv, dense MLP gate/up)
     hw = torch.randn(2048, dtype=bf16)
     for name in ("qkv", "gate_up"):

@@ -7,8 +7,18 @@ Buckets up to `low_latency_max_batch` run the model's low-latency decode path.
 All buckets share one memory pool. On the CPU the same static-buffer path runs without capture,
 so the bucketing and padding are tested there too.
 
-With async scheduling (engine.py) a step's input ids can be the previous step's sampled tokens,
-still on the device: the host copy leaves them 0 and a gather on the device fills them in.
+Steps alternate between two parities, each with its own input buffers and argmax slots and its
+own graph of every bucket, so that nothing between two replays waits on the step before:
+  - the host-to-device copy of a step's inputs runs on a side stream while the step before
+    (the other parity) replays; the replay waits for it by an event;
+  - the graph's LM head leaves every row's greedy token in its parity's slots (greedy.py), and
+    a sampled step's tokens are packed into them; the device-to-host copy of the slots runs on
+    another side stream after the replay;
+  - with async scheduling (engine.py) a step's input id can be the previous step's token: its
+    first launch reads it from the other parity's slots (decode_embedding), as it clears its own.
+A parity's buffers are reused two steps later: its input copy waits for that parity's last
+replay, and its replay for that parity's last slot copy (both long done when the host runs a
+step ahead). bench_step_gaps.py measures what is left between two replays.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from flint_backend.engine.kv_cache import KVCache
 from flint_backend.engine.sequence import Sequence
 from flint_backend.engine.step_batch import StepBatch
 from flint_backend.model import FlintModel
+from flint_kernels import greedy
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -33,34 +44,40 @@ class DecodeGraphs:
         self.max_batch, self.max_blocks = self.buckets[-1], max_blocks_per_seq
         device = model.embed.device
         m, nb = self.max_batch, max_blocks_per_seq
-        # two packed buffers, one host->device copy each per step:
+        # a parity's two packed input buffers, one host->device copy each per step:
         #   i64: ids [m] | positions [m] | full slots [m] | ring slots [m] | previous-step rows [m]
         #   i32: query_start_loc [m+1] | context_lens [m] | ring rows [m] | block tables [m, nb]
         # the tables come last, so a step copies only the rows of its bucket
-        self.i64 = torch.zeros(5 * m, dtype=torch.int64, device=device)
-        self.i32 = torch.zeros(3 * m + 1 + m * nb, dtype=torch.int32, device=device)
-        # two host staging sets used in turn: with async scheduling the host fills step n+1's inputs
-        # while step n's copy may still wait on the stream behind step n-1 (whose tokens the host has
-        # read by then, so the set of step n-1 is free again)
-        self._staging = [_Staging(self.i64.shape, self.i32.shape, m, nb, pin=device.type == "cuda")
+        self.i64 = [torch.zeros(5 * m, dtype=torch.int64, device=device) for _ in range(2)]
+        self.i32 = [torch.zeros(3 * m + 1 + m * nb, dtype=torch.int32, device=device) for _ in range(2)]
+        self.slots = torch.full((2, m), greedy.EMPTY, dtype=torch.int64, device=device)  # [parity, row]
+        self._staging = [_Staging(self.i64[0].shape, self.i32[0].shape, m, nb, pin=device.type == "cuda")
                          for _ in range(2)]
-        self._turn = 0
+        self.parity = 0  # of the next step
         self.rows = torch.arange(m, device=device)  # sample rows: static too (a graph keeps reading them)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, parity)
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._cuda = device.type == "cuda"
+        if self._cuda:
+            self._copy_in, self._copy_out = torch.cuda.Stream(device), torch.cuda.Stream(device)
+        # per parity: its inputs on the device / its last replay done / its slots on the host
+        self._inputs_copied: list[torch.cuda.Event | None] = [None, None]
+        self._replayed: list[torch.cuda.Event | None] = [None, None]
+        self._slots_read: list[torch.cuda.Event | None] = [None, None]
         if capture:
             self._capture_all()
 
-    def _batch(self, b: int) -> StepBatch:
-        """The static views of bucket b (fixed addresses: what a graph reads)."""
+    def _batch(self, b: int, parity: int) -> StepBatch:
+        """The static views of bucket b and a parity (fixed addresses: what a graph reads)."""
         m, nb = self.max_batch, self.max_blocks
-        i64, i32 = self.i64, self.i32
+        i64, i32 = self.i64[parity], self.i32[parity]
         return StepBatch(
             input_ids=i64[:b], positions=i64[m:m + b], full_slots=i64[2 * m:2 * m + b],
             ring_slots=i64[3 * m:3 * m + b],
             query_start_loc=i32[:b + 1], context_lens=i32[m + 1:m + 1 + b],
             ring_rows=i32[2 * m + 1:2 * m + 1 + b], block_tables=i32[3 * m + 1:].view(m, nb)[:b],
-            sample_rows=self.rows[:b], decode_only=True, max_query_len=1, sample_seqs=[])
+            sample_rows=self.rows[:b], decode_only=True, max_query_len=1, sample_seqs=[],
+            prev_rows=i64[4 * m:4 * m + b], prev_slots=self.slots[1 - parity], greedy_slots=self.slots[parity, :b])
 
     def _forward(self, bucket: int):
         """The low-latency path up to low_latency_max_batch sequences, the regular one beyond."""
@@ -71,17 +88,17 @@ class DecodeGraphs:
     def bucket_for(self, batch_size: int) -> int | None:
         return next((b for b in self.buckets if b >= batch_size), None)
 
-    def _fill(self, seqs: list[Sequence], bucket: int, prev_tokens: torch.Tensor | None = None,
-              prev_rows: list[int] | None = None) -> None:
-        """prev_tokens [B'] (on the device) and prev_rows [len(seqs)]: with async scheduling the
-        input ids are the pending tokens of the step before, prev_tokens[prev_rows], gathered on
-        the device after the host->device copy."""
+    def _fill(self, seqs: list[Sequence], bucket: int, parity: int, prev_rows: list[int] | None = None) -> None:
+        """Copies the step's inputs into the parity's buffers. prev_rows [len(seqs)]: with async
+        scheduling, the row of each sequence's pending token in the previous step's slots (its
+        input id, read on the device)."""
         m, nb, bs, w = self.max_batch, self.max_blocks, self.block_size, self.window
-        staging = self._staging[self._turn]
-        self._turn ^= 1
+        staging = self._staging[parity]
+        if self._inputs_copied[parity] is not None:
+            self._inputs_copied[parity].synchronize()  # its last copy has left the host buffers
         h64, h32 = staging.np64, staging.np32  # numpy views of the (pinned) host buffers: cheap scalar writes
         h64[:2 * m] = 0
-        h64[2 * m:4 * m] = -1  # padding rows write nothing
+        h64[2 * m:] = -1  # padding rows write nothing and take no previous token
         h32[:3 * m + 1] = 0  # padding rows: context 0, ring row 0 (the tables' stale entries are never read)
         for r, seq in enumerate(seqs):
             p = seq.num_computed  # position of the one uncomputed token
@@ -93,49 +110,88 @@ class DecodeGraphs:
             h32[2 * m + 1 + r] = seq.ring_row
             staging.copy_table(r, seq)
         h32[:bucket + 1] = range(bucket + 1)
-        if prev_tokens is not None:
+        if prev_rows is not None:
             h64[4 * m:4 * m + len(seqs)] = prev_rows
         used = 3 * m + 1 + bucket * nb
-        self.i64.copy_(staging.i64, non_blocking=True)
-        self.i32[:used].copy_(staging.i32[:used], non_blocking=True)
-        if prev_tokens is not None:
-            b = len(seqs)
-            torch.index_select(prev_tokens, 0, self.i64[4 * m:4 * m + b], out=self.i64[:b])
+        if not self._cuda:
+            self.i64[parity].copy_(staging.i64)
+            self.i32[parity][:used].copy_(staging.i32[:used])
+            return
+        stream = self._copy_in
+        if self._replayed[parity] is not None:
+            stream.wait_event(self._replayed[parity])  # that replay has read the buffers
+        with torch.cuda.stream(stream):
+            self.i64[parity].copy_(staging.i64, non_blocking=True)
+            self.i32[parity][:used].copy_(staging.i32[:used], non_blocking=True)
+            self._inputs_copied[parity] = torch.cuda.Event()
+            self._inputs_copied[parity].record(stream)
 
-    def run(self, seqs: list[Sequence], prev_tokens: torch.Tensor | None = None,
-            prev_rows: list[int] | None = None) -> torch.Tensor:
-        """-> logits [len(seqs), V] for an all-decode step; prev_* as in _fill."""
-        bucket = self.bucket_for(len(seqs))
-        self._fill(seqs, bucket, prev_tokens, prev_rows)
-        if bucket in self.graphs:
-            self.graphs[bucket].replay()
-            return self.outputs[bucket][:len(seqs)]
-        return self._forward(bucket)(self._batch(bucket), self.kv)[:len(seqs)]
+    def run(self, seqs: list[Sequence], prev_slots: torch.Tensor | None = None,
+            prev_rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits [B, V], slots [B]) of an all-decode step: the slots hold each row's greedy
+        token (greedy.py) until the caller packs sampled ones in. prev_slots / prev_rows: with
+        async scheduling, the previous step's slots (those of the run before this one) and the
+        row there of each sequence's pending token."""
+        bucket, parity = self.bucket_for(len(seqs)), self.parity
+        if prev_slots is not None and prev_slots.data_ptr() != self.slots[1 - parity].data_ptr():
+            raise RuntimeError("DecodeGraphs.run: prev_slots are not the slots of the step before this one")
+        self.parity ^= 1
+        self._fill(seqs, bucket, parity, prev_rows)
+        if self._cuda:
+            stream = torch.cuda.current_stream()
+            stream.wait_event(self._inputs_copied[parity])
+            if self._slots_read[parity] is not None:
+                stream.wait_event(self._slots_read[parity])  # the slots' last values have left
+        if (bucket, parity) in self.graphs:
+            self.graphs[bucket, parity].replay()
+            logits = self.outputs[bucket, parity][:len(seqs)]
+        else:
+            logits = self._forward(bucket)(self._batch(bucket, parity), self.kv)[:len(seqs)]
+        if self._cuda:
+            self._replayed[parity] = torch.cuda.Event()
+            self._replayed[parity].record(stream)
+        return logits, self.slots[parity, :len(seqs)]
+
+    def slots_to_host(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """slots: those `run` returned, final (sampled tokens packed in) -> (their copy in pinned host
+        memory, the event after which it holds them; None on the CPU, where it does at once)."""
+        if not self._cuda:
+            return slots.clone(), None
+        parity = 0 if slots.data_ptr() == self.slots[0].data_ptr() else 1
+        host = torch.empty(slots.shape, dtype=slots.dtype, pin_memory=True)
+        stream = self._copy_out
+        stream.wait_stream(torch.cuda.current_stream())  # after the replay (and the sampler)
+        with torch.cuda.stream(stream):
+            host.copy_(slots, non_blocking=True)
+            self._slots_read[parity] = torch.cuda.Event()
+            self._slots_read[parity].record(stream)
+        return host, self._slots_read[parity]
 
     def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
-        self.i64.zero_()
-        self.i64[2 * self.max_batch:] = -1  # warm-up and capture write nothing to the cache
-        self.i32.zero_()
+        for i64, i32 in zip(self.i64, self.i32):
+            i64.zero_()
+            i64[2 * self.max_batch:] = -1  # warm-up and capture write nothing to the cache
+            i32.zero_()
         for bucket in reversed(self.buckets):  # largest first: later graphs reuse its pool memory
-            batch = self._batch(bucket)
-            self.i32[:bucket + 1] = torch.arange(bucket + 1, dtype=torch.int32, device=self.i32.device)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            forward = self._forward(bucket)
-            with torch.cuda.stream(stream):
-                forward(batch, self.kv)  # compile and warm up outside the capture
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = forward(batch, self.kv)
-            self.graphs[bucket] = graph
-            # the eager ops around a replay under async scheduling, once: greedy sampling's argmax
-            # and the input-id gather. A kernel's first launch loads its CUDA module, which stalled
-            # the first engine's third decode step by ~55 ms on an H200 (benchmarks/NOTES.md §15).
-            tokens = self.outputs[bucket].argmax(-1)  # [bucket]
-            rows = torch.zeros(bucket, dtype=torch.int64, device=tokens.device)
-            torch.index_select(tokens, 0, rows, out=torch.empty_like(tokens))
+            for parity in (0, 1):
+                batch = self._batch(bucket, parity)
+                self.i32[parity][:bucket + 1] = torch.arange(bucket + 1, dtype=torch.int32, device=self.i32[0].device)
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                forward = self._forward(bucket)
+                with torch.cuda.stream(stream):
+                    forward(batch, self.kv)  # compile and warm up outside the capture
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[bucket, parity] = forward(batch, self.kv)
+                self.graphs[bucket, parity] = graph
+            # the eager op around a sampled step's replay under async scheduling, once (a kernel's
+            # first launch loads its CUDA module, which stalled the first engine's third decode
+            # step by ~55 ms on an H200: benchmarks/NOTES.md §15)
+            tokens = self.outputs[bucket, 0].argmax(-1)  # [bucket]
+            self.slots[0, :bucket].copy_(greedy.pack_token(tokens))
         torch.cuda.synchronize()
 
 

@@ -15,6 +15,7 @@ from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.engine.sequence import Sequence
 from flint_backend.model import FlintModel
 from flint_backend.ops import get_ops
+from flint_kernels import greedy
 
 
 def resolve_device(name: str) -> torch.device:
@@ -79,7 +80,7 @@ class ModelRunner:
         seqs = [seq for seq, _ in scheduled.entries]
         all_decode = all(n == 1 and seq.num_computed + 1 == seq.num_tokens for seq, n in scheduled.entries)
         if self.graphs is not None and all_decode and len(seqs) <= self.graphs.max_batch:
-            logits = self.graphs.run(seqs)  # [B, V], every sequence samples
+            logits, _ = self.graphs.run(seqs)  # [B, V], every sequence samples
         else:
             batch = build_step_batch(scheduled.entries, self.kv_spec.block_size, self.config.sliding_window,
                                      self.device)
@@ -100,8 +101,10 @@ class ModelRunner:
         """An all-decode step (every sequence `can_launch_ahead`, at most max_launch_ahead_batch of them)
         whose sampled tokens stay on the device; it returns once the step is queued. A sequence with
         a pending token (num_pending 1) was launched in `previous`: its input id comes from there."""
-        prev_tokens = prev_rows = None
+        prev_slots = prev_rows = None
         if previous is not None:
-            prev_tokens, prev_rows = previous.tokens, previous.rows_of(seqs)
-        logits = self.graphs.run(seqs, prev_tokens, prev_rows)
-        return InFlightStep(seqs, self.sampler.sample_tokens(logits, seqs))
+            prev_slots, prev_rows = previous.slots, previous.rows_of(seqs)
+        logits, slots = self.graphs.run(seqs, prev_slots, prev_rows)  # slots: the greedy tokens
+        if not all(seq.params.greedy for seq in seqs):
+            slots.copy_(greedy.pack_token(self.sampler.sample_tokens(logits, seqs)))
+        return InFlightStep(seqs, slots, *self.graphs.slots_to_host(slots))

@@ -28,6 +28,10 @@ class StepBatch:
     decode_only: bool              # every sequence has exactly one new token
     max_query_len: int
     sample_seqs: list[Sequence]    # host side: who samples, in sample_rows order
+    # decode graphs under async scheduling (decode_graphs.py; None elsewhere):
+    prev_rows: torch.Tensor | None = None     # [N] int64, row of prev_slots holding the id, or -1
+    prev_slots: torch.Tensor | None = None    # [M] int64, the previous step's tokens (greedy.py slots)
+    greedy_slots: torch.Tensor | None = None  # [S] int64, this step's: the LM head's argmax lands here
 
     @property
     def num_tokens(self) -> int:

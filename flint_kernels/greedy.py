@@ -1,0 +1,58 @@
+"""Greedy tokens picked inside the LM head's launch: a packed int64 argmax slot per token.
+
+torch's argmax over a decode step's [S, 151552] fp32 logits is a launch of its own after the CUDA
+graph (8.7 us on the H200, plus a memset and the gaps between them: benchmarks/NOTES.md §24).
+Instead each LM-head program packs the best of its rows into one int64 and does one atomic max
+into the token's slot:
+
+    packed = (key(logit) << 32) | (0xFFFFFFFF - row)
+
+key() maps fp32 to int32 in the same order (negative floats get their low 31 bits flipped), so
+the largest packed value is the largest logit, and among equal logits the smallest row: torch's
+argmax (the first maximal index). A slot holds EMPTY before the head (the step's first kernel
+clears it, decode_embedding) and a packed value after; token() recovers the row. A slot filled by
+the sampler instead holds pack_token(id), which token() reads back the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+EMPTY = -(1 << 63)  # a slot before any program's atomic max
+LOW = 0xFFFFFFFF
+
+
+@triton.jit
+def best_packed(logits, rows, mask):
+    """logits [BLOCK] fp32, rows [BLOCK] their vocabulary ids, mask [BLOCK] -> the packed int64 of
+    the largest (smallest row among equals); EMPTY when no row is in the mask."""
+    bits = logits.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    packed = (key.to(tl.int64) << 32) | (0xFFFFFFFF - rows.to(tl.int64))
+    return tl.max(tl.where(mask, packed, -9223372036854775808), axis=0)
+
+
+@triton.jit
+def packed_token(packed):
+    """A slot's packed int64 -> its token id (int64)."""
+    return 0xFFFFFFFF - (packed & 0xFFFFFFFF)
+
+
+def pack_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits [S, V] fp32 -> [S] packed slots of their argmax: what the fused head stores (torch twin)."""
+    values, rows = logits.max(dim=-1)  # the first maximal index, as argmax
+    bits = values.float().contiguous().view(torch.int32)
+    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    return (key << 32) | (LOW - rows)
+
+
+def pack_token(tokens: torch.Tensor) -> torch.Tensor:
+    """tokens [S] int64 (sampled) -> packed slots whose token() is the same ids."""
+    return LOW - tokens
+
+
+def token(packed: torch.Tensor) -> torch.Tensor:
+    """packed slots [S] int64 -> token ids [S] int64."""
+    return LOW - (packed & LOW)
