@@ -88,3 +88,22 @@ def test_decode_embedding_takes_the_previous_steps_tokens_and_clears_this_steps(
         embed(weight, ids, prev_rows, clear, clear)
     with pytest.raises(ValueError, match=r"prev_rows is torch.int32 \(4,\)"):
         embed(weight, ids, prev_rows.int(), prev, clear)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 4])
+def test_real_lm_head(t):
+    """flint-40b's 151552 x 2048 head with the final norm folded: every token's slot is the argmax
+    of the logits the launch stored, and those match the unfused torch head."""
+    g = torch.Generator().manual_seed(t)
+    v, k = 151552, 2048
+    x = torch.randn(t, k, generator=g).to(torch.bfloat16).to(DEVICE)
+    res = torch.randn(t, k, generator=g).to(torch.bfloat16).to(DEVICE)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=g)).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randn(v, k, device=DEVICE) * k ** -0.5).to(torch.bfloat16)
+    w[v - 1] = w[5]  # a tie across the first and the last program: row 5 wins where it is the best
+    slots = empty_slots(t)
+    got, _ = rms_norm_dense_gemv(x, res, norm_w, 1e-6, w, out_dtype=torch.float32, greedy=slots)
+    exp, _ = rms_norm_dense_gemv_torch(x, res, norm_w, 1e-6, w, out_dtype=torch.float32)
+    torch.testing.assert_close(got, exp, rtol=2e-2, atol=2e-2)
+    assert torch.equal(slots, greedy.pack_argmax(got))
