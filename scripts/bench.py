@@ -323,6 +323,9 @@ def main() -> None:
     results = {"meta": {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
                         "commit": commit or "unknown", "command": "python scripts/bench.py " + " ".join(sys.argv[1:]),
                         "async_scheduling": not args.no_async_scheduling,
+                        # ms_per_token's clock starts after a step() that only launches (decode_ms);
+                        # runs without this key counted a token made before the clock
+                        "clock": "after-first-step", "steps": args.steps,
                         "copy_tb_s": round(bandwidth / 1e12, 3), "torch": torch.__version__,
                         # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS,
                         # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_FP4_GEMV_PREFETCH, FLINT_PDL,
