@@ -88,11 +88,6 @@ GATE_UP_X_FIRST = True
 # pick and the weight loads (sm_90), NVFP4 100K replay 2.109 -> 2.103 ms on the H200
 # (benchmarks/NOTES.md §23). A benchmark knob, read at each launch.
 GATE_UP_OFFSETS_FIRST = True
-# With routing in the expert launches: one extra program per token (an extra row block) only picks
-# and publishes the token's routing for the down launch (router weights included), so the gate/up
-# programs pick their expert without gathering the chosen scores (6 barriers fewer between the
-# wait and their weight loads, sm_90). A benchmark knob, read at each launch (benchmarks/NOTES.md §24).
-GATE_UP_PUBLISHER = True
 # The NVFP4 down launch loads its global scales before the PDL wait (ca5b325), or after its dot
 # (False): 4.32 vs 4.52 us a layer (§19). A benchmark knob, read at each launch.
 DOWN_SCALES_EARLY = True
@@ -215,15 +210,14 @@ def _x_blocks(x_row_ptr, H, BLOCK_K: tl.constexpr, STEPS: tl.constexpr):
 
 @triton.jit
 def _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K: tl.constexpr, ROUTE: tl.constexpr,
-                 RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr,
-                 MIX: tl.constexpr = True):
+                 RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr):
     """Expert id (int64; 0 for the shared slot k == K) of token t's slot k: the router's ids, or
     (ROUTE) picked from the router's logits and the loaded correction bias (router.expert_bias),
-    with all the token's picks (ids [1, 8] int32, router weights [1, 8] fp32 (0 without MIX);
-    unused without ROUTE). Ids and logits are read past L1."""
+    with all the token's picks (ids [1, 8] int32, router weights [1, 8] fp32; unused without
+    ROUTE). Ids and logits are read past L1."""
     if ROUTE:
         ids, mix = route_from_logits(logits_ptr, bias, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
-                                     scaling, K, RENORMALIZE, E_POW2, 8, TOPK_SORT, MIX)
+                                     scaling, K, RENORMALIZE, E_POW2, 8, TOPK_SORT)
         e = tl.sum(tl.where(tl.arange(0, 8)[None, :] == k, ids, 0))
     else:
         e = tl.load(ids_ptr + t * K + k, mask=k < K, other=0, cache_modifier=".cg")
@@ -244,15 +238,6 @@ def _publish_routing(routing_ptr, t, ids, mix, K: tl.constexpr):
 
 
 @triton.jit
-def _publish_token(ids_ptr, logits_ptr, routing_ptr, bias, t, E, scaling, K: tl.constexpr, ROUTE: tl.constexpr,
-                   RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr):
-    """The publisher program (GATE_UP_PUBLISHER) after its PDL prologue: token t's picks, router
-    weights included, to the down launch."""
-    _, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, 0, E, scaling, K, ROUTE, RENORMALIZE, E_POW2, TOPK_SORT)
-    _publish_routing(routing_ptr, t, ids, mix, K)
-
-
-@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,                # [T, H]
     ids_ptr,              # [T, K] int32 (not ROUTE)
@@ -270,7 +255,7 @@ def _moe_gate_up_kernel(
     WORDS: tl.constexpr, PTX: tl.constexpr, X_BLOCK: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr,
     PREFETCH: tl.constexpr, X_FIRST: tl.constexpr, OFFSETS_FIRST: tl.constexpr,
     ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr,
-    PUBLISHER: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (slot, BLOCK_N rows) over slots [FIRST, FIRST + COUNT) of each token. PREFETCH
     (NVFP4 words, 1 or 2 steps spanning H): the expert id and the weight tile are loaded before
@@ -279,35 +264,22 @@ def _moe_gate_up_kernel(
     from the router's logits itself (route_from_logits), instead of reading the router's ids,
     and program (t, slot 0, rows 0) hands the token's picks to the down launch (_publish_routing).
     X_FIRST (NVFP4 words, 1 or 2 steps spanning H): x is loaded right after the PDL prologue,
-    before the pick, then every word of the rows at once (_gate_up_prefetched after the wait).
-    PUBLISHER (with ROUTE): the last row block is one program per token that only publishes the
-    routing (slot 0's; the others return), and no gate/up program gathers the router weights."""
+    before the pick, then every word of the rows at once (_gate_up_prefetched after the wait)."""
     slot = (tl.program_id(0) // COUNT) * SLOTS + FIRST + tl.program_id(0) % COUNT
     nb = tl.program_id(1)
     t = slot // SLOTS
     k = slot % SLOTS
-    bias = 0.0
-    if ROUTE:  # the routed slots' correction bias: a weight, loaded before the PDL prologue (pdl.py)
-        bias = expert_bias(bias_ptr, tl.where(k < K, E, 0), E_POW2)
-    publisher = False  # this program only publishes token t's routing (slot 0's last row block)
-    if PUBLISHER:
-        publisher = nb == tl.num_programs(1) - 1
-        if publisher and k != 0:
-            return
     n_rows = tl.where(k < K, I, IS)
-    if nb * BLOCK_N >= n_rows and not publisher:
+    if nb * BLOCK_N >= n_rows:
         return
     rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
-    PUBLISH: tl.constexpr = ROUTE and not PUBLISHER  # the program (t, slot 0, rows 0) publishes
+    bias = 0.0
+    if ROUTE:  # the routed slots' correction bias: a weight, loaded before the PDL prologue (pdl.py)
+        bias = expert_bias(bias_ptr, tl.where(k < K, E, 0), E_POW2)
     if PREFETCH > 0:
-        if publisher:
-            pdl_prologue(PDL)
-            _publish_token(ids_ptr, logits_ptr, routing_ptr, bias, t, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
-                           TOPK_SORT)
-            return
         e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
-                                   TOPK_SORT, PUBLISH)
+                                   TOPK_SORT)
         routed = k < K
         gate, up = _gate_up_prefetched(
             x_row, tl.where(routed, w13_ptr + e * w13_se, s13_ptr),
@@ -315,7 +287,7 @@ def _moe_gate_up_kernel(
             tl.where(routed, w13_scale_ptr + e * w13_sge, s13_scale_ptr), rows, n_rows, H,
             tl.where(routed, w13_sn, s13_sn), tl.where(routed, w13_ssn, s13_ssn),
             tl.where(routed, w13_sgn, s13_sgn), BLOCK_K, PREFETCH, PTX, X_BLOCK, PDL)
-        if PUBLISH and k == 0 and nb == 0:  # after the PDL prologue (a store)
+        if ROUTE and k == 0 and nb == 0:  # after the PDL prologue (a store)
             _publish_routing(routing_ptr, t, ids, mix, K)
         h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
         tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
@@ -325,18 +297,14 @@ def _moe_gate_up_kernel(
         offs = _gate_up_offsets(rows, n_rows, tl.where(k < K, w13_sn, s13_sn), tl.where(k < K, w13_ssn, s13_ssn),
                                 BLOCK_K // 8)
     pdl_prologue(PDL)
-    if publisher:
-        _publish_token(ids_ptr, logits_ptr, routing_ptr, bias, t, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
-                       TOPK_SORT)
-        return
     xa0 = None
     xa1 = None
     if X_FIRST > 0:
         xa0, xa1 = _x_blocks(x_row, H, BLOCK_K, X_FIRST)  # before the pick: it needs no expert id
     if k < K:
         e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
-                                   TOPK_SORT, PUBLISH)
-        if PUBLISH and k == 0 and nb == 0:
+                                   TOPK_SORT)
+        if ROUTE and k == 0 and nb == 0:
             _publish_routing(routing_ptr, t, ids, mix, K)
         gate, up = _gate_up_after_wait(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
                                        w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
@@ -649,15 +617,13 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
         steps = h // block_k if h % block_k == 0 else 0
         prefetch = steps if prefetch_ok and words13 and steps <= 2 else 0
         x_first = steps if GATE_UP_X_FIRST and not prefetch and words13 and steps <= 2 else 0
-        publisher = GATE_UP_PUBLISHER and route is not None and first == 0  # the launch with slot 0
-        _moe_gate_up_kernel[(t * count, triton.cdiv(rows, block_n) + publisher)](
+        _moe_gate_up_kernel[(t * count, triton.cdiv(rows, block_n))](
             x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **routing, **weight_args("w13", w13, words=words_up),
             **weight_args("s13", shared13, words=words_up),
             H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
             W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
             FIRST=first, COUNT=count, PREFETCH=prefetch, X_FIRST=x_first, OFFSETS_FIRST=GATE_UP_OFFSETS_FIRST,
-            PUBLISHER=publisher,
             **launch_args(x.device, prefetches=prefetch > 0),
             WORDS=words_up, PTX=nvfp4.ptx_decode(), X_BLOCK=GATE_UP_X_BLOCK, num_warps=WARPS)
 

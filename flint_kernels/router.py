@@ -185,15 +185,14 @@ def expert_bias(bias_ptr, E, E_POW2: tl.constexpr):
 @triton.jit
 def route_from_logits(logits_ptr, bias, tokens, t_mask, E, scaling, TOP_K: tl.constexpr,
                       RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr,
-                      TOPK_SORT: tl.constexpr = False, MIX: tl.constexpr = True):
+                      TOPK_SORT: tl.constexpr = False):
     """The routing of `tokens` from their fp32 logits rows ([T, E] at logits_ptr, read past L1)
     and the correction bias (expert_bias):
     -> ids [len(tokens), K_POW2] int32 and weights (fp32, scaling applied), 0 in slots >= TOP_K.
     Sigmoid scores, top-k on score + bias, weights from the unbiased scores; the same bits in
     every kernel that calls it (the router's last program, or the expert launches). TOPK_SORT:
     the K_POW2 largest keys by tl.topk's bitonic network instead of TOP_K rounds of a max (the
-    keys are unique, so the same picks in the same order). MIX False: ids only (weights 0), without
-    the gather of the chosen scores (a shared-memory round trip for each of the K_POW2 slots)."""
+    keys are unique, so the same picks in the same order)."""
     experts = tl.arange(0, E_POW2)
     e_mask = experts < E
     logits = tl.load(logits_ptr + tokens[:, None] * E + experts[None, :],
@@ -214,8 +213,6 @@ def route_from_logits(logits_ptr, bias, tokens, t_mask, E, scaling, TOP_K: tl.co
             pick = E_POW2 - 1 - (best & (E_POW2 - 1)).to(tl.int32)
             key = tl.where(experts[None, :] == pick[:, None], NO_KEY, key)
             ids = tl.where(slots[None, :] == k, pick[:, None], ids)
-    if not MIX:
-        return ids, tl.zeros(ids.shape, tl.float32)
     chosen = tl.where(slots[None, :] < TOP_K, tl.gather(scores, ids, axis=1), 0.0)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=1)[:, None]

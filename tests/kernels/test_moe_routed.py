@@ -128,29 +128,6 @@ def test_topk_sort_picks_the_same(fmt, ties, monkeypatch):
     assert torch.equal(routing[:, :k] - 1, ids)  # the handoff holds ids + 1, best first
 
 
-@pytest.mark.parametrize("split_shared", [False, True])
-@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
-def test_publisher_program_hands_off_the_same_routing(fmt, split_shared, monkeypatch):
-    """moe_gemv.GATE_UP_PUBLISHER (an extra program per token publishes the routing; the gate/up
-    programs skip the router weights' gather): the same output bits and the same handoff (ids and
-    weights) as program (t, slot 0, rows 0) publishing, with and without the shared launch first."""
-    monkeypatch.setattr(moe_gemv, "SPLIT_SHARED", split_shared)
-    t, e, k = 3, 40, 6
-    w13, w2, s13, s2 = experts(e, 64, 32, 32, torch.float32, fmt, seed=6)
-    logits, bias = logits_and_bias(t, e, seed=6)
-    x = torch.randn(t, 64, device=DEVICE)
-    results = []
-    for publisher in (False, True):
-        monkeypatch.setattr(moe_gemv, "GATE_UP_PUBLISHER", publisher)
-        routing = handoff(x)
-        results.append((fused_moe_routed(x, logits, bias, routing, k, 2.5, True, w13, w2, s13, s2), routing))
-    (out, routing), (out_pub, routing_pub) = results
-    assert torch.equal(out, out_pub) and torch.equal(routing, routing_pub)
-    ids, weights = route_from_logits_torch(logits, bias, k, 2.5, True)
-    assert torch.equal(routing_pub[:, :k] - 1, ids)
-    torch.testing.assert_close(routing_pub[:, 8:8 + k].view(torch.float32), weights)
-
-
 @pytest.mark.parametrize("h", [64, 512], ids=["H-one-step", "H-two-steps"])
 def test_routed_with_the_shared_expert_launch_first(h, monkeypatch):
     """moe_gemv.SPLIT_SHARED: the routed gate/up launch picks its experts before its PDL wait
