@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections import defaultdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -31,6 +27,7 @@ import torch
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
 from scripts.bench import copy_bandwidth, start_at_context
+from scripts.format_processes import each_format, run_meta
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -138,38 +135,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/step_gaps.json"))
     parser.add_argument("--one-format", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    commit = os.environ.get("FLINT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    results = {"meta": {"gpu": torch.cuda.get_device_name(), "commit": commit or "unknown",
-                        "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
-                        "command": "python scripts/bench_step_gaps.py " + " ".join(sys.argv[1:]),
-                        "copy_tb_s": round(copy_bandwidth("cuda") / 1e12, 3), "torch": torch.__version__},
-               "formats": []}
-    formats = args.formats.split(",")
-    for fmt in formats:
-        if args.one_format or len(formats) == 1:
-            results["formats"].append(run_format(fmt, args))
-        else:  # a fresh process per format, as bench.py does
-            out = Path(tempfile.mkdtemp()) / f"{fmt}.json"
-            subprocess.run([sys.executable, "-m", "scripts.bench_step_gaps", *_without(sys.argv[1:]),
-                            "--formats", fmt, "--out", str(out), "--one-format"], check=True)
-            results["formats"].append(json.loads(out.read_text())["formats"][0])
+    results = {"meta": run_meta("scripts/bench_step_gaps.py", copy_bandwidth("cuda") / 1e12)}
+    results["formats"] = each_format(args.formats, args.one_format, lambda fmt: run_format(fmt, args),
+                                     "scripts.bench_step_gaps")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print_tables(results)
-
-
-def _without(argv: list[str]) -> list[str]:
-    """argv without --formats and --out (and their values)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in ("--formats", "--out"):
-            skip = True
-        elif not a.startswith(("--formats=", "--out=")):
-            out.append(a)
-    return out
 
 
 def print_tables(results: dict) -> None:

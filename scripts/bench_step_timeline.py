@@ -18,12 +18,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from collections import defaultdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -31,6 +27,7 @@ import torch
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
 from scripts.bench import copy_bandwidth, kv_bytes_per_token, start_at_context, weight_bytes_per_token
+from scripts.format_processes import each_format, run_meta
 
 REPLAYS = 20
 PROFILED = 3
@@ -191,38 +188,12 @@ def main() -> None:
     args = parser.parse_args()
     for text in args.variant:
         parse_variant(text)
-    commit = os.environ.get("FLINT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    results = {"meta": {"gpu": torch.cuda.get_device_name(), "commit": commit or "unknown",
-                        "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
-                        "command": "python scripts/bench_step_timeline.py " + " ".join(sys.argv[1:]),
-                        "copy_tb_s": round(copy_bandwidth("cuda") / 1e12, 3), "torch": torch.__version__},
-               "formats": []}
-    formats = args.formats.split(",")
-    for fmt in formats:
-        if args.one_format or len(formats) == 1:
-            results["formats"].append(run_format(fmt, args))
-        else:  # a fresh process per format, as bench.py does
-            out = Path(tempfile.mkdtemp()) / f"{fmt}.json"
-            subprocess.run([sys.executable, "-m", "scripts.bench_step_timeline",
-                            *_without(sys.argv[1:], ("--formats", "--out")),
-                            "--formats", fmt, "--out", str(out), "--one-format"], check=True)
-            results["formats"].append(json.loads(out.read_text())["formats"][0])
+    results = {"meta": run_meta("scripts/bench_step_timeline.py", copy_bandwidth("cuda") / 1e12)}
+    results["formats"] = each_format(args.formats, args.one_format, lambda fmt: run_format(fmt, args),
+                                     "scripts.bench_step_timeline")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print_tables(results)
-
-
-def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in flags:
-            skip = True
-        elif not a.startswith(tuple(f + "=" for f in flags)):
-            out.append(a)
-    return out
 
 
 if __name__ == "__main__":
