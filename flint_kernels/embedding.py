@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .greedy import EMPTY, packed_token, token
+from .greedy import EMPTY, EMPTY_SLOT, packed_token, token
 from .pdl import launch_args, pdl_prologue
 
 BLOCK_H = 1024  # hidden columns a program copies
@@ -44,7 +44,7 @@ def _embedding_kernel(
         prev_row = tl.load(prev_rows_ptr + n)
         packed = tl.load(prev_ptr + tl.maximum(prev_row, 0))
         row = tl.where(prev_row >= 0, packed_token(packed), row)
-        tl.store(clear_ptr + n, -9223372036854775808, mask=tl.program_id(1) == 0)  # EMPTY
+        tl.store(clear_ptr + n, EMPTY_SLOT, mask=tl.program_id(1) == 0)
     mask = cols < H
     tl.store(out_ptr + n * H + cols, tl.load(weight_ptr + row * stride_v + cols, mask=mask), mask=mask)
 

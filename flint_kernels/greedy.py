@@ -7,7 +7,7 @@ into the token's slot:
 
     packed = (key(logit) << 32) | (0xFFFFFFFF - row)
 
-key() maps fp32 to int32 in the same order (negative floats get their low 31 bits flipped), so
+key() (sampling.order_key) maps fp32 to int32 in the same order (negative floats get their low 31 bits flipped), so
 the largest packed value is the largest logit, and among equal logits the smallest row: torch's
 argmax (the first maximal index). A slot holds EMPTY before the head (the step's first kernel
 clears it, decode_embedding) and a packed value after; token() recovers the row. A slot filled by
@@ -20,7 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .sampling import order_key
+
 EMPTY = -(1 << 63)  # a slot before any program's atomic max
+EMPTY_SLOT = tl.constexpr(EMPTY)  # the same, inside kernels
 LOW = 0xFFFFFFFF
 
 
@@ -28,10 +31,8 @@ LOW = 0xFFFFFFFF
 def best_packed(logits, rows, mask):
     """logits [BLOCK] fp32, rows [BLOCK] their vocabulary ids, mask [BLOCK] -> the packed int64 of
     the largest (smallest row among equals); EMPTY when no row is in the mask."""
-    bits = logits.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    packed = (key.to(tl.int64) << 32) | (0xFFFFFFFF - rows.to(tl.int64))
-    return tl.max(tl.where(mask, packed, -9223372036854775808), axis=0)
+    packed = (order_key(logits).to(tl.int64) << 32) | (0xFFFFFFFF - rows.to(tl.int64))
+    return tl.max(tl.where(mask, packed, EMPTY_SLOT), axis=0)
 
 
 @triton.jit
@@ -44,7 +45,7 @@ def pack_argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [S, V] fp32 -> [S] packed slots of their argmax: what the fused head stores (torch twin)."""
     values, rows = logits.max(dim=-1)  # the first maximal index, as argmax
     bits = values.float().contiguous().view(torch.int32)
-    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(torch.int64)  # order_key
     return (key << 32) | (LOW - rows)
 
 

@@ -44,8 +44,8 @@ UNIFORM_SCALE = 4.6566127342e-10
 
 
 @triton.jit
-def _key(x):
-    """fp32 -> int32 with the same order (signed comparison)."""
+def order_key(x):
+    """fp32 -> int32 with the same order (signed comparison); also greedy.py's packed slots."""
     bits = x.to(tl.int32, bitcast=True)
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
@@ -89,7 +89,7 @@ def _kth_largest_key(row_ptr, V, k, BLOCK_V: tl.constexpr):
         for start in range(0, V, BLOCK_V):
             valid = start + cols < V
             x = tl.load(row_ptr + start + cols, mask=valid, other=0.0)
-            ukey = _key(x) ^ INT32_MIN  # unsigned order, as int32 bits
+            ukey = order_key(x) ^ INT32_MIN  # unsigned order, as int32 bits
             if d > 0:  # keys whose higher digits are the prefix chosen so far
                 valid = valid & (((ukey ^ prefix) >> (32 - 8 * d)) == 0)
             hist += tl.histogram((ukey >> (24 - 8 * d)) & 0xFF, 256, mask=valid)
@@ -108,7 +108,7 @@ def _mass(row_ptr, V, m, c, lo_key, min_p, BLOCK_V: tl.constexpr):
     z_min_p = 0.0
     for start in range(0, V, BLOCK_V):
         x = tl.load(row_ptr + start + cols, mask=start + cols < V, other=float("-inf"))
-        e = tl.where(_key(x) >= lo_key, tl.exp2((x - m) * c), 0.0)
+        e = tl.where(order_key(x) >= lo_key, tl.exp2((x - m) * c), 0.0)
         z += tl.sum(e, axis=0)
         z_min_p += tl.sum(tl.where(e >= min_p, e, 0.0), axis=0)
     return z, z_min_p
@@ -125,7 +125,7 @@ def _draw(row_ptr, V, m, c, lo_key, min_p, pivot, target, fallback, BLOCK_V: tl.
     start = 0
     while (start < V) & (token < 0):
         x = tl.load(row_ptr + start + cols, mask=start + cols < V, other=float("-inf"))
-        key = _key(x)
+        key = order_key(x)
         e = tl.exp2((x - m) * c)
         cand = (key >= lo_key) & (key > pivot) & (e >= min_p) & (start + cols < V)
         cums = acc + tl.cumsum(tl.where(cand, e, 0.0), axis=0)
@@ -135,7 +135,7 @@ def _draw(row_ptr, V, m, c, lo_key, min_p, pivot, target, fallback, BLOCK_V: tl.
         acc = tl.max(cums, axis=0)
         start += BLOCK_V
     token = tl.where(token < 0, last, token)
-    return token, _key(tl.load(row_ptr + token))
+    return token, order_key(tl.load(row_ptr + token))
 
 
 @triton.jit
@@ -145,7 +145,7 @@ def _mass_above(row_ptr, V, m, c, key_s, BLOCK_V: tl.constexpr):
     z = 0.0
     for start in range(0, V, BLOCK_V):
         x = tl.load(row_ptr + start + cols, mask=start + cols < V, other=float("-inf"))
-        z += tl.sum(tl.where(_key(x) > key_s, tl.exp2((x - m) * c), 0.0), axis=0)
+        z += tl.sum(tl.where(order_key(x) > key_s, tl.exp2((x - m) * c), 0.0), axis=0)
     return z
 
 

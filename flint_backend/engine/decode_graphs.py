@@ -187,9 +187,10 @@ class DecodeGraphs:
                 with torch.cuda.graph(graph, pool=pool):
                     self.outputs[bucket, parity] = forward(batch, self.kv)
                 self.graphs[bucket, parity] = graph
-            # the eager op around a sampled step's replay under async scheduling, once (a kernel's
-            # first launch loads its CUDA module, which stalled the first engine's third decode
-            # step by ~55 ms on an H200: benchmarks/NOTES.md §15)
+            # the eager ops around a replay, once: synchronous greedy steps' argmax, and a sampled
+            # async step's packing of its tokens into the slots (a kernel's first launch loads its
+            # CUDA module, which stalled the first engine's third decode step by ~55 ms on an
+            # H200: benchmarks/NOTES.md §15)
             tokens = self.outputs[bucket, 0].argmax(-1)  # [bucket]
             self.slots[0, :bucket].copy_(greedy.pack_token(tokens))
         torch.cuda.synchronize()
