@@ -116,8 +116,6 @@ def _decode_split_kernel(
     positions_ptr,     # [B] int (FROM_QKV and USE_ROPE)
     cos_sin_ptr,       # [max_pos, D] fp32: cos | sin (FROM_QKV and USE_ROPE)
     slots_ptr,         # [B] int64 cache slot of this step's K/V, -1 = no write (FROM_QKV)
-    q_normed_ptr,      # [B, Hq, D] contiguous (FROM_QKV: split 0 stores q as normed and rotated here,
-    k_normed_ptr,      # [B, Hk, D]  and k, for the reduce)
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_bt,
     qk_scale, window, num_splits, eps,
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
@@ -145,19 +143,20 @@ def _decode_split_kernel(
     # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
     pos_next = start + tl.arange(0, BLOCK_N)
     block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
-    one = tl.arange(0, 1)
-    first = s == 0  # FROM_QKV: split 0 writes this step's K/V into the cache, once per KV head
-    if FROM_QKV:  # the norm weights and the step's cos | sin: weights and metadata, before the wait
-        qw, qwr, cos, sin = _norm_rope_table(q_norm_ptr, cos_row, D, USE_ROPE)
-        kw, kwr, _, _ = _norm_rope_table(k_norm_ptr, cos_row, D, USE_ROPE)
     pdl_prologue(PDL)
-    # raw heads when FROM_QKV: loaded here, normed and rotated only after the loop's first K/V
-    # tiles are requested (at its first iteration), so their round trips overlap
-    q, q_partner = _raw_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, D,
-                              FROM_QKV and USE_ROPE)  # [BLOCK_G, D]
+    q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
+                    D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
     if FROM_QKV:
-        k_new, k_partner = _raw_heads(k_ptr + b * stride_kb, h + one, (one < 1) & first, stride_kh, D, USE_ROPE)
-        v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[None, :], mask=first, other=0.0)  # [1, D]
+        if s == 0:  # this step's K/V into the cache, once per KV head
+            kv_new = tl.maximum(new_slot, 0) * (HK * D) + h * D + cols[None, :]  # [1, D]
+            one = tl.arange(0, 1)
+            k_new = _load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps,
+                                D, True, USE_ROPE)
+            v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[None, :])
+            tl.store(k_cache_ptr + kv_new, k_new.to(k_cache_ptr.dtype.element_ty), mask=new_slot >= 0)
+            tl.store(v_cache_ptr + kv_new, v_new.to(v_cache_ptr.dtype.element_ty), mask=new_slot >= 0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
     m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -177,11 +176,7 @@ def _decode_split_kernel(
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        if FROM_QKV:
-            if kstart == start:  # after the pipeline's first requests (see above)
-                q = _norm_rope(q, q_partner, qw, qwr, cos, sin, eps, D, USE_ROPE)
-        qd = q.to(tl.float32) if DOT_FP32 else q
-        scores = tl.dot(qd, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -190,30 +185,17 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
     head_ok = rows < G
-    if FROM_QKV:
-        if start >= end:  # no cached position: the loop never ran
-            q = _norm_rope(q, q_partner, qw, qwr, cos, sin, eps, D, USE_ROPE)
-        k_new = _norm_rope(k_new, k_partner, kw, kwr, cos, sin, eps, D, USE_ROPE)  # [1, D]
-        if first:  # the cache, and the reduce's normed heads
-            kv_new = tl.maximum(new_slot, 0) * (HK * D) + h * D + cols[None, :]  # [1, D]
-            tl.store(k_cache_ptr + kv_new, k_new.to(k_cache_ptr.dtype.element_ty), mask=new_slot >= 0)
-            tl.store(v_cache_ptr + kv_new, v_new.to(v_cache_ptr.dtype.element_ty), mask=new_slot >= 0)
-            tl.store(k_normed_ptr + (b * HK + h) * D + cols[None, :], k_new)
-            tl.store(q_normed_ptr + (b * (HK * G) + h * G + rows[:, None]) * D + cols[None, :], q,
-                     mask=(rows < G)[:, None])
     part = (b * (HK * G) + h * G + rows) * num_splits  # [BLOCK_G] (b, head, split 0)
     if n_splits > 1:  # partials for _decode_reduce_kernel
         tl.store(part_acc_ptr + (part + s)[:, None] * D + cols[None, :], acc, mask=head_ok[:, None])
         tl.store(part_ml_ptr + (part + s) * 2, m, mask=head_ok)
         tl.store(part_ml_ptr + (part + s) * 2 + 1, l, mask=head_ok)
         return
-    if FROM_QKV:  # split 0 alone: this step's K/V as normed above
-        k_one = tl.reshape(k_new, [D]).to(tl.float32)
-        v_one = tl.reshape(v_new, [D]).to(tl.float32)
-    else:
-        k_one = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols).to(tl.float32)
-        v_one = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols).to(tl.float32)
-    out = _finish_one_split(q, m, l, acc, k_one, v_one, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
+    one = tl.arange(0, 1)
+    k_new = tl.reshape(_load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps,
+                                   D, FROM_QKV, USE_ROPE), [D]).to(tl.float32)
+    v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols).to(tl.float32)
+    out = _finish_one_split(q, m, l, acc, k_new, v_new, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
 
@@ -227,53 +209,33 @@ def _cos_sin_row(positions_ptr, cos_sin_ptr, b, D: tl.constexpr, USE_ROPE: tl.co
 
 
 @triton.jit
-def _norm_rope_table(weight_ptr, cos_row, D: tl.constexpr, USE_ROPE: tl.constexpr):
-    """A head norm's weight by column [D] and at each column's rotate-half partner (column
-    (c + D/2) % D), and the rotation's cos and sin by column [D] fp32 (USE_ROPE; else 1 and 0
-    and the weight twice): weights and step metadata, loaded before a PDL wait."""
-    HALF: tl.constexpr = D // 2
-    cols = tl.arange(0, D)
-    w = tl.load(weight_ptr + cols)
-    wr = w
-    cos = tl.full([D], 1.0, tl.float32)
-    sin = tl.zeros([D], tl.float32)
-    if USE_ROPE:
-        wr = tl.load(weight_ptr + (cols + HALF) % D)
-        cos = tl.load(cos_row + cols % HALF)
-        sin = tl.load(cos_row + HALF + cols % HALF)
-    return w, wr, cos, sin
-
-
-@triton.jit
-def _raw_heads(ptr, heads, head_ok, stride_h, D: tl.constexpr, PARTNERS: tl.constexpr):
-    """Heads [R, D] at ptr + heads * stride_h (heads [R]) and (PARTNERS) the same heads with each
-    column's rotate-half partner in its place, loaded a second time (L1/L2) rather than moved
-    between threads; without PARTNERS the heads twice."""
+def _load_heads(ptr, heads, head_ok, stride_h, weight_ptr, cos_row, eps, D: tl.constexpr,
+                NORM_ROPE: tl.constexpr, USE_ROPE: tl.constexpr):
+    """Heads [R, D] at ptr + heads * stride_h (heads [R]): as stored, or (NORM_ROPE) raw
+    projections put through qk_norm_rope.py's per-head RMSNorm (fp32 statistics, rounded after
+    the norm and after the weight) and NeoX RoPE (fp32, rounded), in x's dtype. Rotate-half
+    pairs column c with column (c + D/2) % D, loaded a second time (L1/L2) rather than moved
+    between threads."""
     cols = tl.arange(0, D)
     offs = heads[:, None] * stride_h
     x = tl.load(ptr + offs + cols[None, :], mask=head_ok[:, None], other=0.0)
-    xr = x
-    if PARTNERS:
-        xr = tl.load(ptr + offs + ((cols + D // 2) % D)[None, :], mask=head_ok[:, None], other=0.0)
-    return x, xr
-
-
-@triton.jit
-def _norm_rope(x, xr, w, wr, cos, sin, eps, D: tl.constexpr, USE_ROPE: tl.constexpr):
-    """Raw projections x [R, D] (xr: their rotate-half partners, _raw_heads) put through
-    qk_norm_rope.py's per-head RMSNorm (fp32 statistics, rounded after the norm and after the
-    weight) and NeoX RoPE (fp32, rounded), in x's dtype; w, wr, cos, sin from _norm_rope_table."""
-    cols = tl.arange(0, D)
-    xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]
-    y = ((xf * rstd).to(x.dtype).to(tl.float32) * w.to(x.dtype).to(tl.float32)[None, :]).to(x.dtype)
-    if USE_ROPE:
+    if NORM_ROPE:
         HALF: tl.constexpr = D // 2
-        yr = ((xr.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
-              * wr.to(x.dtype).to(tl.float32)[None, :]).to(x.dtype).to(tl.float32)
-        # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
-        y = (y.to(tl.float32) * cos[None, :] + tl.where(cols[None, :] < HALF, -yr, yr) * sin[None, :]).to(x.dtype)
-    return y
+        partner = (cols + HALF) % D
+        xf = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]
+        w = tl.load(weight_ptr + cols).to(x.dtype).to(tl.float32)
+        y = ((xf * rstd).to(x.dtype).to(tl.float32) * w[None, :]).to(x.dtype)
+        if USE_ROPE:
+            xr = tl.load(ptr + offs + partner[None, :], mask=head_ok[:, None], other=0.0).to(tl.float32)
+            wr = tl.load(weight_ptr + partner).to(x.dtype).to(tl.float32)
+            yr = ((xr * rstd).to(x.dtype).to(tl.float32) * wr[None, :]).to(x.dtype).to(tl.float32)
+            cos = tl.load(cos_row + cols % HALF)[None, :]
+            sin = tl.load(cos_row + HALF + cols % HALF)[None, :]
+            # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
+            y = (y.to(tl.float32) * cos + tl.where(cols[None, :] < HALF, -yr, yr) * sin).to(x.dtype)
+        x = y
+    return x
 
 
 @triton.jit
@@ -301,10 +263,15 @@ def _decode_reduce_kernel(
     part_acc_ptr,      # [B, Hq, num_splits, D] fp32
     part_ml_ptr,       # [B, Hq, num_splits, 2] fp32
     out_ptr,           # [B, Hq, D]
+    q_norm_ptr,        # [D] (FROM_QKV, as in the split kernel)
+    k_norm_ptr,        # [D]
+    positions_ptr,     # [B] int
+    cos_sin_ptr,       # [max_pos, D] fp32
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
-    qk_scale, window, num_splits,
+    qk_scale, window, num_splits, eps,
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_SINKS: tl.constexpr, PARTIALS_FIRST: tl.constexpr, PDL: tl.constexpr,
+    USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PARTIALS_FIRST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (b, query head): one pass over the splits' partials, BLOCK_S at a time, merged
     online. Every load is issued without waiting for the context length (partials of splits
@@ -315,7 +282,8 @@ def _decode_reduce_kernel(
     hq = tl.program_id(1)
     hk = hq // G
     _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
-    if USE_SINKS:  # a weight: before the wait too (pdl.py)
+    cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)  # the wait (pdl.py)
+    if USE_SINKS:  # a weight: before the wait too
         sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
     pdl_prologue(PDL)
     cols = tl.arange(0, D)
@@ -327,8 +295,11 @@ def _decode_reduce_kernel(
         ms = tl.full([BLOCK_S], -1e30, tl.float32)
         ls = tl.zeros([BLOCK_S], tl.float32)
         accs = tl.zeros([BLOCK_S, D], tl.float32)
-    q = tl.load(q_ptr + b * stride_qb + hq * stride_qh + cols).to(tl.float32)
-    k = tl.load(k_ptr + b * stride_kb + hk * stride_kh + cols).to(tl.float32)
+    one = tl.arange(0, 1)
+    q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
+                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
+    k = tl.reshape(_load_heads(k_ptr + b * stride_kb, hk + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps, D,
+                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
     v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
     m = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself: p = 1 at m
     l = tl.full([], 1.0, tl.float32)
@@ -422,36 +393,30 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, hq, splits, 2), dtype=torch.float32, device=q.device)
     paged = block_tables is not None
-    # the norm/RoPE arguments; without from_qkv, pointers the split does not read
+    # the norm/RoPE arguments; without from_qkv, pointers the kernels do not read
     unused = (part_ml, part_ml, context_lens, None, context_lens, 0.0)
     q_w, k_w, positions, cos_sin, slots, eps = from_qkv or unused
-    # from_qkv: split 0 of each KV head stores the normed, rotated q and k for the reduce
-    q_normed = torch.empty((batch, hq, d), dtype=q.dtype, device=q.device) if from_qkv else q
-    k_normed = torch.empty((batch, hk, d), dtype=q.dtype, device=q.device) if from_qkv else k
     common = dict(
-        v_ptr=v, context_lens_ptr=context_lens, sinks_ptr=sinks if sinks is not None else part_ml,
+        q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
+        sinks_ptr=sinks if sinks is not None else part_ml,
         part_acc_ptr=part_acc, part_ml_ptr=part_ml, out_ptr=out,
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
         qk_scale=sm_scale * LOG2E, window=window, num_splits=splits, G=hq // hk, D=d, BLOCK_N=TILE_N,
-        USE_SINKS=sinks is not None, **launch_args(q.device))
+        USE_SINKS=sinks is not None, q_norm_ptr=q_w, k_norm_ptr=k_w, positions_ptr=positions,
+        cos_sin_ptr=cos_sin if cos_sin is not None else part_ml, eps=eps, FROM_QKV=from_qkv is not None,
+        USE_ROPE=cos_sin is not None, **launch_args(q.device))
     _decode_split_kernel[(batch, hk, splits)](
-        q_ptr=q, k_ptr=k, k_cache_ptr=k_cache, v_cache_ptr=v_cache,
+        k_cache_ptr=k_cache, v_cache_ptr=v_cache,
         block_tables_ptr=block_tables if paged else context_lens,
         ring_rows_ptr=context_lens if paged else ring_rows, slots_ptr=slots,
-        q_norm_ptr=q_w, k_norm_ptr=k_w, positions_ptr=positions,
-        cos_sin_ptr=cos_sin if cos_sin is not None else part_ml, eps=eps,
-        q_normed_ptr=q_normed, k_normed_ptr=k_normed,
-        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
         PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FROM_QKV=from_qkv is not None, USE_ROPE=cos_sin is not None,
         **common, num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
         _decode_reduce_kernel[(batch, hq)](
-            q_ptr=q_normed, k_ptr=k_normed, stride_qb=q_normed.stride(0), stride_qh=q_normed.stride(1),
-            stride_kb=k_normed.stride(0), stride_kh=k_normed.stride(1),
             BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), PARTIALS_FIRST=REDUCE_PARTIALS_FIRST,
             **common, num_warps=reduce_warps or REDUCE_WARPS)
     return out
