@@ -55,6 +55,10 @@ MAX_SPLITS: int | None = 1
 # weights each, as nvfp4_linear.GEMV_UNSPLIT_BLOCK_N: BF16 100K replay 2.818 -> 2.809 ms on the
 # H200, the same in three paired runs (benchmarks/NOTES.md §21). None: BLOCK_N. Read at each launch.
 UNSPLIT_BLOCK_N: int | None = 4
+# K splits of a decode GEMV whose K takes more steps than a split prefetches (the dense MLP's
+# down, K = 10240: 5 splits of 2 prefetched steps). None: as above. A benchmark knob, read at
+# each launch.
+LONG_K_SPLITS: int | None = None
 # A prefetching split loads every step's x (and residual) right after its PDL wait, before the
 # row's rstd and the first step's sums: one round trip to L2 instead of one a step (as
 # nvfp4_linear.GEMV_X_EARLY). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
@@ -219,7 +223,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
     k_blocks = triton.cdiv(k, block_k)
     tiles = t * triton.cdiv(n, BLOCK_N)
     splits = num_splits or max(pick_splits(tiles, k_blocks, x.device), _pow2_at_least(triton.cdiv(k_blocks, 2)))
-    if num_splits is None and MAX_SPLITS is not None:
+    if num_splits is None and LONG_K_SPLITS and k_blocks > PREFETCH_STEPS:
+        splits = min(LONG_K_SPLITS, k_blocks)
+    elif num_splits is None and MAX_SPLITS is not None:
         fewer = min(splits, MAX_SPLITS)
         if triton.cdiv(k_blocks, fewer) <= PREFETCH_STEPS:  # only where the splits still prefetch
             splits = fewer

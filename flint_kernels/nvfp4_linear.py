@@ -65,6 +65,13 @@ GEMV_UNSPLIT_BLOCK_N: int | None = 64 if INTERPRET else 4  # (interpreter: few, 
 # one a step (sm_90 code issued the next step's loads after the previous step's shared-memory
 # conversions). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 GEMV_X_EARLY = True
+# Decode GEMVs of the dense MLP (layers 0-1 of flint-40b): rows a program where N >= WIDE_N
+# (gate/up, 20480 rows: 2560 programs of GEMV_BLOCK_N), and the K splits where K takes more
+# word steps than a split prefetches (down, K = 10240: pick_splits gives 2 splits of 5 steps, a
+# pipelined loop). None: as for every other GEMV. Benchmark knobs, read at each launch.
+WIDE_N = 16384
+GEMV_WIDE_BLOCK_N: int | None = None
+GEMV_LONG_K_SPLITS: int | None = None
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
 
@@ -252,15 +259,19 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         return
     _, stride_gn = scale_strides(w)
     words = nvfp4.GEMV_WORDS
+    gemv_block_n = GEMV_BLOCK_N
+    if t <= GEMV_MAX_TOKENS and GEMV_WIDE_BLOCK_N and n >= WIDE_N:
+        gemv_block_n = GEMV_WIDE_BLOCK_N
     if t <= GEMV_MAX_TOKENS:
-        tiles = t * triton.cdiv(n, GEMV_BLOCK_N)
+        tiles = t * triton.cdiv(n, gemv_block_n)
         block_k = min(GEMV_WORDS_BLOCK_K if words else GEMV_BLOCK_K, triton.next_power_of_2(k))
     else:
         block_m, block_n, warps, stages = _gemm_tiles(t, n)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
     k_blocks = triton.cdiv(k, block_k)
     splits = num_splits or pick_splits(tiles, k_blocks, x.device)
-    gemv_block_n = GEMV_BLOCK_N
+    if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_LONG_K_SPLITS and k_blocks > GEMV_PREFETCH_STEPS:
+        splits = min(GEMV_LONG_K_SPLITS, k_blocks)
     if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_MAX_SPLITS is not None:
         fewer = min(splits, GEMV_MAX_SPLITS)
         if triton.cdiv(k_blocks, fewer) <= GEMV_PREFETCH_STEPS:  # only where the splits still prefetch
