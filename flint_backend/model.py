@@ -113,16 +113,12 @@ class FlintDecoderLayer:
         self.mlp = (FlintMoE(config, layer, w, ops) if config.is_moe_layer(layer)
                     else FlintMLP(config, p + "mlp.", w, ops))
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: StepBatch, kv: KVCache,
-                then=None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: StepBatch, kv: KVCache):
         """x: the previous sublayer's output [N, H]; residual: the running sum (None at layer 0).
-        Each residual add + RMSNorm is folded into the op after it (at decode sizes one launch).
-        then: called between the attention and the MLP (the model's prefetch of the next layer)."""
+        Each residual add + RMSNorm is folded into the op after it (at decode sizes one launch)."""
         attn = self.self_attn
         qkv, residual = self.ops.norm_linear(x, residual, self.input_norm, self.eps, attn.qkv_proj)
         x = attn.forward(qkv, batch, kv)  # [N, H]
-        if then is not None:
-            then()
         return self.mlp.forward(x, residual, self.post_norm)
 
 
@@ -140,14 +136,9 @@ class FlintModel:
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
         """-> logits [S, V] fp32 of the tokens in batch.sample_rows."""
         x, residual = self._embedding(batch), None  # [N, H]
-        joins = []
-        for i, layer in enumerate(self.layers):
-            x, residual = layer.forward(x, residual, batch, kv, lambda i=i: joins.append(self._prefetch(i, batch, kv)))
-        logits = self._head(x, residual, batch)
-        for join in joins:  # the prefetches' side stream rejoins at the step's end: no launch waits on it
-            if join is not None:
-                join()
-        return logits
+        for layer in self.layers:
+            x, residual = layer.forward(x, residual, batch, kv)
+        return self._head(x, residual, batch)
 
     @torch.no_grad()
     def forward_low_latency(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
@@ -172,15 +163,6 @@ class FlintModel:
             x = ops.linear(out.reshape(out.shape[0], -1), attn.o_proj)
             x, residual = mlp.forward(x, residual, layer.post_norm)
         return self._head(x, residual, batch)
-
-    def _prefetch(self, i: int, batch: StepBatch, kv: KVCache):
-        """After layer i's attention in a decode step, when layer i + 1 is a sliding-window layer:
-        its K/V rings into L2 (ops.prefetch_rings, a hint), while layer i's MLP launches leave HBM
-        mostly idle. -> the op's join, or None."""
-        nxt = i + 1
-        if not batch.decode_only or nxt >= len(self.layers) or self.layers[nxt].self_attn.is_full:
-            return None
-        return self.ops.prefetch_rings(*kv.layer(nxt), batch.ring_rows)
 
     def _embedding(self, batch: StepBatch) -> torch.Tensor:
         if batch.prev_rows is None:

@@ -22,7 +22,6 @@ from flint_kernels import attention as attention_k
 from flint_kernels import dense_gemv as dense_gemv_k
 from flint_kernels import embedding as embedding_k
 from flint_kernels import greedy as greedy_k
-from flint_kernels import kv_prefetch as kv_prefetch_k
 from flint_kernels import moe as moe_k
 from flint_kernels import moe_gemv as moe_gemv_k
 from flint_kernels import norm_qkv_rope as norm_qkv_k
@@ -102,8 +101,6 @@ class Ops:
     norm_moe: Callable        # (x, residual | None, norm_w, eps, router_w, bias, top_k, scaling, renorm,
     #                              w13, w2, shared_w13, shared_w2) -> (MoE(rms_norm(..)), residual + x)
     sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
-    # decode steps: a sliding layer's K/V rings into L2 on a side stream (a hint, kv_prefetch.py)
-    prefetch_rings: Callable  # (k_cache, v_cache, ring_rows) -> join () -> None, or None
     # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
     norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
 
@@ -277,29 +274,6 @@ def _decode_attention_o_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k
     return linear_triton(out.reshape(out.shape[0], -1), o_w)  # [N, H]
 
 
-def prefetch_rings_torch(k_cache, v_cache, ring_rows):
-    """Nothing to issue: plain PyTorch has no L2 prefetch (the hint changes no result)."""
-    return None
-
-
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def prefetch_rings_triton(k_cache, v_cache, ring_rows):
-    """kv_prefetch.prefetch_rings on a side stream forked from the current one (in a captured
-    decode step, a branch of the graph: no launch of the step's chain waits for it or carries it)
-    -> a join for the end of the step, or None when off (kv_prefetch.RINGS False, or no sm_90)."""
-    device = k_cache.device
-    if not kv_prefetch_k.RINGS or not kv_prefetch_k.can_prefetch(device):
-        return None
-    side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
-    main = torch.cuda.current_stream(device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        kv_prefetch_k.prefetch_rings(k_cache, v_cache, ring_rows)
-    return lambda: main.wait_stream(side)
-
-
 TORCH_OPS = Ops(
     name="torch",
     embedding=embedding_k.embedding_torch,
@@ -321,7 +295,6 @@ TORCH_OPS = Ops(
     norm_moe=norm_moe_torch,
     norm_qkv_rope=norm_qkv_k.norm_qkv_rope_torch,
     sample=sampling_k.sample_torch,
-    prefetch_rings=prefetch_rings_torch,
 )
 
 
@@ -346,7 +319,6 @@ def triton_ops() -> Ops:
         moe=moe_k.fused_moe,
         norm_moe=norm_moe_triton,
         sample=sampling_k.sample,
-        prefetch_rings=prefetch_rings_triton,
         norm_qkv_rope=norm_qkv_k.norm_qkv_rope,
     )
 

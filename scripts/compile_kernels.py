@@ -177,7 +177,7 @@ def pdl_prologue_ok(ptx: str, on: bool) -> bool:
 # ----------------------------------------------------------------------------- launches
 def launches() -> list[tuple[str, object, object]]:
     """(case name, kernel module, call) at real shapes with small sizes."""
-    from flint_kernels import decode_attention, kv_prefetch, prefill_attention, qk_norm_rope, rms_norm
+    from flint_kernels import decode_attention, prefill_attention, qk_norm_rope, rms_norm
     hq, hk, d, bf16 = 32, 4, 128, torch.bfloat16
     x = torch.randn(4, 2048, dtype=bf16)
     w = torch.randn(2048, dtype=bf16)
@@ -226,8 +226,6 @@ def launches() -> list[tuple[str, object, object]]:
         ("decode_attention_qkv B=1 ring", decode_attention, lambda: decode_attention.decode_attention_qkv(
             qkv[:1], dw, dw, slots[:1], cos_sin, 1e-5, hq, hk, ring, ring, slots[:1], lens[:1], sinks, scale, 513,
             ring_rows=rows[:1])),
-        # a sliding layer's K/V rings into L2, from a side stream after the layer before attends (kv_prefetch.py)
-        ("kv prefetch rings B=1", kv_prefetch, lambda: kv_prefetch.prefetch_rings(ring, ring, rows[:1])),
         ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
     ] + moe_launches() + w4a16_launches() + sampling_launches() + low_latency_launches()
@@ -418,7 +416,7 @@ def main(argv=None) -> int:
             shared = compiled.metadata.shared
             c = ptx_counts(compiled.asm["ptx"])
             bad = shared > MAX_SHARED or stats["regs"] < 0
-            bad_pdl = not pdl_prologue_ok(compiled.asm["ptx"], kwargs.get("PDL", False))
+            bad_pdl = not pdl_prologue_ok(compiled.asm["ptx"], kwargs["PDL"])
             failures += bad or bad_pdl
             print(f"| {name} | {fn.__name__} | {tiles(kwargs)} | {kwargs.get('num_warps', 4)} | {kwargs.get('num_stages', '')} | "
                   f"{shared} | {stats['regs']} | {stats['spills']} | {c['mma']} | {c['wgmma']} | {c['ld_v4']} | "
