@@ -56,9 +56,12 @@ MAX_SPLITS: int | None = 1
 # H200, the same in three paired runs (benchmarks/NOTES.md §21). None: BLOCK_N. Read at each launch.
 UNSPLIT_BLOCK_N: int | None = 4
 # K splits of a decode GEMV whose K takes more steps than a split prefetches (the dense MLP's
-# down, K = 10240: 5 splits of 2 prefetched steps). None: as above. A benchmark knob, read at
-# each launch.
-LONG_K_SPLITS: int | None = None
+# down, K = 10240: was 5 splits of 2 prefetched steps, 1280 programs over ~2.4 waves; one split
+# is 256 programs streaming their 10 steps through the pipelined loop, with no split-K arrival).
+# None: as above (the interpreter's default). H200, batch-1 decode at 100K, graph replay
+# (benchmarks/NOTES.md §25): down 19.3-20.0 -> 15.1-16.6 us, BF16 2.779 -> 2.774 and 2.810 ->
+# 2.801 ms (2 splits: 15.8-17.9 us; 10: 18.4-19.7). Read at each launch.
+LONG_K_SPLITS: int | None = None if INTERPRET else 1
 # A prefetching split loads every step's x (and residual) right after its PDL wait, before the
 # row's rstd and the first step's sums: one round trip to L2 instead of one a step (as
 # nvfp4_linear.GEMV_X_EARLY). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).

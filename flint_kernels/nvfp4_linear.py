@@ -66,12 +66,15 @@ GEMV_UNSPLIT_BLOCK_N: int | None = 64 if INTERPRET else 4  # (interpreter: few, 
 # conversions). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 GEMV_X_EARLY = True
 # Decode GEMVs of the dense MLP (layers 0-1 of flint-40b): rows a program where N >= WIDE_N
-# (gate/up, 20480 rows: 2560 programs of GEMV_BLOCK_N), and the K splits where K takes more
-# word steps than a split prefetches (down, K = 10240: pick_splits gives 2 splits of 5 steps, a
-# pipelined loop). None: as for every other GEMV. Benchmark knobs, read at each launch.
+# (gate/up, 20480 rows: 2560 programs of GEMV_BLOCK_N = 8), and the K splits where K takes more
+# word steps than a split prefetches (down, K = 10240: pick_splits gave 2 splits of 5 steps, a
+# pipelined loop; 5 splits are 2 prefetched steps each). None: as for every other GEMV (the
+# interpreter's default: its steps are 256 weights). H200, batch-1 decode at 100K, graph replay
+# (benchmarks/NOTES.md §25): gate/up 13.3 -> 11.8-12.1 us, down 11.0 -> 9.7-9.8 (8 rows and
+# 2 splits before; 4 rows: gate/up 18 us; 1 or 10 splits: down 13 / 11 us). Read at each launch.
 WIDE_N = 16384
-GEMV_WIDE_BLOCK_N: int | None = None
-GEMV_LONG_K_SPLITS: int | None = None
+GEMV_WIDE_BLOCK_N: int | None = None if INTERPRET else 16
+GEMV_LONG_K_SPLITS: int | None = None if INTERPRET else 5
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
 

@@ -169,3 +169,26 @@ def test_real_shapes(t, n, k, unsplit_rows, monkeypatch):
     monkeypatch.setattr(dense_gemv_module, "UNSPLIT_BLOCK_N", unsplit_rows)  # o_proj (2048 x 4096)
     x, w = operands(t, n, k, torch.bfloat16, seed=n + k)
     torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("splits,prefetch", [(1, 0), (2, 0), (5, 2)])
+def test_long_k_splits(splits, prefetch, monkeypatch):
+    """dense_gemv.LONG_K_SPLITS (one split on a GPU: the dense MLP's down, K = 10 steps): a launch
+    whose K takes more steps than a split prefetches takes that many splits, through the
+    pipelined loop when a split has more than PREFETCH_STEPS steps, close to F.linear."""
+    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
+    monkeypatch.setattr(dense_gemv_module, "LONG_K_SPLITS", splits)
+    launches = []
+    kernel = dense_gemv_module._dense_gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                launches.append((grid[2], kwargs["SPLIT"], kwargs["PREFETCH"]))
+                return kernel[grid](**kwargs)
+            return run
+
+    monkeypatch.setattr(dense_gemv_module, "_dense_gemv_kernel", Spy())
+    x, w = operands(1, 24, 10 * STEP, torch.float32, seed=splits)
+    torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.float32])
+    assert launches == [(splits, splits, prefetch)]

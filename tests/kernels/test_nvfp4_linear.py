@@ -206,3 +206,36 @@ def test_unsplit_real_shapes(t, rows, monkeypatch):
     got, expected = nvfp4_linear(x, w), nvfp4_linear_torch(x, w)
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
     assert_scaled_close(got, expected, rel=1e-2)
+
+
+def test_dense_mlp_launches(monkeypatch):
+    """nvfp4_linear.GEMV_WIDE_BLOCK_N and GEMV_LONG_K_SPLITS (the GPU defaults for the dense MLP's
+    decode GEMVs; the interpreter's step is 256 weights): a launch of N >= WIDE_N rows takes
+    programs of that many rows, one whose K takes more steps than a split prefetches takes that
+    many splits (whole steps: prefetched), each close to dequantise-then-matmul."""
+    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", None)
+    monkeypatch.setattr(nvfp4_linear_module, "WIDE_N", 40)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_WIDE_BLOCK_N", 16)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_LONG_K_SPLITS", 5)
+    launches = []
+    kernel = nvfp4_linear_module._nvfp4_gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                launches.append((grid, kwargs["BLOCK_N"], kwargs["SPLIT"], kwargs["PREFETCH"]))
+                return kernel[grid](**kwargs)
+            return run
+
+    monkeypatch.setattr(nvfp4_linear_module, "_nvfp4_gemv_kernel", Spy())
+    gen = torch.Generator(DEVICE).manual_seed(5)
+    for n, k in ((40, 512), (24, 2560)):  # wide (2 steps), long K (10 steps)
+        w = weight(n, k, seed=n)
+        x = torch.randn(1, k, device=DEVICE, generator=gen)
+        torch.testing.assert_close(nvfp4_linear(x, w), nvfp4_linear_torch(x, w), **TOL[torch.float32])
+    block_n = nvfp4_linear_module.GEMV_BLOCK_N
+    # (3 wide tiles leave SMs idle: pick_splits splits their 2 steps; flint-40b's 1280 take one split)
+    assert launches == [((1, 3, 2), 16, 2, 1), ((1, triton.cdiv(24, block_n), 5), block_n, 5, 2)]
