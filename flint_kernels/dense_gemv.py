@@ -55,6 +55,10 @@ MAX_SPLITS: int | None = 1
 # weights each, as nvfp4_linear.GEMV_UNSPLIT_BLOCK_N: BF16 100K replay 2.818 -> 2.809 ms on the
 # H200, the same in three paired runs (benchmarks/NOTES.md §21). None: BLOCK_N. Read at each launch.
 UNSPLIT_BLOCK_N: int | None = 4
+# Rows a program where N >= WIDE_N: the interpreter pays per program, and a tiny model's LM head
+# (8192 rows) took a quarter of an interpreted engine step in programs of BLOCK_N. None on a GPU.
+WIDE_N = 4096
+WIDE_BLOCK_N: int | None = 1024 if INTERPRET else None
 # K splits of a decode GEMV whose K takes more steps than a split prefetches (the dense MLP's
 # down, K = 10240: was 5 splits of 2 prefetched steps, 1280 programs over ~2.4 waves; one split
 # is 256 programs streaming their 10 steps through the pipelined loop, with no split-K arrival).
@@ -224,7 +228,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         num_splits = 1
     block_k = min(BLOCK_K, triton.next_power_of_2(k))
     k_blocks = triton.cdiv(k, block_k)
-    tiles = t * triton.cdiv(n, BLOCK_N)
+    block_n = WIDE_BLOCK_N if WIDE_BLOCK_N and n >= WIDE_N else BLOCK_N
+    tiles = t * triton.cdiv(n, block_n)
     splits = num_splits or max(pick_splits(tiles, k_blocks, x.device), _pow2_at_least(triton.cdiv(k_blocks, 2)))
     if num_splits is None and LONG_K_SPLITS and k_blocks > PREFETCH_STEPS:
         splits = min(LONG_K_SPLITS, k_blocks)
@@ -234,7 +239,6 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
             splits = fewer
     if not 1 <= splits <= k_blocks:
         raise ValueError(f"dense_gemv: num_splits {splits}, expected 1..{k_blocks} for K={k}")
-    block_n = BLOCK_N
     if num_splits is None and UNSPLIT_BLOCK_N and splits == 1 and 2 < k_blocks <= PREFETCH_STEPS \
             and k % block_k == 0:
         block_n = UNSPLIT_BLOCK_N  # one prefetching split of fewer rows
