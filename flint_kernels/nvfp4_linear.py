@@ -273,7 +273,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
     k_blocks = triton.cdiv(k, block_k)
     splits = num_splits or pick_splits(tiles, k_blocks, x.device)
-    if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_LONG_K_SPLITS and k_blocks > GEMV_PREFETCH_STEPS:
+    if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_LONG_K_SPLITS and words and k_blocks > GEMV_PREFETCH_STEPS:
         splits = min(GEMV_LONG_K_SPLITS, k_blocks)
     if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_MAX_SPLITS is not None:
         fewer = min(splits, GEMV_MAX_SPLITS)

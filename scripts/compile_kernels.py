@@ -293,8 +293,8 @@ def w4a16_launches() -> list:
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
     # the GEMV's other NVFP4 decode (bytes when words are the default, and the other way round)
     w = nvfp4(5120, 2048, per_row=True)
-    cases.append(("nvfp4_linear qkv T=1 other decode", lin, lambda: other_decode(
-        lambda: lin.nvfp4_linear(torch.randn(1, 2048, dtype=bf16), w))))
+    cases.append(("nvfp4_linear qkv T=1 other decode", lin, lambda w=w: other_decode(
+        lambda: lin.nvfp4_linear(torch.randn(1, 2048, dtype=bf16), w))))  # (w bound now: later loops rebind it)
     from flint_kernels import dense_gemv as gemv
     for name, (n, k) in shapes.items():
         if name != "lm_head":
