@@ -14,6 +14,7 @@ from flint_kernels import decode_attention as decode_attention_module
 from flint_kernels.decode_attention import decode_attention, decode_attention_qkv, decode_attention_qkv_torch
 from flint_kernels.qk_norm_rope import qk_norm_rope
 from kv_cases import assert_scaled_close, make_step
+from launch_spy import spy_launches
 from test_qk_norm_rope import cos_sin_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -127,24 +128,14 @@ def test_reduce_warps_reach_the_reduce_launch_and_keep_the_output(monkeypatch):
     # a launch config: the reduce launch gets reduce_warps warps (REDUCE_WARPS without it), and
     # nothing computed changes (bit-equal under the interpreter, which ignores warps; on a GPU the
     # cross-warp sums may run in another order)
-    warps_seen = []
-    kernel = decode_attention_module._decode_reduce_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def run(**kwargs):
-                warps_seen.append(kwargs["num_warps"])
-                return kernel[grid](**kwargs)
-            return run
-
-    monkeypatch.setattr(decode_attention_module, "_decode_reduce_kernel", Spy())
+    launches = spy_launches(monkeypatch, decode_attention_module, "_decode_reduce_kernel", "num_warps")
     step, head, slots, window = _case([40, 3, 70], layout="ring", rows_per=12, seed=7)
     exp, exp_k, _ = _run(decode_attention_qkv, step, head, slots, window, num_splits=3)
     for warps in (1, 2, 8):
         got, got_k, _ = _run(decode_attention_qkv, step, head, slots, window, num_splits=3, reduce_warps=warps)
         torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got_k, exp_k, equal_nan=True, rtol=0, atol=0)
-    assert warps_seen == [decode_attention_module.REDUCE_WARPS, 1, 2, 8]
+    assert [warps for _, warps in launches] == [decode_attention_module.REDUCE_WARPS, 1, 2, 8]
 
 
 @pytest.mark.parametrize("fuse", ["0", "1"])

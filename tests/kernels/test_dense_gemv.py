@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from flint_kernels import dense_gemv as dense_gemv_module
 from flint_kernels.dense_gemv import MAX_TOKENS, dense_gemv, uses_dense_gemv
 from kv_cases import assert_scaled_close
+from launch_spy import spy_launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32: summation order only; bf16: the output's rounding (the interpreter truncates: 1 ulp)
@@ -68,17 +69,7 @@ def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
     monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
     monkeypatch.setattr(dense_gemv_module, "MAX_SPLITS", 1)
     monkeypatch.setattr(dense_gemv_module, "UNSPLIT_BLOCK_N", rows)
-    launches = []
-    kernel = dense_gemv_module._dense_gemv_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def run(**kwargs):
-                launches.append((grid, kwargs["BLOCK_N"], kwargs["SPLIT"], kwargs["PREFETCH"]))
-                return kernel[grid](**kwargs)
-            return run
-
-    monkeypatch.setattr(dense_gemv_module, "_dense_gemv_kernel", Spy())
+    launches = spy_launches(monkeypatch, dense_gemv_module, "_dense_gemv_kernel", "BLOCK_N", "SPLIT", "PREFETCH")
     x, w = operands(1, 40, 4 * STEP, torch.float32, seed=rows)
     if norm:
         residual, _ = operands(1, 1, 4 * STEP, torch.float32, seed=rows + 1)
@@ -178,17 +169,7 @@ def test_long_k_splits(splits, prefetch, monkeypatch):
     pipelined loop when a split has more than PREFETCH_STEPS steps, close to F.linear."""
     monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
     monkeypatch.setattr(dense_gemv_module, "LONG_K_SPLITS", splits)
-    launches = []
-    kernel = dense_gemv_module._dense_gemv_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def run(**kwargs):
-                launches.append((grid[2], kwargs["SPLIT"], kwargs["PREFETCH"]))
-                return kernel[grid](**kwargs)
-            return run
-
-    monkeypatch.setattr(dense_gemv_module, "_dense_gemv_kernel", Spy())
+    launches = spy_launches(monkeypatch, dense_gemv_module, "_dense_gemv_kernel", "SPLIT", "PREFETCH")
     x, w = operands(1, 24, 10 * STEP, torch.float32, seed=splits)
     torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.float32])
-    assert launches == [(splits, splits, prefetch)]
+    assert [(grid[2], split, pre) for grid, split, pre in launches] == [(splits, splits, prefetch)]

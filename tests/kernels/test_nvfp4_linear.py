@@ -12,6 +12,7 @@ from flint_kernels import nvfp4_linear as nvfp4_linear_module
 from flint_kernels.nvfp4 import dequantize_nvfp4
 from flint_kernels.nvfp4_linear import GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch
 from kv_cases import assert_scaled_close
+from launch_spy import spy_launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 x: only the accumulation order differs (global scale applied once per output, after the
@@ -131,17 +132,7 @@ def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
     monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
     monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
     monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", rows)
-    launches = []
-    kernel = nvfp4_linear_module._nvfp4_gemv_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def run(**kwargs):
-                launches.append((grid, kwargs["BLOCK_N"], kwargs["SPLIT"], kwargs["PREFETCH"]))
-                return kernel[grid](**kwargs)
-            return run
-
-    monkeypatch.setattr(nvfp4_linear_module, "_nvfp4_gemv_kernel", Spy())
+    launches = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_gemv_kernel", "BLOCK_N", "SPLIT", "PREFETCH")
     k = 1024
     w = weight(40, k, seed=3, per_row=True)
     gen = torch.Generator(DEVICE).manual_seed(3)
@@ -220,17 +211,7 @@ def test_dense_mlp_launches(monkeypatch):
     monkeypatch.setattr(nvfp4_linear_module, "WIDE_N", 40)
     monkeypatch.setattr(nvfp4_linear_module, "GEMV_WIDE_BLOCK_N", 16)
     monkeypatch.setattr(nvfp4_linear_module, "GEMV_LONG_K_SPLITS", 5)
-    launches = []
-    kernel = nvfp4_linear_module._nvfp4_gemv_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def run(**kwargs):
-                launches.append((grid, kwargs["BLOCK_N"], kwargs["SPLIT"], kwargs["PREFETCH"]))
-                return kernel[grid](**kwargs)
-            return run
-
-    monkeypatch.setattr(nvfp4_linear_module, "_nvfp4_gemv_kernel", Spy())
+    launches = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_gemv_kernel", "BLOCK_N", "SPLIT", "PREFETCH")
     gen = torch.Generator(DEVICE).manual_seed(5)
     for n, k in ((40, 512), (24, 2560)):  # wide (2 steps), long K (10 steps)
         w = weight(n, k, seed=n)
