@@ -80,7 +80,7 @@ class FlintMLP:
     def forward(self, x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor):
         """-> (MLP(rms_norm(residual + x)), residual + x): the norm folded into gate/up."""
         gate_up, residual = self.ops.norm_linear(x, residual, norm_w, self.eps, self.gate_up)
-        return self.ops.linear(self.ops.silu_mul(gate_up), self.down), residual
+        return self.ops.silu_linear(gate_up, self.down), residual
 
 
 class FlintMoE:

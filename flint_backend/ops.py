@@ -69,6 +69,12 @@ MOE_ROUTE_IN_EXPERTS = os.environ.get("FLINT_MOE_ROUTE_IN_EXPERTS", "1") == "1"
 # then reads the whole row for the rstd: a launch fewer for ~0.4 GB of L2 reads). Read at each
 # call (a benchmark knob; benchmarks/NOTES.md §24).
 HEAD_FOLD_NORM = os.environ.get("FLINT_HEAD_FOLD_NORM", "1") == "1"
+# Decode steps of the dense MLP (layers 0-1 of flint-40b): the SwiGLU applied by the down
+# projection's GEMV to the gate_up row it loads (swiglu.silu_mul_at), not by a silu_mul launch
+# between them: one launch and one store/load round trip fewer a layer, the same bits. Predicted
+# ~-1 us a layer; not yet measured on the H200 (benchmarks/NOTES.md §26). Read at each call (a
+# benchmark knob).
+SILU_IN_DOWN = os.environ.get("FLINT_SILU_IN_DOWN", "1") == "1"
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class Ops:
     #                                ring_rows) -> linear(attention [N, Hq * D], o_w) [N, H]
     cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip)
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
+    silu_linear: Callable     # (gate_up [T, 2I], w [N, I]) -> linear(silu_mul(gate_up), w) [T, N]
     router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
     moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]; dense or NVFP4 experts
     # the MoE block: residual add + RMSNorm, router, top-k, experts
@@ -140,6 +147,22 @@ def linear_triton(x: torch.Tensor, w) -> torch.Tensor:
     if dense_gemv_k.uses_dense_gemv(x, w):  # decode batches: a GEMV that takes part in PDL
         return dense_gemv_k.dense_gemv(x, w)
     return F.linear(x, w)  # prefill with cuBLAS
+
+
+def silu_linear_torch(gate_up: torch.Tensor, w) -> torch.Tensor:
+    return linear_torch(swiglu_k.silu_mul_torch(gate_up), w)
+
+
+def silu_linear_triton(gate_up: torch.Tensor, w) -> torch.Tensor:
+    """Decode batches (SILU_IN_DOWN): the SwiGLU folded into the linear's GEMV (one launch);
+    else silu_mul, then linear."""
+    if SILU_IN_DOWN and gate_up.dim() == 2 and gate_up.stride(-1) == 1:
+        if isinstance(w, NVFP4Weight) and gate_up.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS:
+            return nvfp4_k.silu_nvfp4_linear(gate_up, w)
+        half = gate_up[:, :gate_up.shape[1] // 2]
+        if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(half, w):
+            return dense_gemv_k.silu_dense_gemv(gate_up, w)
+    return linear_triton(swiglu_k.silu_mul(gate_up), w)
 
 
 def logits_torch(h: torch.Tensor, w) -> torch.Tensor:
@@ -290,6 +313,7 @@ TORCH_OPS = Ops(
     decode_attention_o=_decode_attention_o_torch,
     cache_write=cache_write_torch,
     silu_mul=swiglu_k.silu_mul_torch,
+    silu_linear=silu_linear_torch,
     router=router_k.router_topk_torch,
     moe=moe_k.fused_moe_torch,
     norm_moe=norm_moe_torch,
@@ -315,6 +339,7 @@ def triton_ops() -> Ops:
         decode_attention_o=_decode_attention_o_triton,
         cache_write=cache_write_torch,
         silu_mul=swiglu_k.silu_mul,
+        silu_linear=silu_linear_triton,
         router=router_k.router_topk,
         moe=moe_k.fused_moe,
         norm_moe=norm_moe_triton,

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .rms_norm import norm_weight, residual_add, step_activations
+from .swiglu import silu_mul_at
 
 GROUP = 16  # weights per E4M3 block scale
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -241,7 +242,7 @@ def fp4_scale_unit(PTX: tl.constexpr):
 def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
                   KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr = False,
                   res_ptr=None, norm_w_ptr=None, rstd=1.0, NORM: tl.constexpr = False,
-                  HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False):
+                  HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False, SILU: tl.constexpr = False):
     """GEMV step of an NVFP4 matrix read as 32-bit words (8 weights each, k = 8 w + j in nibble
     j): -> [BLOCK_N, KW / 2] fp32, for rows `rows` and words [kw0, kw0 + KW), the sums over
     each 16-weight block of E2M1 * block scale * x[k]; the global scale is not applied. Sum
@@ -251,11 +252,12 @@ def fp4_dot_words(x_ptr, words_ptr, scales_ptr, rows, row_mask, kw0, n_words, st
     [N, K/8] (stride_wn in words); scales_ptr: block scales [N, K/16]. Each weight costs its
     decode (fp4_word_nibbles) and one FMA; each x value serves all the rows; the block scale
     multiplies each block's sum once. (fp4_load_words then fp4_dot_loaded: the two halves.)
-    NORM: x is rms_norm(residual + x) folded in; X_BLOCK: x read as one block (fp4_dot_loaded)."""
+    NORM: x is rms_norm(residual + x) folded in; X_BLOCK: x read as one block (fp4_dot_loaded);
+    SILU: x is silu(gate) * up of the gate | up row at x_ptr."""
     words, s = fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn, KW, MASK_K)
     nw = fp4_norm_weight(norm_w_ptr, kw0, n_words, KW, NORM)
     return fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW, MASK_K, PTX, res_ptr, nw, rstd, NORM,
-                          HAS_RESIDUAL, X_BLOCK)
+                          HAS_RESIDUAL, X_BLOCK, None, SILU)
 
 
 @triton.jit
@@ -287,33 +289,42 @@ def fp4_norm_weight(norm_w_ptr, kw0, n_words, KW: tl.constexpr, NORM: tl.constex
 
 
 @triton.jit
-def fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                SILU: tl.constexpr = False):
     """A step's activations as one [KW, 8] block, a word's 8 values a row (residual + x, rounded,
-    when HAS_RESIDUAL): what fp4_dot_loaded loads itself with X_BLOCK or NORM, for a kernel that
-    issues all its steps' loads at once and passes them in (its xa)."""
+    when HAS_RESIDUAL; silu(gate) * up of the gate | up row at x_ptr with SILU): what
+    fp4_dot_loaded loads itself with X_BLOCK, NORM or SILU, for a kernel that issues all its
+    steps' loads at once and passes them in (its xa)."""
     kw = kw0 + tl.arange(0, KW)
     j8 = tl.arange(0, 8)[None, :]
-    return residual_add(x_ptr, res_ptr, kw[:, None] * 8 + j8, (kw < n_words)[:, None] & (j8 < 8), HAS_RESIDUAL)
+    offs = kw[:, None] * 8 + j8
+    mask = (kw < n_words)[:, None] & (j8 < 8)
+    if SILU:
+        return silu_mul_at(x_ptr, offs, mask, n_words * 8)
+    return residual_add(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL)
 
 
 @triton.jit
 def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr,
                    res_ptr=None, nw=None, rstd=1.0, NORM: tl.constexpr = False,
-                   HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False, xa=None):
+                   HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False, xa=None,
+                   SILU: tl.constexpr = False):
     """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
     activation is rms_norm(residual + x) with the norm weight nw of the step's columns
     (fp4_norm_weight), computed here from the row's rstd (rms_norm.folded_rstd) once for the
     step's [KW, 8] columns (rms_norm.step_activations), then nibble j's column picked out of each
-    word's 8 (in-thread selects). xa: that block already loaded (fp4_x_block; NORM or X_BLOCK)."""
+    word's 8 (in-thread selects). SILU: the activation is silu(gate) * up of the gate | up row at
+    x_ptr (also as a block). xa: that block already loaded (fp4_x_block; NORM, X_BLOCK or SILU)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
-    if NORM or X_BLOCK:  # the step's x as one [KW, 8] block (vector loads), a word's 8 values a row
+    BLOCK_X: tl.constexpr = NORM or X_BLOCK or SILU
+    if BLOCK_X:  # the step's x as one [KW, 8] block (vector loads), a word's 8 values a row
         j8 = tl.arange(0, 8)[None, :]
         if xa is None:
-            xa = fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW, HAS_RESIDUAL)
+            xa = fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW, HAS_RESIDUAL, SILU)
         xs = step_activations(xa, nw, rstd, NORM)
     if DOT_3D:  # [R, KW, 8] products, summed over the word's 8 (DOT_3D above)
-        if not (NORM or X_BLOCK):  # x read with stride 8, column j of the block from load j
+        if not BLOCK_X:  # x read with stride 8, column j of the block from load j
             xs = tl.reshape(load_by_column(x_ptr + kw * 8, k_mask), [KW, 8])
         w8 = tl.reshape(fp4_word_columns(words, PTX), [words.shape[0], KW, 8])
         part = tl.sum(w8 * (xs.to(tl.float32) * fp4_x_unit(PTX))[None, :, :], axis=2)
@@ -321,7 +332,7 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
         nibbles = fp4_word_nibbles(words, PTX)
         part = tl.zeros(words.shape, tl.float32)
         for j in tl.static_range(8):  # nibble by nibble
-            if NORM or X_BLOCK:  # column j of the block, picked in-thread
+            if BLOCK_X:  # column j of the block, picked in-thread
                 x = tl.sum(tl.where(j8 == j, xs, 0.0), axis=1)
             elif MASK_K:  # x read with stride 8
                 x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)

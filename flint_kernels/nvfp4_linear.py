@@ -28,6 +28,7 @@ from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
+from .swiglu import check_gate_up, silu_mul_at, silu_mul_torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
@@ -81,7 +82,7 @@ GROUP_M = 8
 
 @triton.jit
 def _nvfp4_gemv_kernel(
-    x_ptr,         # [T, K]
+    x_ptr,         # [T, K], or [T, 2K] gate | up (SILU)
     w_ptr,         # the packed bytes: uint8 [N, K/2], or int32 [N, K/8] (8 weights a word) with WORDS
     scales_ptr,    # float8_e4m3fn [N, K/16]
     scale_ptr,     # fp32 [] or [N]
@@ -95,11 +96,12 @@ def _nvfp4_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, X_BLOCK: tl.constexpr,
-    X_EARLY: tl.constexpr, PDL: tl.constexpr,
+    X_EARLY: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T: the residual add and RMSNorm
     of the previous launch folded in (every program takes the row's rstd from all K columns, a
-    few KB from L2, and normalises the columns it reads)."""
+    few KB from L2, and normalises the columns it reads); or with SILU y = silu_mul(x) @ W.T,
+    the SwiGLU of a fused gate_up row applied to the columns a program loads."""
     t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     x_row = x_ptr + t * stride_xt
     res_row = res_ptr + t * stride_xt
@@ -126,32 +128,32 @@ def _nvfp4_gemv_kernel(
             nw3 = fp4_norm_weight(norm_w_ptr, kw0 + 3 * KW, K // 8, KW, NORM)
         scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
         pdl_prologue(PDL)
-        XA: tl.constexpr = X_EARLY and (NORM or X_BLOCK)
+        XA: tl.constexpr = X_EARLY and (NORM or X_BLOCK or SILU)
         xa0 = None
         xa1 = None
         xa2 = None
         xa3 = None
         if XA:  # every step's x block, then the rstd's row: one round trip
-            xa0 = fp4_x_block(x_row, res_row, kw0, K // 8, KW, HAS_RESIDUAL)
+            xa0 = fp4_x_block(x_row, res_row, kw0, K // 8, KW, HAS_RESIDUAL, SILU)
             if PREFETCH > 1:
-                xa1 = fp4_x_block(x_row, res_row, kw0 + KW, K // 8, KW, HAS_RESIDUAL)
+                xa1 = fp4_x_block(x_row, res_row, kw0 + KW, K // 8, KW, HAS_RESIDUAL, SILU)
             if PREFETCH > 2:
-                xa2 = fp4_x_block(x_row, res_row, kw0 + 2 * KW, K // 8, KW, HAS_RESIDUAL)
+                xa2 = fp4_x_block(x_row, res_row, kw0 + 2 * KW, K // 8, KW, HAS_RESIDUAL, SILU)
             if PREFETCH > 3:
-                xa3 = fp4_x_block(x_row, res_row, kw0 + 3 * KW, K // 8, KW, HAS_RESIDUAL)
+                xa3 = fp4_x_block(x_row, res_row, kw0 + 3 * KW, K // 8, KW, HAS_RESIDUAL, SILU)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
         acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, KW, False, PTX, res_row, nw0, rstd,
-                             NORM, HAS_RESIDUAL, X_BLOCK, xa0)
+                             NORM, HAS_RESIDUAL, X_BLOCK, xa0, SILU)
         if PREFETCH > 1:
             acc += fp4_dot_loaded(x_row, w1, s1, kw0 + KW, K // 8, KW, False, PTX, res_row, nw1, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa1)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa1, SILU)
         if PREFETCH > 2:
             acc += fp4_dot_loaded(x_row, w2, s2, kw0 + 2 * KW, K // 8, KW, False, PTX, res_row, nw2, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa2)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa2, SILU)
         if PREFETCH > 3:
             acc += fp4_dot_loaded(x_row, w3, s3, kw0 + 3 * KW, K // 8, KW, False, PTX, res_row, nw3, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa3)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa3, SILU)
     elif WORDS:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -160,7 +162,7 @@ def _nvfp4_gemv_kernel(
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             acc += fp4_dot_words(x_row, w_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8,
                                  stride_wn, stride_sn, BLOCK_K // 8, MASK_K, PTX, res_row, norm_w_ptr, rstd,
-                                 NORM, HAS_RESIDUAL)
+                                 NORM, HAS_RESIDUAL, SILU=SILU)
     else:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -170,6 +172,8 @@ def _nvfp4_gemv_kernel(
             cols = k0 + tl.arange(0, BLOCK_K)
             if NORM:
                 x = folded_norm(x_row, res_row, norm_w_ptr, cols, cols < K, rstd, HAS_RESIDUAL).to(tl.float32)
+            elif SILU:
+                x = silu_mul_at(x_row, cols, cols < K, K).to(tl.float32)
             elif MASK_K:
                 x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
             else:
@@ -240,6 +244,22 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Ten
     return out
 
 
+def silu_nvfp4_linear(gate_up: torch.Tensor, w, num_splits: int | None = None) -> torch.Tensor:
+    """The SwiGLU before a linear, folded into its GEMV (one launch instead of two): gate_up
+    [T, 2K] (gate columns first; T <= GEMV_MAX_TOKENS), w NVFP4 [N, K] -> silu_mul(gate_up) @ W.T
+    [T, N] in gate_up's dtype, with silu_mul's roundings (each program applies it to the columns
+    it loads). num_splits as in nvfp4_linear."""
+    check_gate_up(gate_up, "silu_nvfp4_linear")
+    x = gate_up[:, :gate_up.shape[1] // 2]  # the gate half: [T, K] with the row stride of gate_up
+    n, _ = _check_inputs(x, w)
+    if x.shape[0] > GEMV_MAX_TOKENS:
+        raise ValueError(f"silu_nvfp4_linear: {x.shape[0]} tokens, expected at most {GEMV_MAX_TOKENS} "
+                         "(a decode batch)")
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _launch(gate_up, w, out, num_splits, None, silu=True)
+    return out
+
+
 def rms_norm_nvfp4_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float, w,
                           num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add + RMSNorm before a linear, folded into its GEMV (one launch instead of
@@ -255,9 +275,11 @@ def rms_norm_nvfp4_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_w
     return out, res_out
 
 
-def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm: tuple | None) -> None:
-    """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in (GEMV only)."""
-    (t, k), n = x.shape, out.shape[1]
+def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm: tuple | None,
+            silu: bool = False) -> None:
+    """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in; silu: x is [T, 2K]
+    gate | up, the SwiGLU folded in (GEMV only, both)."""
+    t, n, k = x.shape[0], out.shape[1], w.packed.shape[-1] * 2  # (x is [T, 2K] with silu)
     if t == 0 or n == 0:
         return
     _, stride_gn = scale_strides(w)
@@ -303,7 +325,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=gemv_block_n, BLOCK_K=block_k,
             res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
-            X_BLOCK=nvfp4.X_BLOCK_LOADS, X_EARLY=GEMV_X_EARLY,
+            X_BLOCK=nvfp4.X_BLOCK_LOADS, X_EARLY=GEMV_X_EARLY, SILU=silu,
             **launch_args(x.device, prefetches=prefetch > 0),
             NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
             num_warps=GEMV_WARPS)
@@ -336,6 +358,15 @@ def rms_norm_nvfp4_linear_torch(x, residual, norm_w, eps, w, num_splits=None):
     res_out = x if residual is None else residual.clone()
     h = rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out)
     return nvfp4_linear_torch(h, w), res_out
+
+
+def silu_nvfp4_linear_torch(gate_up, w, num_splits=None):
+    """Same signature and semantics as `silu_nvfp4_linear`."""
+    check_gate_up(gate_up, "silu_nvfp4_linear")
+    if gate_up.shape[0] > GEMV_MAX_TOKENS:
+        raise ValueError(f"silu_nvfp4_linear: {gate_up.shape[0]} tokens, expected at most {GEMV_MAX_TOKENS} "
+                         "(a decode batch)")
+    return nvfp4_linear_torch(silu_mul_torch(gate_up), w)
 
 
 def nvfp4_linear_torch(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """SwiGLU activation: silu(gate) * up on a fused [T, 2I] gate_up projection (dense MLP layers;
-the MoE kernels apply `silu_mul_rounded` in their epilogues)."""
+the MoE kernels apply `silu_mul_rounded` in their epilogues, and the decode GEMVs of the dense
+MLP's down projection apply `silu_mul_at` to the activations they load)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,16 @@ def silu_mul_rounded(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
+def silu_mul_at(gate_ptr, offs, mask, I):
+    """silu(gate) * up at columns offs of one fused gate_up row (gate at gate_ptr + offs, up I
+    columns on), rounded as silu_mul_rounded in the row's dtype: the values silu_mul stores, for
+    a GEMV that loads them itself. Masked columns read as 0."""
+    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0)
+    up = tl.load(gate_ptr + I + offs, mask=mask, other=0.0)
+    return silu_mul_rounded(gate, up, gate.dtype)
+
+
+@triton.jit
 def _silu_mul_kernel(
     gate_up_ptr,  # [T, 2I]
     out_ptr,      # [T, I], contiguous
@@ -35,14 +46,12 @@ def _silu_mul_kernel(
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
-    gate = tl.load(gate_up_ptr + t * stride_t + cols, mask=mask, other=0.0)
-    up = tl.load(gate_up_ptr + t * stride_t + I + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + t * I + cols, silu_mul_rounded(gate, up, out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + t * I + cols, silu_mul_at(gate_up_ptr + t * stride_t, cols, mask, I), mask=mask)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2I] (gate columns first) -> [T, I] in gate_up's dtype."""
-    _check_inputs(gate_up)
+    check_gate_up(gate_up)
     t, two_i = gate_up.shape
     out = torch.empty((t, two_i // 2), dtype=gate_up.dtype, device=gate_up.device)
     if t == 0:
@@ -57,12 +66,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2I] (gate columns first) -> [T, I], rounded like the reference's
     silu(gate(x)) * up(x) in the input dtype."""
-    _check_inputs(gate_up)
+    check_gate_up(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
-def _check_inputs(gate_up):
+def check_gate_up(gate_up, where: str = "silu_mul"):
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(-1) != 1:
-        raise ValueError(f"silu_mul: gate_up has shape {tuple(gate_up.shape)} strides {gate_up.stride()}, "
+        raise ValueError(f"{where}: gate_up has shape {tuple(gate_up.shape)} strides {gate_up.stride()}, "
                          "expected [T, 2I] with unit stride")

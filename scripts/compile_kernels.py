@@ -327,6 +327,15 @@ def w4a16_launches() -> list:
                           lambda x=x, w=w: lin.rms_norm_nvfp4_linear(x, x.clone(), hw, 1e-5, w)))
             cases.append((f"dense_gemv + rms_norm {name} T={t}", gemv,
                           lambda x=x, dense=dense: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense)))
+    # the dense MLP's SwiGLU folded into its down GEMV (ops.silu_linear)
+    down_n, down_k = shapes["down"]  # (the LM head's lambdas above read k and n late)
+    w, dense = nvfp4(down_n, down_k), torch.randn(down_n, down_k, dtype=bf16)
+    for t in (1, 4):
+        gate_up = torch.randn(t, 2 * down_k, dtype=bf16)
+        cases.append((f"nvfp4_linear + silu_mul down T={t}", lin,
+                      lambda gate_up=gate_up, w=w: lin.silu_nvfp4_linear(gate_up, w)))
+        cases.append((f"dense_gemv + silu_mul down T={t}", gemv,
+                      lambda gate_up=gate_up, dense=dense: gemv.silu_dense_gemv(gate_up, dense)))
     return cases
 
 

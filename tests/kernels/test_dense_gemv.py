@@ -173,3 +173,42 @@ def test_long_k_splits(splits, prefetch, monkeypatch):
     x, w = operands(1, 24, 10 * STEP, torch.float32, seed=splits)
     torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.float32])
     assert [(grid[2], split, pre) for grid, split, pre in launches] == [(splits, splits, prefetch)]
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("t,n,k,splits,long_k", [
+    (1, 24, STEP, None, None),         # one prefetched step
+    (3, 40, 4 * STEP, 1, None),        # one split of four prefetched steps
+    (2, 33, 4 * STEP, 2, None),        # split-K, two prefetched steps a split
+    (1, 24, 10 * STEP, None, 1),       # LONG_K_SPLITS = 1 (the GPU's dense down): the unmasked loop
+    (2, 17, 200, None, None),          # K not a multiple of the step: the masked loop
+], ids=["one-step", "four-steps", "split", "long-k", "masked"])
+def test_silu_folded_gives_the_bits_of_silu_mul_then_gemv(t, n, k, splits, long_k, early, monkeypatch):
+    """silu_dense_gemv (the dense MLP's down with the SwiGLU applied to the gate_up columns each
+    program loads) stores exactly what silu_mul then dense_gemv store in the same launch shape,
+    and is close to F.linear(silu(gate) * up)."""
+    from flint_kernels.swiglu import silu_mul
+
+    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
+    monkeypatch.setattr(dense_gemv_module, "LONG_K_SPLITS", long_k)
+    monkeypatch.setattr(dense_gemv_module, "X_EARLY", early)
+    launches = spy_launches(monkeypatch, dense_gemv_module, "_dense_gemv_kernel", "SILU", "PREFETCH")
+    gate_up, w = operands(t, n, 2 * k, torch.bfloat16, seed=k + n)
+    gate_up = 3 * gate_up
+    w = w[:, :k].contiguous()
+    got = dense_gemv_module.silu_dense_gemv(gate_up, w, num_splits=splits)
+    assert got.dtype == torch.bfloat16 and got.shape == (t, n)
+    assert torch.equal(got, dense_gemv(silu_mul(gate_up), w, num_splits=splits))
+    assert_scaled_close(got, dense_gemv_module.silu_dense_gemv_torch(gate_up, w), rel=2e-2)
+    assert [silu for _, silu, _ in launches] == [True, False]
+    assert launches[0][2] == launches[1][2]  # the same path (prefetched steps, or the loop)
+
+
+def test_silu_folded_errors_name_the_argument():
+    gate_up, w = operands(2, 8, 128, torch.bfloat16, seed=5)
+    with pytest.raises(ValueError, match=r"silu_dense_gemv: gate_up has shape \(2, 127\).*\[T, 2I\]"):
+        dense_gemv_module.silu_dense_gemv(gate_up[:, :127], w[:, :64].contiguous())
+    with pytest.raises(ValueError, match=r"x has shape \(2, 64\).*expected \[T, 32\]"):
+        dense_gemv_module.silu_dense_gemv(gate_up, w[:, :32].contiguous())
+    with pytest.raises(ValueError, match="at most 4"):
+        dense_gemv_module.silu_dense_gemv(torch.cat([gate_up] * 3), w[:, :64].contiguous())

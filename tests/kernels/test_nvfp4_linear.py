@@ -220,3 +220,42 @@ def test_dense_mlp_launches(monkeypatch):
     block_n = nvfp4_linear_module.GEMV_BLOCK_N
     # (3 wide tiles leave SMs idle: pick_splits splits their 2 steps; flint-40b's 1280 take one split)
     assert launches == [((1, 3, 2), 16, 2, 1), ((1, triton.cdiv(24, block_n), 5), block_n, 5, 2)]
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("t,k,splits,long_k", [
+    (1, 512, None, None),   # two interpreter steps: prefetched (words-prefetch), or the k loop
+    (3, 1024, 1, None),     # one split of four steps
+    (1, 2560, None, 5),     # GEMV_LONG_K_SPLITS (the GPU's dense down): five splits of two steps
+    (2, 320, None, None),   # K not a multiple of the step: masked words
+], ids=["two-steps", "four-steps", "long-k", "masked"])
+def test_silu_folded_gives_the_bits_of_silu_mul_then_gemv(t, k, splits, long_k, early, words, monkeypatch):
+    """silu_nvfp4_linear (the dense MLP's down with the SwiGLU applied to the gate_up columns each
+    program loads) stores exactly what silu_mul then nvfp4_linear store in the same launch shape,
+    in each decode (bytes, words, prefetched words), and is close to its torch twin."""
+    from flint_kernels.swiglu import silu_mul
+
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_LONG_K_SPLITS", long_k)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_X_EARLY", early)
+    launches = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_gemv_kernel", "SILU", "PREFETCH", "SPLIT")
+    w = weight(24, k, seed=k, per_row=True)
+    gen = torch.Generator(DEVICE).manual_seed(k)
+    gate_up = (3 * torch.randn(t, 2 * k, device=DEVICE, generator=gen)).to(torch.bfloat16)
+    got = nvfp4_linear_module.silu_nvfp4_linear(gate_up, w, num_splits=splits)
+    assert got.dtype == torch.bfloat16 and got.shape == (t, 24)
+    assert torch.equal(got, nvfp4_linear(silu_mul(gate_up), w, num_splits=splits))
+    assert_scaled_close(got, nvfp4_linear_module.silu_nvfp4_linear_torch(gate_up, w), rel=2e-2)
+    assert [silu for _, silu, _, _ in launches] == [True, False]
+    assert launches[0][2:] == launches[1][2:]  # the same path (prefetched steps, or the loop) and splits
+
+
+def test_silu_folded_errors_name_the_argument():
+    w = weight(8, 64)
+    gate_up = torch.randn(2, 128, device=DEVICE)
+    with pytest.raises(ValueError, match=r"silu_nvfp4_linear: gate_up has shape \(2, 127\).*\[T, 2I\]"):
+        nvfp4_linear_module.silu_nvfp4_linear(gate_up[:, :127], w)
+    with pytest.raises(ValueError, match=r"x has shape \(2, 32\).*expected \[T, 64\]"):
+        nvfp4_linear_module.silu_nvfp4_linear(gate_up[:, :64], w)
+    with pytest.raises(ValueError, match=f"at most {GEMV_MAX_TOKENS}"):
+        nvfp4_linear_module.silu_nvfp4_linear(torch.randn(GEMV_MAX_TOKENS + 1, 128, device=DEVICE), w)
