@@ -61,6 +61,10 @@ REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
 # token's q, k and v, instead of after q . k's cross-warp sum: one round trip to L2, not two. A
 # benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 REDUCE_PARTIALS_FIRST = True
+# A ring (sliding-window) split issues its first K/V tiles' copies before its PDL wait, q loaded
+# after it in the loop's first iteration (_decode_split_kernel's KV_FIRST). Not yet measured on
+# the H200 (benchmarks/NOTES.md §26); a benchmark knob, read at each launch.
+RING_KV_FIRST = False
 
 
 @triton.jit
@@ -121,7 +125,7 @@ def _decode_split_kernel(
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PDL: tl.constexpr,
+    FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, KV_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
     # the step's metadata (context lengths, positions, slots, ring rows, block tables: copied in
     # by the host, written by no kernel of the step) is read before the PDL wait (pdl.py)
@@ -143,9 +147,19 @@ def _decode_split_kernel(
     # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
     pos_next = start + tl.arange(0, BLOCK_N)
     block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
-    pdl_prologue(PDL)
-    q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
-                    D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
+    q_heads = q_ptr + b * stride_qb
+    if KV_FIRST:
+        # (the ring, not FROM_QKV) the PDL wait and q's load sit in the loop's first iteration,
+        # after that tile's K/V loads, so the pipelined loop's first K/V copies are issued before
+        # the wait: the window's cached positions were written by earlier steps, whose kernels have
+        # all completed once the previous kernel of this step is running (pdl.py), and this step's
+        # K/V go to the ring row of position ctx - ROWS_PER, outside the window. q is then carried
+        # through the loop (converted to the dot's layout in each iteration: a one-tile split has one)
+        q = tl.zeros([BLOCK_G, D], tl.float32 if DOT_FP32 else q_ptr.dtype.element_ty)
+    else:
+        pdl_prologue(PDL)
+        q = _load_heads(q_heads, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
+                        D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
     if FROM_QKV:
         if s == 0:  # this step's K/V into the cache, once per KV head
             kv_new = tl.maximum(new_slot, 0) * (HK * D) + h * D + cols[None, :]  # [1, D]
@@ -160,7 +174,10 @@ def _decode_split_kernel(
     m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
-    for kstart in range(start, end, BLOCK_N):
+    k_end = end
+    if KV_FIRST:  # at least one iteration, for the wait and q (no cached position: a masked tile)
+        k_end = tl.maximum(end, start + 1)
+    for kstart in range(start, k_end, BLOCK_N):
         pos = kstart + tl.arange(0, BLOCK_N)
         valid = pos < end
         if PAGED:
@@ -173,6 +190,9 @@ def _decode_split_kernel(
         kv_off = slot[:, None] * (HK * D) + h * D + cols[None, :]  # [BLOCK_N, D]
         k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        if KV_FIRST:
+            if kstart == start:
+                q = _q_after_wait(q_heads, h * G + rows, rows < G, stride_qh, D, DOT_FP32, PDL)
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -198,6 +218,17 @@ def _decode_split_kernel(
     out = _finish_one_split(q, m, l, acc, k_new, v_new, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+
+
+@triton.jit
+def _q_after_wait(q_heads, heads, head_ok, stride_qh, D: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr):
+    """KV_FIRST: the PDL prologue, then the query heads [R, D] at q_heads + heads * stride_qh as
+    stored (fp32 with DOT_FP32)."""
+    pdl_prologue(PDL)
+    q = tl.load(q_heads + heads[:, None] * stride_qh + tl.arange(0, D)[None, :], mask=head_ok[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    return q
 
 
 @triton.jit
@@ -412,7 +443,8 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         ring_rows_ptr=context_lens if paged else ring_rows, slots_ptr=slots,
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
-        PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PAGED=paged, KV_FIRST=RING_KV_FIRST and not paged and from_qkv is None,
+        DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         **common, num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself

@@ -226,6 +226,10 @@ def launches() -> list[tuple[str, object, object]]:
         ("decode_attention_qkv B=1 ring", decode_attention, lambda: decode_attention.decode_attention_qkv(
             qkv[:1], dw, dw, slots[:1], cos_sin, 1e-5, hq, hk, ring, ring, slots[:1], lens[:1], sinks, scale, 513,
             ring_rows=rows[:1])),
+        # a sliding layer's batch-1 split with its first K/V copies before the PDL wait (a knob)
+        ("decode ring B=1 kv first", decode_attention, lambda: with_knob(
+            decode_attention, "RING_KV_FIRST", True, lambda: decode_attention.decode_attention(
+                q[:1], k[:1], v_view[:1], ring, ring, lens[:1], sinks, scale, 513, ring_rows=rows[:1]))),
         ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
     ] + moe_launches() + w4a16_launches() + sampling_launches() + low_latency_launches()
@@ -337,6 +341,16 @@ def w4a16_launches() -> list:
         cases.append((f"dense_gemv + silu_mul down T={t}", gemv,
                       lambda gate_up=gate_up, dense=dense: gemv.silu_dense_gemv(gate_up, dense)))
     return cases
+
+
+def with_knob(module, name: str, value, call):
+    """Runs call() with module.<name> set to value."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        return call()
+    finally:
+        setattr(module, name, saved)
 
 
 def other_decode(call):

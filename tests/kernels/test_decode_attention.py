@@ -85,6 +85,24 @@ def test_partials_loaded_first_give_the_same_bits(layout, window, monkeypatch):
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[1], run_both(step, window)[1], **TOL[torch.bfloat16])
 
+@pytest.mark.parametrize("window", [WINDOW, 200])
+@pytest.mark.parametrize("num_splits", [1, 2, None])
+def test_ring_kv_first_gives_the_same_bits(num_splits, window, monkeypatch):
+    """decode_attention.RING_KV_FIRST: a ring split that loads q in its loop's first iteration
+    (after that tile's K/V loads; the PDL wait with it on a GPU) gives the bits of loading q
+    first: empty caches (one masked iteration), contexts inside and past the window, one split
+    finishing the output itself, several splits, and splits of several tiles (window 200: q
+    carried through the loop)."""
+    step = make_step([(c, 1) for c in (0, 5, window - 1, 40, 300)], dtype=torch.bfloat16, layout="ring",
+                     rows_per=window, write_current=True, seed=6, device=DEVICE)
+    outs = []
+    for first in (False, True):
+        monkeypatch.setattr(decode_attention_module, "RING_KV_FIRST", first)
+        outs.append(run_both(step, window, num_splits=num_splits)[0])
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1], run_both(step, window)[1], **TOL[torch.bfloat16])
+
+
 def test_huge_sink_and_no_sink():
     step = make_step([(5, 1), (20, 1), (0, 1)], rows_per=4, device=DEVICE)
     got, _ = run_both(step, 0, 2, sinks=torch.full((8,), 1e4, device=DEVICE))
@@ -117,8 +135,10 @@ def test_real_shapes_paged(batch, context):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_first", [False, True])
 @pytest.mark.parametrize("batch", [1, 8, 64])
-def test_real_shapes_ring(batch):
+def test_real_shapes_ring(batch, kv_first, monkeypatch):
+    monkeypatch.setattr(decode_attention_module, "RING_KV_FIRST", kv_first)
     contexts = [[100, 511, 512, 513, 514, 5000][i % 6] + i for i in range(batch)]
     step = make_step([(c, 1) for c in contexts], hq=32, hk=4, d=128, dtype=torch.bfloat16,
                      layout="ring", rows_per=513, write_current=True, device=DEVICE)
