@@ -11,6 +11,9 @@ it (with PDL a kernel cannot complete before its predecessor, so these sum to th
 Rows group kernels by name. Each --variant sets module attributes (the launchers read their
 knobs at each call) and recaptures the graph, so variants compare in one process; the table
 also gives each variant's replay time without the profiler. Prints markdown, writes JSON.
+
+--ncu: no timeline; each variant's graph is replayed once between cudaProfilerStart and Stop, for
+Nsight Compute to profile that replay's kernels one by one (scripts/ncu_step.sh runs it so).
 """
 
 from __future__ import annotations
@@ -92,6 +95,19 @@ def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
     return start.elapsed_time(end) / REPLAYS
 
 
+def profiled_replay(graph: torch.cuda.CUDAGraph) -> bool:
+    """One replay (after two unprofiled) inside cudaProfilerStart/Stop: what `ncu
+    --profile-from-start off` profiles."""
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    return True
+
+
 def short(name: str) -> str:
     name = name.split("(")[0]
     return name if len(name) < 48 else name[:45] + "..."
@@ -148,6 +164,13 @@ def run_format(fmt: str, args) -> dict:
     for text in [""] + args.variant:
         old = set_variant(parse_variant(text))
         graph = capture(engine, seq)
+        if args.ncu:
+            result["variants"].append({"variant": text or "default", "profiled_replay": profiled_replay(graph)})
+            print(f"  {fmt} {text or 'default'}: one replay between cudaProfilerStart and Stop", flush=True)
+            del graph
+            for (module, attr), value in old.items():
+                setattr(importlib.import_module(module), attr, value)
+            continue
         ms = replay_ms(graph)
         row = {"variant": text or "default", "replay_ms": round(ms, 4), **timeline(graph)}
         result["variants"].append(row)
@@ -184,6 +207,8 @@ def main() -> None:
     parser.add_argument("--kv-fraction", type=float, default=0.5)
     parser.add_argument("--max-model-len", type=int, default=262144)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/timeline.json"))
+    parser.add_argument("--ncu", action="store_true",
+                        help="no timeline: one replay a variant inside cudaProfilerStart/Stop (scripts/ncu_step.sh)")
     parser.add_argument("--one-format", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for text in args.variant:
@@ -193,7 +218,8 @@ def main() -> None:
                                      "scripts.bench_step_timeline")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print_tables(results)
+    if not args.ncu:
+        print_tables(results)
 
 
 if __name__ == "__main__":
