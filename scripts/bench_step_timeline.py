@@ -13,7 +13,7 @@ knobs at each call) and recaptures the graph, so variants compare in one process
 also gives each variant's replay time without the profiler. Prints markdown, writes JSON.
 
 --ncu: no timeline; each variant's graph is replayed once between cudaProfilerStart and Stop, for
-Nsight Compute to profile that replay's kernels one by one (scripts/ncu_step.sh runs it so).
+Nsight Compute to profile that replay's kernels one by one (`scripts/gpu_run.sh ncu` runs it so).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=262144)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/timeline.json"))
     parser.add_argument("--ncu", action="store_true",
-                        help="no timeline: one replay a variant inside cudaProfilerStart/Stop (scripts/ncu_step.sh)")
+                        help="no timeline: one replay a variant inside cudaProfilerStart/Stop (scripts/gpu_run.sh ncu)")
     parser.add_argument("--one-format", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for text in args.variant:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call: correctness on the GPU (pytest -m gpu) and the kernel benchmarks, logs under $OUT.
-#   run(command="bash scripts/gpu_run.sh [tests|kernels|ops|bench ARGS...]", carry=[".whl"])
+# One device call: correctness on the GPU (pytest -m gpu), the kernel benchmarks or a profile, logs under $OUT.
+#   run(command="bash scripts/gpu_run.sh [tests|kernels|ops|bench|ncu ARGS...]", carry=[".whl"])
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -20,5 +20,23 @@ case "$what" in
   kernels)  timeout "${BENCH_TIMEOUT:-400}" python3 scripts/bench_kernels.py --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench_kernels.log" | tail -60 ;;
   ops)      python3 scripts/bench_decode_ops.py --out "$OUT/decode-ops-h200.json" "$@" 2>&1 | tee "$OUT/ops.log" | tail -30 ;;
   bench)    python3 scripts/bench.py --out "$OUT/results.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
-  *)        echo "usage: gpu_run.sh tests|kernels|ops|bench [args]"; exit 2 ;;
+  # Nsight Compute on the kernels of one replayed batch-1 decode step (flint-40b, random weights):
+  # ncu [FORMAT [CONTEXT [SKIP [COUNT]]]], FORMAT nvfp4 (default) or bf16, CONTEXT 100000. SKIP
+  # and COUNT pick kernels of the profiled replay in launch order: 15 and 16 are layers 2 (sliding,
+  # MoE) and 3 (full, MoE) when the dense layers take 7 launches each after the embedding (qkv,
+  # qk_norm_rope, split, reduce, o_proj, gate/up, down: ops.SILU_IN_DOWN; 17 with it off). Each
+  # kernel runs alone (no PDL overlap), L2 and clocks as they are; sections: where the warps wait
+  # (WarpStateStats), occupancy, memory traffic. $OUT/ncu-step.ncu-rep and its details as text.
+  ncu)      ncu=${NCU:-$(command -v ncu || ls -d /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+            [ -n "$ncu" ] || { echo "ncu not found (set NCU)"; exit 2; }
+            "$ncu" --profile-from-start off --graph-profiling node --launch-skip "${3:-15}" \
+              --launch-count "${4:-16}" --cache-control none --clock-control none \
+              --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+              --section SchedulerStats --section MemoryWorkloadAnalysis -f -o "$OUT/ncu-step" \
+              python3 -m scripts.bench_step_timeline --formats "${1:-nvfp4}" --context "${2:-100000}" --ncu \
+                --out "$OUT/ncu-step-meta.json" > "$OUT/ncu-run.log" 2>&1
+            tail -5 "$OUT/ncu-run.log"
+            "$ncu" --import "$OUT/ncu-step.ncu-rep" --page details > "$OUT/ncu-step.txt" 2>&1
+            grep -E "^  [_a-zA-Z].*\(|Duration  " "$OUT/ncu-step.txt" | head -80 ;;
+  *)        echo "usage: gpu_run.sh tests|kernels|ops|bench|ncu [args]"; exit 2 ;;
 esac
