@@ -65,6 +65,11 @@ REDUCE_PARTIALS_FIRST = True
 # after it in the loop's first iteration (_decode_split_kernel's KV_FIRST). Not yet measured on
 # the H200 (benchmarks/NOTES.md §26); a benchmark knob, read at each launch.
 RING_KV_FIRST = False
+# Column blocks of a reduce launch: program (b, query head, block) merges D / blocks columns of
+# the partials (each still takes q . k's full score), so a full layer's 66 partials [66, D] a head
+# are read by 4x the programs, a quarter each. FULL_: layers without a window; WINDOW_: sliding.
+# Not yet measured on the H200 (benchmarks/NOTES.md §26); benchmark knobs, read at each launch.
+FULL_REDUCE_D_BLOCKS, WINDOW_REDUCE_D_BLOCKS = 1, 1
 
 
 @triton.jit
@@ -81,8 +86,8 @@ def _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N: tl.constex
 @triton.jit
 def _partials(part_ml_ptr, part_acc_ptr, part, s0, splits, cols, num_splits, n_splits, D: tl.constexpr):
     """The partials of splits s0 + splits of a reduce program (its first at part): -> max [BLOCK_S],
-    sum of p [BLOCK_S], sum of p * v [BLOCK_S, D]; those of splits that did not run (past the
-    n_splits non-empty ones, or all when one split ran: any bits) read as empty."""
+    sum of p [BLOCK_S], sum of p * v at columns cols [BLOCK_S, C]; those of splits that did not
+    run (past the n_splits non-empty ones, or all when one split ran: any bits) read as empty."""
     idx = part + s0 + splits
     loaded = s0 + splits < num_splits
     live = (s0 + splits < n_splits) & (n_splits > 1)  # partials exist when several splits ran
@@ -302,10 +307,10 @@ def _decode_reduce_kernel(
     qk_scale, window, num_splits, eps,
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PARTIALS_FIRST: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (b, query head): one pass over the splits' partials, BLOCK_S at a time, merged
-    online. Every load is issued without waiting for the context length (partials of splits
+    """Program (b, query head, column block): one pass over the splits' partials, BLOCK_S at a
+    time, merged online, for BLOCK_D of the D columns (the scores take q and k whole). Every load is issued without waiting for the context length (partials of splits
     past the sequence's non-empty ones are loaded, then masked), and (PARTIALS_FIRST) the first
     BLOCK_S partials with the new token's q, k, v, so with BLOCK_S >= num_splits the program
     makes one round trip to memory. Nothing is stored when one split wrote the output itself."""
@@ -317,7 +322,7 @@ def _decode_reduce_kernel(
     if USE_SINKS:  # a weight: before the wait too
         sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
     pdl_prologue(PDL)
-    cols = tl.arange(0, D)
+    cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     splits = tl.arange(0, BLOCK_S)
     part = (b * tl.num_programs(1) + hq) * num_splits
     if PARTIALS_FIRST:
@@ -325,7 +330,7 @@ def _decode_reduce_kernel(
     else:  # loaded in the loop
         ms = tl.full([BLOCK_S], -1e30, tl.float32)
         ls = tl.zeros([BLOCK_S], tl.float32)
-        accs = tl.zeros([BLOCK_S, D], tl.float32)
+        accs = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
     one = tl.arange(0, 1)
     q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
                                FROM_QKV, USE_ROPE), [D]).to(tl.float32)
@@ -448,9 +453,13 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         **common, num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
-        _decode_reduce_kernel[(batch, hq)](
+        d_blocks = WINDOW_REDUCE_D_BLOCKS if window else FULL_REDUCE_D_BLOCKS
+        if d_blocks < 1 or d % d_blocks or d // d_blocks & (d // d_blocks - 1):
+            raise ValueError(f"{name}: {d_blocks} reduce column blocks, expected a divisor of head_dim {d} "
+                             "leaving a power of two")
+        _decode_reduce_kernel[(batch, hq, d_blocks)](
             BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), PARTIALS_FIRST=REDUCE_PARTIALS_FIRST,
-            **common, num_warps=reduce_warps or REDUCE_WARPS)
+            BLOCK_D=d // d_blocks, **common, num_warps=reduce_warps or REDUCE_WARPS)
     return out
 
 

@@ -215,6 +215,10 @@ def launches() -> list[tuple[str, object, object]]:
             q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 1, block_tables=tables)),
         ("decode B=1", decode_attention, lambda: decode_attention.decode_attention(  # 66 splits: batch-1 decode
             q[:1], k[:1], v_view[:1], paged, paged, lens[:1], sinks, scale, 0, block_tables=tables[:1])),
+        ("decode B=1 reduce in 4 column blocks", decode_attention, lambda: with_knob(
+            decode_attention, "FULL_REDUCE_D_BLOCKS", 4, lambda: decode_attention.decode_attention(
+                q[:1], k[:1], v_view[:1], paged, paged, lens[:1], sinks, scale, 0, block_tables=tables[:1],
+                reduce_warps=4))),
         # ints equal to 1 become constexprs: one sequence, one split, one-block tables
         ("decode B=1 one split", decode_attention, lambda: decode_attention.decode_attention(
             q[:1], k[:1], v_view[:1], paged, paged, lens[:1], None, scale, 0, block_tables=tables[:1, :1].contiguous(),

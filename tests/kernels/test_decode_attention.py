@@ -103,6 +103,28 @@ def test_ring_kv_first_gives_the_same_bits(num_splits, window, monkeypatch):
     torch.testing.assert_close(outs[1], run_both(step, window)[1], **TOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("layout,window", [("paged", 0), ("ring", 200)])
+@pytest.mark.parametrize("blocks", [2, 4])
+def test_reduce_column_blocks_give_the_same_bits(layout, window, blocks, monkeypatch):
+    """decode_attention.FULL_REDUCE_D_BLOCKS / WINDOW_REDUCE_D_BLOCKS: reduce programs that each
+    merge D / blocks columns (the scores from q and k whole) give the bits of whole-row programs:
+    20 splits (two of the interpreter's blocks of 16 partials), a window of several tiles in 3
+    splits, and the default splits."""
+    step = make_step([(c, 1) for c in (300, 5, 129, 0)], dtype=torch.bfloat16, layout=layout,
+                     rows_per=16 if layout == "paged" else window, seed=7, device=DEVICE)
+    knob = "WINDOW_REDUCE_D_BLOCKS" if window else "FULL_REDUCE_D_BLOCKS"
+    for splits in (20 if layout == "paged" else 3, None):
+        outs = []
+        for b in (1, blocks):
+            monkeypatch.setattr(decode_attention_module, knob, b)
+            outs.append(run_both(step, window, num_splits=splits)[0])
+        assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1], run_both(step, window)[1], **TOL[torch.bfloat16])
+    monkeypatch.setattr(decode_attention_module, knob, 3)
+    with pytest.raises(ValueError, match="3 reduce column blocks, expected a divisor of head_dim 16"):
+        run_both(step, window, num_splits=2)
+
+
 def test_huge_sink_and_no_sink():
     step = make_step([(5, 1), (20, 1), (0, 1)], rows_per=4, device=DEVICE)
     got, _ = run_both(step, 0, 2, sinks=torch.full((8,), 1e4, device=DEVICE))
@@ -125,13 +147,16 @@ def test_out_argument_and_errors():
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch,context", [(1, 1024), (1, 32768), (1, 100_000), (1, 262_143),
                                            (8, 32768), (64, 4096), (3, 77_777)])
-def test_real_shapes_paged(batch, context):
+def test_real_shapes_paged(batch, context, monkeypatch):
     contexts = [context - 13 * i for i in range(batch)]
     step = make_step([(c, 1) for c in contexts], hq=32, hk=4, d=128, dtype=torch.bfloat16,
                      rows_per=64, write_current=True, device=DEVICE)
     got, expected = run_both(step, 0)
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
     assert_scaled_close(got, expected)
+    if batch == 1:  # the reduce in 4 column blocks (FULL_REDUCE_D_BLOCKS): bf16-close to the same
+        monkeypatch.setattr(decode_attention_module, "FULL_REDUCE_D_BLOCKS", 4)
+        torch.testing.assert_close(run_both(step, 0)[0], got, **TOL[torch.bfloat16])
 
 
 @pytest.mark.gpu
