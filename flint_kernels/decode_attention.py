@@ -442,15 +442,17 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         USE_SINKS=sinks is not None, q_norm_ptr=q_w, k_norm_ptr=k_w, positions_ptr=positions,
         cos_sin_ptr=cos_sin if cos_sin is not None else part_ml, eps=eps, FROM_QKV=from_qkv is not None,
         USE_ROPE=cos_sin is not None, **launch_args(q.device))
+    kv_first = RING_KV_FIRST and not paged and from_qkv is None
     _decode_split_kernel[(batch, hk, splits)](
         k_cache_ptr=k_cache, v_cache_ptr=v_cache,
         block_tables_ptr=block_tables if paged else context_lens,
         ring_rows_ptr=context_lens if paged else ring_rows, slots_ptr=slots,
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
-        PAGED=paged, KV_FIRST=RING_KV_FIRST and not paged and from_qkv is None,
+        PAGED=paged, KV_FIRST=kv_first,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **common, num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
+        **{**common, **launch_args(q.device, prefetches=kv_first)},  # (K/V loads before the wait)
+        num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
         d_blocks = WINDOW_REDUCE_D_BLOCKS if window else FULL_REDUCE_D_BLOCKS
