@@ -310,10 +310,11 @@ def _decode_reduce_kernel(
     BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (b, query head, column block): one pass over the splits' partials, BLOCK_S at a
-    time, merged online, for BLOCK_D of the D columns (the scores take q and k whole). Every load is issued without waiting for the context length (partials of splits
-    past the sequence's non-empty ones are loaded, then masked), and (PARTIALS_FIRST) the first
-    BLOCK_S partials with the new token's q, k, v, so with BLOCK_S >= num_splits the program
-    makes one round trip to memory. Nothing is stored when one split wrote the output itself."""
+    time, merged online, for BLOCK_D of the D columns (the scores take q and k whole). Every load
+    is issued without waiting for the context length (partials of splits past the sequence's
+    non-empty ones are loaded, then masked), and (PARTIALS_FIRST) the first BLOCK_S partials
+    with the new token's q, k, v, so with BLOCK_S >= num_splits the program makes one round trip
+    to memory. Nothing is stored when one split wrote the output itself."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
@@ -442,6 +443,10 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         USE_SINKS=sinks is not None, q_norm_ptr=q_w, k_norm_ptr=k_w, positions_ptr=positions,
         cos_sin_ptr=cos_sin if cos_sin is not None else part_ml, eps=eps, FROM_QKV=from_qkv is not None,
         USE_ROPE=cos_sin is not None, **launch_args(q.device))
+    d_blocks = WINDOW_REDUCE_D_BLOCKS if window else FULL_REDUCE_D_BLOCKS
+    if d_blocks < 1 or d % d_blocks or d // d_blocks & (d // d_blocks - 1):
+        raise ValueError(f"{name}: {d_blocks} reduce column blocks, expected a divisor of head_dim {d} "
+                         "leaving a power of two")
     kv_first = RING_KV_FIRST and not paged and from_qkv is None
     _decode_split_kernel[(batch, hk, splits)](
         k_cache_ptr=k_cache, v_cache_ptr=v_cache,
@@ -455,10 +460,6 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
-        d_blocks = WINDOW_REDUCE_D_BLOCKS if window else FULL_REDUCE_D_BLOCKS
-        if d_blocks < 1 or d % d_blocks or d // d_blocks & (d // d_blocks - 1):
-            raise ValueError(f"{name}: {d_blocks} reduce column blocks, expected a divisor of head_dim {d} "
-                             "leaving a power of two")
         _decode_reduce_kernel[(batch, hq, d_blocks)](
             BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), PARTIALS_FIRST=REDUCE_PARTIALS_FIRST,
             BLOCK_D=d // d_blocks, **common, num_warps=reduce_warps or REDUCE_WARPS)
