@@ -70,6 +70,11 @@ RING_KV_FIRST = False
 # are read by 4x the programs, a quarter each. FULL_: layers without a window; WINDOW_: sliding.
 # Not yet measured on the H200 (benchmarks/NOTES.md §26); benchmark knobs, read at each launch.
 FULL_REDUCE_D_BLOCKS, WINDOW_REDUCE_D_BLOCKS = 1, 1
+# A reduce program reads the new token's q, k, v and merges them with the sink before its PDL wait
+# (they were written before the split launch, two kernels back: complete once it runs, pdl.py),
+# so only the partials' load and merge follow the wait. Not yet measured on the H200
+# (benchmarks/NOTES.md §26); a benchmark knob, read at each launch.
+REDUCE_NEW_TOKEN_FIRST = False
 
 
 @triton.jit
@@ -307,23 +312,31 @@ def _decode_reduce_kernel(
     qk_scale, window, num_splits, eps,
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PARTIALS_FIRST: tl.constexpr,
-    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, NEW_TOKEN_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (b, query head, column block): one pass over the splits' partials, BLOCK_S at a
     time, merged online, for BLOCK_D of the D columns (the scores take q and k whole). Every load
     is issued without waiting for the context length (partials of splits past the sequence's
     non-empty ones are loaded, then masked), and (PARTIALS_FIRST) the first BLOCK_S partials
     with the new token's q, k, v, so with BLOCK_S >= num_splits the program makes one round trip
-    to memory. Nothing is stored when one split wrote the output itself."""
+    to memory (NEW_TOKEN_FIRST: the new token's q, k, v before the wait, the partials after it).
+    Nothing is stored when one split wrote the output itself."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
     _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
     cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)  # the wait (pdl.py)
+    sink = 0.0
     if USE_SINKS:  # a weight: before the wait too
         sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
-    pdl_prologue(PDL)
     cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if NEW_TOKEN_FIRST:
+        # q, k and v were written before the split launch (by the kernel before it, or earlier),
+        # which has completed once this program runs (pdl.py): read and merged before the wait
+        m, l, acc = _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh,
+                               stride_vb, stride_vh, q_norm_ptr, k_norm_ptr, cos_row, eps, qk_scale, sink, D,
+                               USE_SINKS, FROM_QKV, USE_ROPE)
+    pdl_prologue(PDL)
     splits = tl.arange(0, BLOCK_S)
     part = (b * tl.num_programs(1) + hq) * num_splits
     if PARTIALS_FIRST:
@@ -332,21 +345,10 @@ def _decode_reduce_kernel(
         ms = tl.full([BLOCK_S], -1e30, tl.float32)
         ls = tl.zeros([BLOCK_S], tl.float32)
         accs = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
-    one = tl.arange(0, 1)
-    q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
-                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
-    k = tl.reshape(_load_heads(k_ptr + b * stride_kb, hk + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps, D,
-                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
-    v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
-    m = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself: p = 1 at m
-    l = tl.full([], 1.0, tl.float32)
-    acc = v
-    if USE_SINKS:  # a score with no value
-        m_new = tl.maximum(m, sink)
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.exp2(sink - m_new)
-        acc = acc * alpha
-        m = m_new
+    if not NEW_TOKEN_FIRST:
+        m, l, acc = _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh,
+                               stride_vb, stride_vh, q_norm_ptr, k_norm_ptr, cos_row, eps, qk_scale, sink, D,
+                               USE_SINKS, FROM_QKV, USE_ROPE)
     for s0 in range(0, num_splits, BLOCK_S):
         if PARTIALS_FIRST:
             if s0 > 0:
@@ -361,6 +363,30 @@ def _decode_reduce_kernel(
         m = m_new
     tl.store(out_ptr + b * stride_ob + hq * stride_oh + cols, (acc / l).to(out_ptr.dtype.element_ty),
              mask=(cols < D) & (n_splits > 1))  # else split 0 wrote the output from its registers
+
+
+@triton.jit
+def _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb,
+               stride_vh, q_norm_ptr, k_norm_ptr, cos_row, eps, qk_scale, sink, D: tl.constexpr,
+               USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr):
+    """A reduce program's start: the new token (score q . k, p = 1, value v at cols) and the sink
+    (a score with no value), merged -> (max in log2 units, sum of p, sum of p * v [C])."""
+    one = tl.arange(0, 1)
+    q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
+                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
+    k = tl.reshape(_load_heads(k_ptr + b * stride_kb, hk + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps, D,
+                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
+    v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
+    m = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself: p = 1 at m
+    l = tl.full([], 1.0, tl.float32)
+    acc = v
+    if USE_SINKS:
+        m_new = tl.maximum(m, sink)
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.exp2(sink - m_new)
+        acc = acc * alpha
+        m = m_new
+    return m, l, acc
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -462,7 +488,9 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
     if splits > 1:  # else the one split wrote every output itself
         _decode_reduce_kernel[(batch, hq, d_blocks)](
             BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), PARTIALS_FIRST=REDUCE_PARTIALS_FIRST,
-            BLOCK_D=d // d_blocks, **common, num_warps=reduce_warps or REDUCE_WARPS)
+            BLOCK_D=d // d_blocks, NEW_TOKEN_FIRST=REDUCE_NEW_TOKEN_FIRST,
+            **{**common, **launch_args(q.device, prefetches=REDUCE_NEW_TOKEN_FIRST)},  # (q, k, v before the wait)
+            num_warps=reduce_warps or REDUCE_WARPS)
     return out
 
 

@@ -234,6 +234,10 @@ def launches() -> list[tuple[str, object, object]]:
         ("decode ring B=1 kv first", decode_attention, lambda: with_knob(
             decode_attention, "RING_KV_FIRST", True, lambda: decode_attention.decode_attention(
                 q[:1], k[:1], v_view[:1], ring, ring, lens[:1], sinks, scale, 513, ring_rows=rows[:1]))),
+        ("decode ring B=1 reduce new token first", decode_attention, lambda: with_knob(
+            decode_attention, "REDUCE_NEW_TOKEN_FIRST", True, lambda: decode_attention.decode_attention(
+                q[:1], k[:1], v_view[:1], ring, ring, lens[:1], sinks, scale, 513, ring_rows=rows[:1],
+                reduce_warps=4))),
         ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
     ] + moe_launches() + w4a16_launches() + sampling_launches() + low_latency_launches()

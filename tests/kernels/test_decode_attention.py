@@ -125,6 +125,23 @@ def test_reduce_column_blocks_give_the_same_bits(layout, window, blocks, monkeyp
         run_both(step, window, num_splits=2)
 
 
+@pytest.mark.parametrize("layout,window", [("paged", 0), ("ring", 200)])
+@pytest.mark.parametrize("sinks", ["step", None])
+def test_new_token_first_gives_the_same_bits(layout, window, sinks, monkeypatch):
+    """decode_attention.REDUCE_NEW_TOKEN_FIRST: reduce programs that merge the new token and the
+    sink before their wait (on a GPU) give the bits of merging them after it: 20 splits (two of
+    the interpreter's blocks of 16 partials), a window of several tiles, the default splits."""
+    step = make_step([(c, 1) for c in (300, 5, 129, 0)], dtype=torch.bfloat16, layout=layout,
+                     rows_per=16 if layout == "paged" else window, seed=8, device=DEVICE)
+    for splits in (20 if layout == "paged" else 3, None):
+        outs = []
+        for first in (False, True):
+            monkeypatch.setattr(decode_attention_module, "REDUCE_NEW_TOKEN_FIRST", first)
+            outs.append(run_both(step, window, num_splits=splits, sinks=sinks)[0])
+        assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1], run_both(step, window, sinks=sinks)[1], **TOL[torch.bfloat16])
+
+
 def test_huge_sink_and_no_sink():
     step = make_step([(5, 1), (20, 1), (0, 1)], rows_per=4, device=DEVICE)
     got, _ = run_both(step, 0, 2, sinks=torch.full((8,), 1e4, device=DEVICE))

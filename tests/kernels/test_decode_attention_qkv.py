@@ -95,6 +95,19 @@ def test_ring_sliding_layer_rope(rows_per, dtype):
         _assert_same(step, head, slots, window, dtype, splits)
 
 
+def test_new_token_first_gives_the_same_bits(monkeypatch):
+    """decode_attention.REDUCE_NEW_TOKEN_FIRST with the Q/K norm and RoPE in the reduce (the raw
+    projections read before its wait on a GPU): the bits of reading them after it."""
+    step, head, slots, window = _case([150, 31, 64, 0], rope=False, rows_per=16, seed=6, dtype=torch.bfloat16)
+    outs = []
+    for first in (False, True):  # a full layer's 3 splits: the reduce merges
+        monkeypatch.setattr(decode_attention_module, "REDUCE_NEW_TOKEN_FIRST", first)
+        outs.append(_run(decode_attention_qkv, step, head, slots, window, num_splits=3)[0])
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1], _run(decode_attention_qkv_torch, step, head, slots, window)[0],
+                               **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_equals_the_two_launches(dtype):
     # the fused launches compute what qk_norm_rope then decode_attention compute: the same roundings
