@@ -27,7 +27,7 @@ from .pdl import launch_args, pdl_prologue
 from .rms_norm import (check_norm_inputs, folded_norm, maybe_folded_rstd, norm_weight, residual_add, rms_norm_torch,
                        step_activations)
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
-from .swiglu import check_gate_up, silu_mul_at, silu_mul_torch
+from .swiglu import gate_half, silu_mul_at, silu_mul_torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_TOKENS = 4
@@ -212,8 +212,7 @@ def silu_dense_gemv(gate_up: torch.Tensor, w: torch.Tensor, num_splits: int | No
     [T, 2K] (gate columns first; T <= MAX_TOKENS), w [N, K] -> silu_mul(gate_up) @ W.T [T, N] in
     gate_up's dtype, with silu_mul's roundings (each program applies it to the columns it loads).
     num_splits as in dense_gemv."""
-    check_gate_up(gate_up, "silu_dense_gemv")
-    x = gate_up[:, :gate_up.shape[1] // 2]  # the gate half: [T, K] with the row stride of gate_up
+    x = gate_half(gate_up, "silu_dense_gemv")
     n, _ = _check_inputs(x, w)
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     _launch(gate_up, w, out, num_splits, None, silu=True)
@@ -312,9 +311,7 @@ def uses_dense_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def silu_dense_gemv_torch(gate_up, w, num_splits=None):
     """Same signature and semantics as `silu_dense_gemv`."""
-    check_gate_up(gate_up, "silu_dense_gemv")
-    x = gate_up[:, :gate_up.shape[1] // 2]
-    _check_inputs(x, w)
+    _check_inputs(gate_half(gate_up, "silu_dense_gemv"), w)
     return F.linear(silu_mul_torch(gate_up), w)
 
 

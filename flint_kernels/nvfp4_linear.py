@@ -28,7 +28,7 @@ from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
-from .swiglu import check_gate_up, silu_mul_at, silu_mul_torch
+from .swiglu import gate_half, silu_mul_at, silu_mul_torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
@@ -249,12 +249,7 @@ def silu_nvfp4_linear(gate_up: torch.Tensor, w, num_splits: int | None = None) -
     [T, 2K] (gate columns first; T <= GEMV_MAX_TOKENS), w NVFP4 [N, K] -> silu_mul(gate_up) @ W.T
     [T, N] in gate_up's dtype, with silu_mul's roundings (each program applies it to the columns
     it loads). num_splits as in nvfp4_linear."""
-    check_gate_up(gate_up, "silu_nvfp4_linear")
-    x = gate_up[:, :gate_up.shape[1] // 2]  # the gate half: [T, K] with the row stride of gate_up
-    n, _ = _check_inputs(x, w)
-    if x.shape[0] > GEMV_MAX_TOKENS:
-        raise ValueError(f"silu_nvfp4_linear: {x.shape[0]} tokens, expected at most {GEMV_MAX_TOKENS} "
-                         "(a decode batch)")
+    x, n = _check_silu_inputs(gate_up, w)
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     _launch(gate_up, w, out, num_splits, None, silu=True)
     return out
@@ -362,10 +357,7 @@ def rms_norm_nvfp4_linear_torch(x, residual, norm_w, eps, w, num_splits=None):
 
 def silu_nvfp4_linear_torch(gate_up, w, num_splits=None):
     """Same signature and semantics as `silu_nvfp4_linear`."""
-    check_gate_up(gate_up, "silu_nvfp4_linear")
-    if gate_up.shape[0] > GEMV_MAX_TOKENS:
-        raise ValueError(f"silu_nvfp4_linear: {gate_up.shape[0]} tokens, expected at most {GEMV_MAX_TOKENS} "
-                         "(a decode batch)")
+    _check_silu_inputs(gate_up, w)
     return nvfp4_linear_torch(silu_mul_torch(gate_up), w)
 
 
@@ -375,6 +367,16 @@ def nvfp4_linear_torch(x: torch.Tensor, w, num_splits: int | None = None) -> tor
     _check_inputs(x, w)
     weight = dequantize_nvfp4(w.packed, w.scales, w.scale, torch.float32)
     return F.linear(x.float(), weight).to(x.dtype)
+
+
+def _check_silu_inputs(gate_up, w) -> tuple[torch.Tensor, int]:
+    """silu_nvfp4_linear's inputs, checked -> (the gate half [T, K], N)."""
+    x = gate_half(gate_up, "silu_nvfp4_linear")
+    n, _ = _check_inputs(x, w)
+    if x.shape[0] > GEMV_MAX_TOKENS:
+        raise ValueError(f"silu_nvfp4_linear: {x.shape[0]} tokens, expected at most {GEMV_MAX_TOKENS} "
+                         "(a decode batch)")
+    return x, n
 
 
 def _check_inputs(x, w) -> tuple[int, int]:

@@ -18,13 +18,13 @@ wait, i.e. after the router completed), and the step's metadata that the host co
 the step and no kernel writes (context lengths, positions, cache slots, block tables: the
 decode-attention launches). Two benchmark knobs of decode_attention.py read more on that ground:
 RING_KV_FIRST (a sliding split's K/V rows of the window, written by earlier steps) and
-REDUCE_NEW_TOKEN_FIRST (the reduce's q, k, v, written before the split launch). One exception waits for a flag instead: the routed MoE down launch
-reads the expert ids the gate/up launch just before it publishes (moe_gemv._token_routing: an
-acquire load, polled until set; every gate/up program is resident or done by then, as below).
-A program runs only after the kernel before it passed its wait, so
-every launch and copy before that kernel has completed. A kernel launched without the
-attribute, e.g. a torch op, waits for the previous kernel to complete as usual; one launched
-after such a kernel starts at its completion.
+REDUCE_NEW_TOKEN_FIRST (the reduce's q, k, v, written before the split launch). One exception
+waits for a flag instead: the routed MoE down launch reads the expert ids the gate/up launch
+just before it publishes (moe_gemv._token_routing: an acquire load, polled until set; every
+gate/up program is resident or done by then, as below). A program runs only after the kernel
+before it passed its wait, so every launch and copy before that kernel has completed. A kernel
+launched without the attribute, e.g. a torch op, waits for the previous kernel to complete as
+usual; one launched after such a kernel starts at its completion.
 
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
 not under the Triton interpreter (it cannot run inline PTX), and FLINT_PDL (read at import) is

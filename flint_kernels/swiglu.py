@@ -71,6 +71,13 @@ def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gate_half(gate_up: torch.Tensor, where: str) -> torch.Tensor:
+    """A checked fused gate_up [T, 2I] -> its gate half [T, I], a view with gate_up's row stride
+    (what a GEMV folding the SwiGLU takes as its x; the up half lies I columns on)."""
+    check_gate_up(gate_up, where)
+    return gate_up[:, :gate_up.shape[1] // 2]
+
+
 def check_gate_up(gate_up, where: str = "silu_mul"):
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(-1) != 1:
         raise ValueError(f"{where}: gate_up has shape {tuple(gate_up.shape)} strides {gate_up.stride()}, "

@@ -95,7 +95,7 @@ def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
     return start.elapsed_time(end) / REPLAYS
 
 
-def profiled_replay(graph: torch.cuda.CUDAGraph) -> bool:
+def profiled_replay(graph: torch.cuda.CUDAGraph) -> None:
     """One replay (after two unprofiled) inside cudaProfilerStart/Stop: what `ncu
     --profile-from-start off` profiles."""
     for _ in range(2):
@@ -105,7 +105,6 @@ def profiled_replay(graph: torch.cuda.CUDAGraph) -> bool:
     graph.replay()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    return True
 
 
 def short(name: str) -> str:
@@ -165,17 +164,15 @@ def run_format(fmt: str, args) -> dict:
         old = set_variant(parse_variant(text))
         graph = capture(engine, seq)
         if args.ncu:
-            result["variants"].append({"variant": text or "default", "profiled_replay": profiled_replay(graph)})
-            print(f"  {fmt} {text or 'default'}: one replay between cudaProfilerStart and Stop", flush=True)
-            del graph
-            for (module, attr), value in old.items():
-                setattr(importlib.import_module(module), attr, value)
-            continue
-        ms = replay_ms(graph)
-        row = {"variant": text or "default", "replay_ms": round(ms, 4), **timeline(graph)}
+            profiled_replay(graph)
+            row = {"variant": text or "default", "ncu": True}
+            print(f"  {fmt} {row['variant']}: one replay between cudaProfilerStart and Stop", flush=True)
+        else:
+            ms = replay_ms(graph)
+            row = {"variant": text or "default", "replay_ms": round(ms, 4), **timeline(graph)}
+            print(f"  {fmt} {row['variant']}: replay {ms:.3f} ms, profiled span {row['span_us'] / 1e3:.3f} ms, "
+                  f"{row['kernels_per_step']} kernels", flush=True)
         result["variants"].append(row)
-        print(f"  {fmt} {row['variant']}: replay {ms:.3f} ms, profiled span {row['span_us'] / 1e3:.3f} ms, "
-              f"{row['kernels_per_step']} kernels", flush=True)
         del graph
         for (module, attr), value in old.items():
             setattr(importlib.import_module(module), attr, value)
