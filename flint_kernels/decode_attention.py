@@ -34,7 +34,7 @@ import triton.language as tl
 from . import qk_norm_rope as qk_norm_rope_k
 from .attention import attention_torch, check_attention_inputs
 from .split_k import num_sms
-from .pdl import launch_args, pdl_prologue
+from .pdl import enabled as pdl_enabled, launch_args, pdl_prologue
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -75,6 +75,20 @@ FULL_REDUCE_D_BLOCKS, WINDOW_REDUCE_D_BLOCKS = 1, 1
 # so only the partials' load and merge follow the wait. Not yet measured on the H200
 # (benchmarks/NOTES.md §26); a benchmark knob, read at each launch.
 REDUCE_NEW_TOKEN_FIRST = False
+# A paged split program asks the TMA unit to bring the first PAGED_L2_PAGES K and V pages of its
+# range into L2 before its PDL wait (cp.async.bulk.prefetch.L2: a hint, no registers, nothing waits
+# for it); the KV heads' programs of a split share its pages and take turns at the requests
+# (_first_pages). The programs are resident while the launch before them (qk_norm_rope) runs, with
+# HBM idle: the pipelined loop's first copies after the wait then find their pages in L2 or on the
+# way. benchmarks/NOTES.md §17 issued such requests from qk_norm_rope's programs, which they
+# delayed. 0 = off; on only with PDL (a GPU launch, pdl.enabled). Not yet measured on the H200
+# (NOTES.md §27); a benchmark knob, read at each launch.
+PAGED_L2_PAGES = 0
+# (a request of size $2 > 0 at $1, issued by the first warp only: it holds every lane of a
+# [LANES <= 32] tensor, and the other warps' copies would repeat its requests)
+_PREFETCH_L2_PTX = tl.constexpr(
+    "{ .reg .pred p, w; .reg .b32 t; mov.u32 t, %tid.x; setp.lt.u32 w, t, 32; setp.gt.s32 p, $2, 0; "
+    "and.pred p, p, w; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }")
 
 
 @triton.jit
@@ -135,7 +149,8 @@ def _decode_split_kernel(
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, KV_FIRST: tl.constexpr, PDL: tl.constexpr,
+    FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, KV_FIRST: tl.constexpr,
+    L2_PAGES: tl.constexpr, L2_LANES: tl.constexpr, PAGE_BYTES: tl.constexpr, PDL: tl.constexpr,
 ):
     # the step's metadata (context lengths, positions, slots, ring rows, block tables: copied in
     # by the host, written by no kernel of the step) is read before the PDL wait (pdl.py)
@@ -157,6 +172,13 @@ def _decode_split_kernel(
     # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
     pos_next = start + tl.arange(0, BLOCK_N)
     block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
+    if L2_PAGES > 0:  # (PAGED) the range's first pages into L2, before the wait: cache rows, not written
+        # this step (the new token's slot is position ctx, past the range)
+        pages, is_v, live = _first_pages(table, start, end, h, HK, ROWS_PER, L2_PAGES, L2_LANES)
+        base = tl.where(is_v, v_cache_ptr.to(tl.int64, bitcast=True), k_cache_ptr.to(tl.int64, bitcast=True))
+        tl.inline_asm_elementwise(_PREFETCH_L2_PTX, "=r,l,r", [base + pages * PAGE_BYTES,
+                                  tl.where(live, PAGE_BYTES, 0).to(tl.int32)], dtype=tl.int32, is_pure=False,
+                                  pack=1)
     q_heads = q_ptr + b * stride_qb
     if KV_FIRST:
         # (the ring, not FROM_QKV) the PDL wait and q's load sit in the loop's first iteration,
@@ -228,6 +250,20 @@ def _decode_split_kernel(
     out = _finish_one_split(q, m, l, acc, k_new, v_new, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+
+
+@triton.jit
+def _first_pages(table, start, end, h, HK: tl.constexpr, ROWS_PER: tl.constexpr, PAGES: tl.constexpr,
+                 LANES: tl.constexpr):
+    """PAGED_L2_PAGES' requests of KV head h's program of the split [start, end) (table: the
+    sequence's block numbers): items i = h, h + HK, ... < 2 PAGES, item i being page i // 2 of the
+    range, its K (i even) or V (i odd) -> (block [LANES] int64, is V [LANES], live [LANES]: an
+    item of the range; LANES >= cdiv(2 PAGES, HK))."""
+    item = h + HK * tl.arange(0, LANES)
+    page = start // ROWS_PER + item // 2
+    live = (item < 2 * PAGES) & (page * ROWS_PER < end)
+    block = tl.load(table + page, mask=live, other=0).to(tl.int64)
+    return block, item % 2 == 1, live
 
 
 @triton.jit
@@ -474,15 +510,20 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         raise ValueError(f"{name}: {d_blocks} reduce column blocks, expected a divisor of head_dim {d} "
                          "leaving a power of two")
     kv_first = RING_KV_FIRST and not paged and from_qkv is None
+    if not isinstance(PAGED_L2_PAGES, int) or not 0 <= PAGED_L2_PAGES <= 16:
+        raise ValueError(f"{name}: decode_attention.PAGED_L2_PAGES {PAGED_L2_PAGES!r}, expected an int in 0..16")
+    l2_pages = PAGED_L2_PAGES if paged and pdl_enabled(q.device) else 0
     _decode_split_kernel[(batch, hk, splits)](
         k_cache_ptr=k_cache, v_cache_ptr=v_cache,
         block_tables_ptr=block_tables if paged else context_lens,
         ring_rows_ptr=context_lens if paged else ring_rows, slots_ptr=slots,
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
-        PAGED=paged, KV_FIRST=kv_first,
+        PAGED=paged, KV_FIRST=kv_first, L2_PAGES=l2_pages,
+        L2_LANES=triton.next_power_of_2(triton.cdiv(2 * l2_pages, hk)) if l2_pages else 1,
+        PAGE_BYTES=k_cache[0].numel() * k_cache.element_size() if l2_pages else 0,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **{**common, **launch_args(q.device, prefetches=kv_first)},  # (K/V loads before the wait)
+        **{**common, **launch_args(q.device, prefetches=kv_first or l2_pages > 0)},  # (K/V before the wait)
         num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself

@@ -219,6 +219,9 @@ def launches() -> list[tuple[str, object, object]]:
             decode_attention, "FULL_REDUCE_D_BLOCKS", 4, lambda: decode_attention.decode_attention(
                 q[:1], k[:1], v_view[:1], paged, paged, lens[:1], sinks, scale, 0, block_tables=tables[:1],
                 reduce_warps=4))),
+        ("decode B=1 L2 pages 2", decode_attention, lambda: with_knob(  # first pages into L2 before the wait
+            decode_attention, "PAGED_L2_PAGES", 2, lambda: decode_attention.decode_attention(
+                q[:1], k[:1], v_view[:1], paged, paged, lens[:1], sinks, scale, 0, block_tables=tables[:1]))),
         # ints equal to 1 become constexprs: one sequence, one split, one-block tables
         ("decode B=1 one split", decode_attention, lambda: decode_attention.decode_attention(
             q[:1], k[:1], v_view[:1], paged, paged, lens[:1], None, scale, 0, block_tables=tables[:1, :1].contiguous(),
