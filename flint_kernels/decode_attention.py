@@ -62,27 +62,31 @@ REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
 # benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 REDUCE_PARTIALS_FIRST = True
 # A ring (sliding-window) split issues its first K/V tiles' copies before its PDL wait, q loaded
-# after it in the loop's first iteration (_decode_split_kernel's KV_FIRST). Not yet measured on
-# the H200 (benchmarks/NOTES.md §26); a benchmark knob, read at each launch.
+# after it in the loop's first iteration (_decode_split_kernel's KV_FIRST). Measured on the H200:
+# the sliding splits 3.57 -> 3.67 us, NVFP4 100K replay 2.1119 -> 2.1131 ms, BF16 2.7986 -> 2.8069
+# (benchmarks/NOTES.md §27): off. A benchmark knob, read at each launch.
 RING_KV_FIRST = False
 # Column blocks of a reduce launch: program (b, query head, block) merges D / blocks columns of
 # the partials (each still takes q . k's full score), so a full layer's 66 partials [66, D] a head
 # are read by 4x the programs, a quarter each. FULL_: layers without a window; WINDOW_: sliding.
-# Not yet measured on the H200 (benchmarks/NOTES.md §26); benchmark knobs, read at each launch.
+# FULL_ 4 on the H200: NVFP4 100K replay 2.1119 -> 2.1428 ms (the o_proj GEMVs after the shorter
+# reduces +30 us), BF16 2.7986 -> 2.8051 (benchmarks/NOTES.md §27): 1. Benchmark knobs, read at each launch.
 FULL_REDUCE_D_BLOCKS, WINDOW_REDUCE_D_BLOCKS = 1, 1
 # A reduce program reads the new token's q, k, v and merges them with the sink before its PDL wait
 # (they were written before the split launch, two kernels back: complete once it runs, pdl.py),
-# so only the partials' load and merge follow the wait. Not yet measured on the H200
-# (benchmarks/NOTES.md §26); a benchmark knob, read at each launch.
-REDUCE_NEW_TOKEN_FIRST = False
+# so only the partials' load and merge follow the wait: the 49 reduces 126.9 -> 111.5 us of the
+# H200's critical path at 100K, NVFP4 replay 2.1119 -> 2.1049 ms, BF16 2.7986 -> 2.7940
+# (benchmarks/NOTES.md §27). A benchmark knob, read at each launch.
+REDUCE_NEW_TOKEN_FIRST = True
 # A paged split program asks the TMA unit to bring the first PAGED_L2_PAGES K and V pages of its
 # range into L2 before its PDL wait (cp.async.bulk.prefetch.L2: a hint, no registers, nothing waits
 # for it); the KV heads' programs of a split share its pages and take turns at the requests
 # (_first_pages). The programs are resident while the launch before them (qk_norm_rope) runs, with
 # HBM idle: the pipelined loop's first copies after the wait then find their pages in L2 or on the
 # way. benchmarks/NOTES.md §17 issued such requests from qk_norm_rope's programs, which they
-# delayed. 0 = off; on only with PDL (a GPU launch, pdl.enabled). Not yet measured on the H200
-# (NOTES.md §27); a benchmark knob, read at each launch.
+# delayed. On only with PDL (a GPU launch, pdl.enabled). Measured on the H200 at 100K: a full
+# layer's split 50.90 -> 51.37 / 52.38 us at 1 / 2 pages, NVFP4 replay 2.1119 -> 2.1190 / 2.1322
+# ms, BF16 2.7986 -> 2.8114 / 2.8278 (NOTES.md §27): 0 (off). A benchmark knob, read at each launch.
 PAGED_L2_PAGES = 0
 # (a request of size $2 > 0 at $1, issued by the first warp only: it holds every lane of a
 # [LANES <= 32] tensor, and the other warps' copies would repeat its requests)

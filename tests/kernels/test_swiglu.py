@@ -32,13 +32,14 @@ def test_strided_rows_and_errors():
         silu_mul(torch.randn(4, 7, device=DEVICE))
 
 
-@pytest.mark.parametrize("fold", [True, False])
+@pytest.mark.parametrize("fold,dense_fold", [(True, True), (True, False), (False, True), (False, False)])
 @pytest.mark.parametrize("t", [1, 4, 9], ids=["batch-1", "batch-4", "gemm"])
-def test_ops_silu_linear_folds_at_decode_sizes(t, fold, monkeypatch):
-    """ops.silu_linear: at decode sizes with SILU_IN_DOWN the SwiGLU inside the down GEMV (dense
-    and NVFP4), the bits of silu_mul then linear; beyond, or with the knob off, those two
-    launches; all close to the torch table's."""
+def test_ops_silu_linear_folds_at_decode_sizes(t, fold, dense_fold, monkeypatch):
+    """ops.silu_linear: at decode sizes the SwiGLU inside the down GEMV (NVFP4 with SILU_IN_DOWN,
+    dense with DENSE_SILU_IN_DOWN), the bits of silu_mul then linear; beyond, or with the knob
+    off, those two launches; all close to the torch table's."""
     monkeypatch.setattr(ops_module, "SILU_IN_DOWN", fold)
+    monkeypatch.setattr(ops_module, "DENSE_SILU_IN_DOWN", dense_fold)
     calls = []
     for module, name in ((ops_module.dense_gemv_k, "silu_dense_gemv"), (ops_module.nvfp4_k, "silu_nvfp4_linear"),
                          (ops_module.swiglu_k, "silu_mul")):
@@ -51,10 +52,11 @@ def test_ops_silu_linear_folds_at_decode_sizes(t, fold, monkeypatch):
               quantize_nvfp4(torch.randn(24, 128)).to(DEVICE)):
         got = triton_ops.silu_linear(gate_up, w)
         assert_scaled_close(got, torch_ops.silu_linear(gate_up, w))  # interpreter: bf16 roundings truncate
-        if fold and t <= 4:
+        if t <= 4:
             assert torch.equal(got, triton_ops.linear(silu_mul(gate_up), w))
-    folded = fold and t <= 4
-    assert calls == (["silu_dense_gemv", "silu_nvfp4_linear"] if folded else ["silu_mul", "silu_mul"])
+    assert calls == [
+        ("silu_dense_gemv" if dense_fold else "silu_mul") if t <= 4 else "silu_mul",
+        ("silu_nvfp4_linear" if fold else "silu_mul") if t <= 4 else "silu_mul"]
 
 
 @pytest.mark.gpu
