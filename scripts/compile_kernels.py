@@ -237,8 +237,8 @@ def launches() -> list[tuple[str, object, object]]:
         ("decode ring B=1 kv first", decode_attention, lambda: with_knob(
             decode_attention, "RING_KV_FIRST", True, lambda: decode_attention.decode_attention(
                 q[:1], k[:1], v_view[:1], ring, ring, lens[:1], sinks, scale, 513, ring_rows=rows[:1]))),
-        ("decode ring B=1 reduce new token first", decode_attention, lambda: with_knob(
-            decode_attention, "REDUCE_NEW_TOKEN_FIRST", True, lambda: decode_attention.decode_attention(
+        ("decode ring B=1 reduce new token after the wait", decode_attention, lambda: with_knob(
+            decode_attention, "REDUCE_NEW_TOKEN_FIRST", False, lambda: decode_attention.decode_attention(
                 q[:1], k[:1], v_view[:1], ring, ring, lens[:1], sinks, scale, 513, ring_rows=rows[:1],
                 reduce_warps=4))),
         ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
