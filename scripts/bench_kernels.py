@@ -5,7 +5,9 @@
     python scripts/bench_kernels.py --only decode_attention,rms_norm
 
 Per case: median time (triton.testing.do_bench), bytes moved, GB/s and % of a measured
-device-to-device copy, TFLOP/s for attention; a failed check is reported, not timed.
+device-to-device copy, TFLOP/s for attention (from the replayed CUDA graph's time where a case
+has one); a failed check is reported, not timed. The MoE, router and W4A16 cases take their
+weights in turns (Rotation), so that they come from HBM as in a decode step, not from L2.
 Prints a markdown table last and writes JSON. A kernel family adds one `bench_<family>`
 function returning Case objects and registers it in SECTIONS.
 """
@@ -339,14 +341,17 @@ def bench_moe_grouped(shape, device, smoke):
 def bench_router(shape, device, smoke):
     from flint_kernels.router import router_topk, router_topk_torch
     h, e, k = shape["hidden"], shape["experts"], shape["top_k"]
-    w = torch.randn(e, h, device=device, dtype=torch.bfloat16) / h ** 0.5
+    weights = [torch.randn(e, h, device=device, dtype=torch.bfloat16) / h ** 0.5
+               for _ in range(_cold_sets(2 * e * h, device, smoke))]  # taken in turns: from HBM
     bias = 0.1 * torch.randn(e, device=device)
     cases = []
     for t in ([1, 20] if smoke else [1, 8, 64, 8192]):
         x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+        turns = Rotation(weights)
         cases.append(Case(
-            "router", f"T={t} E={e} top-{k}", run=lambda x=x: router_topk(x, w, bias, k, 2.5, True),
-            reference=lambda x=x: router_topk_torch(x, w, bias, k, 2.5, True),
+            "router", f"T={t} E={e} top-{k}, {len(weights)} weights",
+            run=lambda x=x, turns=turns: router_topk(x, turns.next(), bias, k, 2.5, True),
+            reference=lambda x=x: router_topk_torch(x, weights[0], bias, k, 2.5, True), prepare=turns.reset,
             bytes=2 * e * h + 2 * t * h + 8 * t * k, flops=2 * t * e * h, graph=True))
     return cases
 
@@ -360,11 +365,14 @@ def bench_w4a16(shape, device, smoke):
     cases = []
     for name, (n, k) in shapes.items():
         w = random_nvfp4(n, k, device=device)
+        ws = [w] + [random_nvfp4(n, k, device=device) for _ in range(_cold_sets(w.nbytes(), device, smoke) - 1)]
         for t in ([1, 5] if smoke else ([1, 4, 8, 64] if name != "lm_head" else [1, 8, 64])):
             x = torch.randn(t, k, device=device, dtype=torch.bfloat16)
+            turns = Rotation(ws)  # the weights from HBM, as in a step
             cases.append(Case(
-                "w4a16", f"{name} {k}->{n} T={t}", run=lambda x=x, w=w: nvfp4_linear(x, w),
-                reference=lambda x=x, w=w: nvfp4_linear_torch(x, w),
+                "w4a16", f"{name} {k}->{n} T={t}, {len(ws)} weights",
+                run=lambda x=x, turns=turns: nvfp4_linear(x, turns.next()),
+                reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
                 bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
     return cases
 
