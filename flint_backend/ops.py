@@ -69,15 +69,14 @@ MOE_ROUTE_IN_EXPERTS = os.environ.get("FLINT_MOE_ROUTE_IN_EXPERTS", "1") == "1"
 # then reads the whole row for the rstd: a launch fewer for ~0.4 GB of L2 reads). Read at each
 # call (a benchmark knob; benchmarks/NOTES.md §24).
 HEAD_FOLD_NORM = os.environ.get("FLINT_HEAD_FOLD_NORM", "1") == "1"
-# Decode steps of the dense MLP (layers 0-1 of flint-40b): the SwiGLU applied by the down
+# NVFP4 decode steps of the dense MLP (layers 0-1 of flint-40b): the SwiGLU applied by the down
 # projection's GEMV to the gate_up row it loads (swiglu.silu_mul_at), not by a silu_mul launch
-# between them: one launch and one store/load round trip fewer a layer, the same bits. NVFP4 down
-# (SILU_IN_DOWN, on): 0.93 + 9.63 -> 9.73 us and 0.96 + 9.60 -> 8.99 us of the H200's critical
-# path (layers 0, 1), replay 2.1127 -> 2.1119 ms at 100K. BF16 down (DENSE_SILU_IN_DOWN, off):
-# 1.18 + 16.16 -> 23.20 us a layer, replay 2.7883 -> 2.7986 ms, as each of its programs takes
-# the SwiGLU of all 10240 columns (benchmarks/NOTES.md §27). Read at each call (benchmark knobs).
+# between them: one launch and one store/load round trip fewer a layer, the same bits; 0.93 + 9.63
+# -> 9.73 us and 0.96 + 9.60 -> 8.99 us of the H200's critical path (layers 0, 1), replay 2.1127
+# -> 2.1119 ms at 100K. The BF16 down folded the same way was slower (1.18 + 16.16 -> 23.20 us a
+# layer: each of its programs took the SwiGLU of all 10240 columns; branch
+# exp/decode-knobs-measured-slower, benchmarks/NOTES.md §27). Read at each call (a benchmark knob).
 SILU_IN_DOWN = os.environ.get("FLINT_SILU_IN_DOWN", "1") == "1"
-DENSE_SILU_IN_DOWN = os.environ.get("FLINT_DENSE_SILU_IN_DOWN", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -157,14 +156,11 @@ def silu_linear_torch(gate_up: torch.Tensor, w) -> torch.Tensor:
 
 
 def silu_linear_triton(gate_up: torch.Tensor, w) -> torch.Tensor:
-    """Decode batches (SILU_IN_DOWN for NVFP4 weights, DENSE_SILU_IN_DOWN for dense ones): the
-    SwiGLU folded into the linear's GEMV (one launch); else silu_mul, then linear."""
-    if gate_up.dim() == 2 and gate_up.stride(-1) == 1:
-        if SILU_IN_DOWN and isinstance(w, NVFP4Weight) and gate_up.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS:
-            return nvfp4_k.silu_nvfp4_linear(gate_up, w)
-        half = gate_up[:, :gate_up.shape[1] // 2]
-        if DENSE_SILU_IN_DOWN and not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(half, w):
-            return dense_gemv_k.silu_dense_gemv(gate_up, w)
+    """NVFP4 decode batches (SILU_IN_DOWN): the SwiGLU folded into the linear's GEMV (one
+    launch); else silu_mul, then linear."""
+    if (SILU_IN_DOWN and isinstance(w, NVFP4Weight) and gate_up.dim() == 2 and gate_up.stride(-1) == 1
+            and gate_up.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS):
+        return nvfp4_k.silu_nvfp4_linear(gate_up, w)
     return linear_triton(swiglu_k.silu_mul(gate_up), w)
 
 

@@ -34,7 +34,7 @@ import triton.language as tl
 from . import qk_norm_rope as qk_norm_rope_k
 from .attention import attention_torch, check_attention_inputs
 from .split_k import num_sms
-from .pdl import enabled as pdl_enabled, launch_args, pdl_prologue
+from .pdl import launch_args, pdl_prologue
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -61,38 +61,12 @@ REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
 # token's q, k and v, instead of after q . k's cross-warp sum: one round trip to L2, not two. A
 # benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 REDUCE_PARTIALS_FIRST = True
-# A ring (sliding-window) split issues its first K/V tiles' copies before its PDL wait, q loaded
-# after it in the loop's first iteration (_decode_split_kernel's KV_FIRST). Measured on the H200:
-# the sliding splits 3.57 -> 3.67 us, NVFP4 100K replay 2.1119 -> 2.1131 ms, BF16 2.7986 -> 2.8069
-# (benchmarks/NOTES.md §27): off. A benchmark knob, read at each launch.
-RING_KV_FIRST = False
-# Column blocks of a reduce launch: program (b, query head, block) merges D / blocks columns of
-# the partials (each still takes q . k's full score), so a full layer's 66 partials [66, D] a head
-# are read by 4x the programs, a quarter each. FULL_: layers without a window; WINDOW_: sliding.
-# FULL_ 4 on the H200: NVFP4 100K replay 2.1119 -> 2.1428 ms (the o_proj GEMVs after the shorter
-# reduces +30 us), BF16 2.7986 -> 2.8051 (benchmarks/NOTES.md §27): 1. Benchmark knobs, read at each launch.
-FULL_REDUCE_D_BLOCKS, WINDOW_REDUCE_D_BLOCKS = 1, 1
 # A reduce program reads the new token's q, k, v and merges them with the sink before its PDL wait
 # (they were written before the split launch, two kernels back: complete once it runs, pdl.py),
 # so only the partials' load and merge follow the wait: the 49 reduces 126.9 -> 111.5 us of the
 # H200's critical path at 100K, NVFP4 replay 2.1119 -> 2.1049 ms, BF16 2.7986 -> 2.7940
 # (benchmarks/NOTES.md §27). A benchmark knob, read at each launch.
 REDUCE_NEW_TOKEN_FIRST = True
-# A paged split program asks the TMA unit to bring the first PAGED_L2_PAGES K and V pages of its
-# range into L2 before its PDL wait (cp.async.bulk.prefetch.L2: a hint, no registers, nothing waits
-# for it); the KV heads' programs of a split share its pages and take turns at the requests
-# (_first_pages). The programs are resident while the launch before them (qk_norm_rope) runs, with
-# HBM idle: the pipelined loop's first copies after the wait then find their pages in L2 or on the
-# way. benchmarks/NOTES.md §17 issued such requests from qk_norm_rope's programs, which they
-# delayed. On only with PDL (a GPU launch, pdl.enabled). Measured on the H200 at 100K: a full
-# layer's split 50.90 -> 51.37 / 52.38 us at 1 / 2 pages, NVFP4 replay 2.1119 -> 2.1190 / 2.1322
-# ms, BF16 2.7986 -> 2.8114 / 2.8278 (NOTES.md §27): 0 (off). A benchmark knob, read at each launch.
-PAGED_L2_PAGES = 0
-# (a request of size $2 > 0 at $1, issued by the first warp only: it holds every lane of a
-# [LANES <= 32] tensor, and the other warps' copies would repeat its requests)
-_PREFETCH_L2_PTX = tl.constexpr(
-    "{ .reg .pred p, w; .reg .b32 t; mov.u32 t, %tid.x; setp.lt.u32 w, t, 32; setp.gt.s32 p, $2, 0; "
-    "and.pred p, p, w; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }")
 
 
 @triton.jit
@@ -109,8 +83,8 @@ def _split_range(context_lens_ptr, b, s, window, num_splits, BLOCK_N: tl.constex
 @triton.jit
 def _partials(part_ml_ptr, part_acc_ptr, part, s0, splits, cols, num_splits, n_splits, D: tl.constexpr):
     """The partials of splits s0 + splits of a reduce program (its first at part): -> max [BLOCK_S],
-    sum of p [BLOCK_S], sum of p * v at columns cols [BLOCK_S, C]; those of splits that did not
-    run (past the n_splits non-empty ones, or all when one split ran: any bits) read as empty."""
+    sum of p [BLOCK_S], sum of p * v [BLOCK_S, D]; those of splits that did not run (past the
+    n_splits non-empty ones, or all when one split ran: any bits) read as empty."""
     idx = part + s0 + splits
     loaded = s0 + splits < num_splits
     live = (s0 + splits < n_splits) & (n_splits > 1)  # partials exist when several splits ran
@@ -153,8 +127,7 @@ def _decode_split_kernel(
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, KV_FIRST: tl.constexpr,
-    L2_PAGES: tl.constexpr, L2_LANES: tl.constexpr, PAGE_BYTES: tl.constexpr, PDL: tl.constexpr,
+    FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PDL: tl.constexpr,
 ):
     # the step's metadata (context lengths, positions, slots, ring rows, block tables: copied in
     # by the host, written by no kernel of the step) is read before the PDL wait (pdl.py)
@@ -176,26 +149,9 @@ def _decode_split_kernel(
     # block numbers are read one tile ahead, so K/V loads do not wait on them (deeper pipelining)
     pos_next = start + tl.arange(0, BLOCK_N)
     block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
-    if L2_PAGES > 0:  # (PAGED) the range's first pages into L2, before the wait: cache rows, not written
-        # this step (the new token's slot is position ctx, past the range)
-        pages, is_v, live = _first_pages(table, start, end, h, HK, ROWS_PER, L2_PAGES, L2_LANES)
-        base = tl.where(is_v, v_cache_ptr.to(tl.int64, bitcast=True), k_cache_ptr.to(tl.int64, bitcast=True))
-        tl.inline_asm_elementwise(_PREFETCH_L2_PTX, "=r,l,r", [base + pages * PAGE_BYTES,
-                                  tl.where(live, PAGE_BYTES, 0).to(tl.int32)], dtype=tl.int32, is_pure=False,
-                                  pack=1)
-    q_heads = q_ptr + b * stride_qb
-    if KV_FIRST:
-        # (the ring, not FROM_QKV) the PDL wait and q's load sit in the loop's first iteration,
-        # after that tile's K/V loads, so the pipelined loop's first K/V copies are issued before
-        # the wait: the window's cached positions were written by earlier steps, whose kernels have
-        # all completed once the previous kernel of this step is running (pdl.py), and this step's
-        # K/V go to the ring row of position ctx - ROWS_PER, outside the window. q is then carried
-        # through the loop (converted to the dot's layout in each iteration: a one-tile split has one)
-        q = tl.zeros([BLOCK_G, D], tl.float32 if DOT_FP32 else q_ptr.dtype.element_ty)
-    else:
-        pdl_prologue(PDL)
-        q = _load_heads(q_heads, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
-                        D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
+    pdl_prologue(PDL)
+    q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
+                    D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
     if FROM_QKV:
         if s == 0:  # this step's K/V into the cache, once per KV head
             kv_new = tl.maximum(new_slot, 0) * (HK * D) + h * D + cols[None, :]  # [1, D]
@@ -210,10 +166,7 @@ def _decode_split_kernel(
     m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
-    k_end = end
-    if KV_FIRST:  # at least one iteration, for the wait and q (no cached position: a masked tile)
-        k_end = tl.maximum(end, start + 1)
-    for kstart in range(start, k_end, BLOCK_N):
+    for kstart in range(start, end, BLOCK_N):
         pos = kstart + tl.arange(0, BLOCK_N)
         valid = pos < end
         if PAGED:
@@ -226,9 +179,6 @@ def _decode_split_kernel(
         kv_off = slot[:, None] * (HK * D) + h * D + cols[None, :]  # [BLOCK_N, D]
         k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        if KV_FIRST:
-            if kstart == start:
-                q = _q_after_wait(q_heads, h * G + rows, rows < G, stride_qh, D, DOT_FP32, PDL)
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -254,31 +204,6 @@ def _decode_split_kernel(
     out = _finish_one_split(q, m, l, acc, k_new, v_new, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
-
-
-@triton.jit
-def _first_pages(table, start, end, h, HK: tl.constexpr, ROWS_PER: tl.constexpr, PAGES: tl.constexpr,
-                 LANES: tl.constexpr):
-    """PAGED_L2_PAGES' requests of KV head h's program of the split [start, end) (table: the
-    sequence's block numbers): items i = h, h + HK, ... < 2 PAGES, item i being page i // 2 of the
-    range, its K (i even) or V (i odd) -> (block [LANES] int64, is V [LANES], live [LANES]: an
-    item of the range; LANES >= cdiv(2 PAGES, HK))."""
-    item = h + HK * tl.arange(0, LANES)
-    page = start // ROWS_PER + item // 2
-    live = (item < 2 * PAGES) & (page * ROWS_PER < end)
-    block = tl.load(table + page, mask=live, other=0).to(tl.int64)
-    return block, item % 2 == 1, live
-
-
-@triton.jit
-def _q_after_wait(q_heads, heads, head_ok, stride_qh, D: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr):
-    """KV_FIRST: the PDL prologue, then the query heads [R, D] at q_heads + heads * stride_qh as
-    stored (fp32 with DOT_FP32)."""
-    pdl_prologue(PDL)
-    q = tl.load(q_heads + heads[:, None] * stride_qh + tl.arange(0, D)[None, :], mask=head_ok[:, None], other=0.0)
-    if DOT_FP32:
-        q = q.to(tl.float32)
-    return q
 
 
 @triton.jit
@@ -352,15 +277,14 @@ def _decode_reduce_kernel(
     qk_scale, window, num_splits, eps,
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PARTIALS_FIRST: tl.constexpr,
-    BLOCK_D: tl.constexpr, NEW_TOKEN_FIRST: tl.constexpr, PDL: tl.constexpr,
+    NEW_TOKEN_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (b, query head, column block): one pass over the splits' partials, BLOCK_S at a
-    time, merged online, for BLOCK_D of the D columns (the scores take q and k whole). Every load
-    is issued without waiting for the context length (partials of splits past the sequence's
-    non-empty ones are loaded, then masked), and (PARTIALS_FIRST) the first BLOCK_S partials
-    with the new token's q, k, v, so with BLOCK_S >= num_splits the program makes one round trip
-    to memory (NEW_TOKEN_FIRST: the new token's q, k, v before the wait, the partials after it).
-    Nothing is stored when one split wrote the output itself."""
+    """Program (b, query head): one pass over the splits' partials, BLOCK_S at a time, merged
+    online. Every load is issued without waiting for the context length (partials of splits
+    past the sequence's non-empty ones are loaded, then masked), and (PARTIALS_FIRST) the first
+    BLOCK_S partials with the new token's q, k, v, so with BLOCK_S >= num_splits the program
+    makes one round trip to memory (NEW_TOKEN_FIRST: the new token's q, k, v before the wait,
+    the partials after it). Nothing is stored when one split wrote the output itself."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
@@ -369,7 +293,7 @@ def _decode_reduce_kernel(
     sink = 0.0
     if USE_SINKS:  # a weight: before the wait too
         sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
-    cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cols = tl.arange(0, D)
     if NEW_TOKEN_FIRST:
         # q, k and v were written before the split launch (by the kernel before it, or earlier),
         # which has completed once this program runs (pdl.py): read and merged before the wait
@@ -384,7 +308,7 @@ def _decode_reduce_kernel(
     else:  # loaded in the loop
         ms = tl.full([BLOCK_S], -1e30, tl.float32)
         ls = tl.zeros([BLOCK_S], tl.float32)
-        accs = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+        accs = tl.zeros([BLOCK_S, D], tl.float32)
     if not NEW_TOKEN_FIRST:
         m, l, acc = _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh,
                                stride_vb, stride_vh, q_norm_ptr, k_norm_ptr, cos_row, eps, qk_scale, sink, D,
@@ -409,8 +333,8 @@ def _decode_reduce_kernel(
 def _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb,
                stride_vh, q_norm_ptr, k_norm_ptr, cos_row, eps, qk_scale, sink, D: tl.constexpr,
                USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr):
-    """A reduce program's start: the new token (score q . k, p = 1, value v at cols) and the sink
-    (a score with no value), merged -> (max in log2 units, sum of p, sum of p * v [C])."""
+    """A reduce program's start: the new token (score q . k, p = 1, value v at cols [D]) and the
+    sink (a score with no value), merged -> (max in log2 units, sum of p, sum of p * v [D])."""
     one = tl.arange(0, 1)
     q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
                                FROM_QKV, USE_ROPE), [D]).to(tl.float32)
@@ -509,31 +433,19 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         USE_SINKS=sinks is not None, q_norm_ptr=q_w, k_norm_ptr=k_w, positions_ptr=positions,
         cos_sin_ptr=cos_sin if cos_sin is not None else part_ml, eps=eps, FROM_QKV=from_qkv is not None,
         USE_ROPE=cos_sin is not None, **launch_args(q.device))
-    d_blocks = WINDOW_REDUCE_D_BLOCKS if window else FULL_REDUCE_D_BLOCKS
-    if d_blocks < 1 or d % d_blocks or d // d_blocks & (d // d_blocks - 1):
-        raise ValueError(f"{name}: {d_blocks} reduce column blocks, expected a divisor of head_dim {d} "
-                         "leaving a power of two")
-    kv_first = RING_KV_FIRST and not paged and from_qkv is None
-    if not isinstance(PAGED_L2_PAGES, int) or not 0 <= PAGED_L2_PAGES <= 16:
-        raise ValueError(f"{name}: decode_attention.PAGED_L2_PAGES {PAGED_L2_PAGES!r}, expected an int in 0..16")
-    l2_pages = PAGED_L2_PAGES if paged and pdl_enabled(q.device) else 0
     _decode_split_kernel[(batch, hk, splits)](
         k_cache_ptr=k_cache, v_cache_ptr=v_cache,
         block_tables_ptr=block_tables if paged else context_lens,
         ring_rows_ptr=context_lens if paged else ring_rows, slots_ptr=slots,
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
-        PAGED=paged, KV_FIRST=kv_first, L2_PAGES=l2_pages,
-        L2_LANES=triton.next_power_of_2(triton.cdiv(2 * l2_pages, hk)) if l2_pages else 1,
-        PAGE_BYTES=k_cache[0].numel() * k_cache.element_size() if l2_pages else 0,
-        DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **{**common, **launch_args(q.device, prefetches=kv_first or l2_pages > 0)},  # (K/V before the wait)
-        num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
+        PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **common, num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
-        _decode_reduce_kernel[(batch, hq, d_blocks)](
+        _decode_reduce_kernel[(batch, hq)](
             BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), PARTIALS_FIRST=REDUCE_PARTIALS_FIRST,
-            BLOCK_D=d // d_blocks, NEW_TOKEN_FIRST=REDUCE_NEW_TOKEN_FIRST,
+            NEW_TOKEN_FIRST=REDUCE_NEW_TOKEN_FIRST,
             **{**common, **launch_args(q.device, prefetches=REDUCE_NEW_TOKEN_FIRST)},  # (q, k, v before the wait)
             num_warps=reduce_warps or REDUCE_WARPS)
     return out

@@ -27,7 +27,6 @@ from .pdl import launch_args, pdl_prologue
 from .rms_norm import (check_norm_inputs, folded_norm, maybe_folded_rstd, norm_weight, residual_add, rms_norm_torch,
                        step_activations)
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
-from .swiglu import gate_half, silu_mul_at, silu_mul_torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_TOKENS = 4
@@ -75,7 +74,7 @@ X_EARLY = True
 
 @triton.jit
 def _dense_gemv_kernel(
-    x_ptr,         # [T, K], or [T, 2K] gate | up (SILU)
+    x_ptr,         # [T, K]
     w_ptr,         # [N, K]
     out_ptr,       # [T, N], contiguous
     part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
@@ -88,13 +87,11 @@ def _dense_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, X_EARLY: tl.constexpr, GREEDY: tl.constexpr,
-    SILU: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it),
-    or with SILU y = silu_mul(x) @ W.T (the SwiGLU of a fused gate_up row, applied to the columns
-    a program loads); stored in out's dtype, rounded to x's first with ROUND_TO_X (fp32 logits of
-    a bf16 linear). GREEDY (one split): each program also packs its best stored value into the
-    token's argmax slot."""
+    """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it);
+    stored in out's dtype, rounded to x's first with ROUND_TO_X (fp32 logits of a bf16 linear).
+    GREEDY (one split): each program also packs its best stored value into the token's argmax slot."""
     t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_wn
@@ -121,24 +118,22 @@ def _dense_gemv_kernel(
         xa2 = None
         xa3 = None
         if X_EARLY:  # every step's activations, then the rstd's row: one round trip
-            xa0 = _step_x(x_row, res_row, k_lo + cols, cols >= 0, K, HAS_RESIDUAL, SILU)
+            xa0 = residual_add(x_row, res_row, k_lo + cols, cols >= 0, HAS_RESIDUAL)
             if PREFETCH > 1:
-                xa1 = _step_x(x_row, res_row, k_lo + BLOCK_K + cols, cols >= 0, K, HAS_RESIDUAL, SILU)
+                xa1 = residual_add(x_row, res_row, k_lo + BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
             if PREFETCH > 2:
-                xa2 = _step_x(x_row, res_row, k_lo + 2 * BLOCK_K + cols, cols >= 0, K, HAS_RESIDUAL, SILU)
+                xa2 = residual_add(x_row, res_row, k_lo + 2 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
             if PREFETCH > 3:
-                xa3 = _step_x(x_row, res_row, k_lo + 3 * BLOCK_K + cols, cols >= 0, K, HAS_RESIDUAL, SILU)
+                xa3 = residual_add(x_row, res_row, k_lo + 3 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
-        acc = _dot_step(w0, x_row, res_row, nw0, k_lo + cols, rstd, K, NORM, HAS_RESIDUAL, SILU, xa0)
+        acc = _dot_step(w0, x_row, res_row, nw0, k_lo + cols, rstd, NORM, HAS_RESIDUAL, xa0)
         if PREFETCH > 1:
-            acc += _dot_step(w1, x_row, res_row, nw1, k_lo + BLOCK_K + cols, rstd, K, NORM, HAS_RESIDUAL, SILU, xa1)
+            acc += _dot_step(w1, x_row, res_row, nw1, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL, xa1)
         if PREFETCH > 2:
-            acc += _dot_step(w2, x_row, res_row, nw2, k_lo + 2 * BLOCK_K + cols, rstd, K, NORM, HAS_RESIDUAL, SILU,
-                             xa2)
+            acc += _dot_step(w2, x_row, res_row, nw2, k_lo + 2 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL, xa2)
         if PREFETCH > 3:
-            acc += _dot_step(w3, x_row, res_row, nw3, k_lo + 3 * BLOCK_K + cols, rstd, K, NORM, HAS_RESIDUAL, SILU,
-                             xa3)
+            acc += _dot_step(w3, x_row, res_row, nw3, k_lo + 3 * BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL, xa3)
     else:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -149,12 +144,6 @@ def _dense_gemv_kernel(
             if NORM:
                 w = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < k_hi), other=0.0)
                 x = folded_norm(x_row, res_row, norm_w_ptr, k, k < k_hi, rstd, HAS_RESIDUAL).to(tl.float32)
-            elif SILU and MASK_K:
-                w = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < k_hi), other=0.0)
-                x = silu_mul_at(x_row, k, k < k_hi, K).to(tl.float32)
-            elif SILU:  # whole steps: unmasked columns, as below
-                w = tl.load(w_rows + k[None, :], mask=row_mask[:, None], other=0.0)
-                x = silu_mul_at(x_row, k, k >= 0, K).to(tl.float32)
             elif MASK_K:
                 w = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < k_hi), other=0.0)
                 x = tl.load(x_row + k, mask=k < k_hi, other=0.0).to(tl.float32)
@@ -172,24 +161,14 @@ def _dense_gemv_kernel(
 
 
 @triton.jit
-def _dot_step(w, x_row, res_row, nw, k, rstd, K, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-              SILU: tl.constexpr, xa=None):
+def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, xa=None):
     """[BLOCK_N] fp32 sums of a loaded weight step w [BLOCK_N, BLOCK_K] times the activations at
-    columns k (all inside the row): x, rms_norm(residual + x) with NORM (nw: the loaded norm
-    weight at k), or silu_mul(x) with SILU. xa: _step_x's activations at k already loaded."""
+    columns k (all inside the row): x, or rms_norm(residual + x) with NORM (nw: the loaded norm
+    weight at k). xa: x (residual + x with NORM and HAS_RESIDUAL) at k already loaded."""
     if xa is None:
-        xa = _step_x(x_row, res_row, k, k >= 0, K, HAS_RESIDUAL, SILU)
+        xa = residual_add(x_row, res_row, k, k >= 0, HAS_RESIDUAL)
     x = step_activations(xa, nw, rstd, NORM)
     return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-
-
-@triton.jit
-def _step_x(x_row, res_row, k, mask, K, HAS_RESIDUAL: tl.constexpr, SILU: tl.constexpr):
-    """A step's activations at columns k as loaded, before any norm: x (residual + x with
-    HAS_RESIDUAL), or with SILU silu(gate) * up of the gate | up row x_row (2K columns)."""
-    if SILU:
-        return silu_mul_at(x_row, k, mask, K)
-    return residual_add(x_row, res_row, k, mask, HAS_RESIDUAL)
 
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None,
@@ -204,18 +183,6 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None,
     n, k = _check_inputs(x, w)
     out = torch.empty((x.shape[0], n), dtype=_out_dtype(x, out_dtype), device=x.device)
     _launch(x, w, out, num_splits, None, _checked_greedy(x, greedy))
-    return out
-
-
-def silu_dense_gemv(gate_up: torch.Tensor, w: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
-    """The SwiGLU before a linear, folded into its GEMV (one launch instead of two): gate_up
-    [T, 2K] (gate columns first; T <= MAX_TOKENS), w [N, K] -> silu_mul(gate_up) @ W.T [T, N] in
-    gate_up's dtype, with silu_mul's roundings (each program applies it to the columns it loads).
-    num_splits as in dense_gemv."""
-    x = gate_half(gate_up, "silu_dense_gemv")
-    n, _ = _check_inputs(x, w)
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
-    _launch(gate_up, w, out, num_splits, None, silu=True)
     return out
 
 
@@ -251,11 +218,10 @@ def _checked_greedy(x: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tenso
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int | None, norm: tuple | None,
-            greedy: torch.Tensor | None = None, silu: bool = False):
+            greedy: torch.Tensor | None = None):
     """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in; greedy: argmax slots
-    (one split: every program holds whole sums of its rows); silu: x is [T, 2K] gate | up, the
-    SwiGLU folded in."""
-    t, (n, k) = x.shape[0], w.shape
+    (one split: every program holds whole sums of its rows)."""
+    (t, k), n = x.shape, w.shape[0]
     if t == 0 or n == 0:
         return
     if greedy is not None:
@@ -291,7 +257,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype, X_EARLY=X_EARLY,
-        GREEDY=greedy is not None, SILU=silu,
+        GREEDY=greedy is not None,
         **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
 
 
@@ -307,12 +273,6 @@ def uses_dense_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
     heads included), operands of one dtype with unit stride in K."""
     return (x.dim() == 2 and x.shape[0] <= MAX_TOKENS and w.dim() == 2 and w.shape[0] <= MAX_ROWS
             and x.dtype == w.dtype and x.stride(-1) == 1 and w.stride(-1) == 1)
-
-
-def silu_dense_gemv_torch(gate_up, w, num_splits=None):
-    """Same signature and semantics as `silu_dense_gemv`."""
-    _check_inputs(gate_half(gate_up, "silu_dense_gemv"), w)
-    return F.linear(silu_mul_torch(gate_up), w)
 
 
 def rms_norm_dense_gemv_torch(x, residual, norm_w, eps, w, num_splits=None, out_dtype=None, greedy=None):

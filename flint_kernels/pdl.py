@@ -16,9 +16,8 @@ the previous kernel; the MoE down launch also reads the router's expert ids, wri
 kernels back: a program runs only after every program of the kernel between has passed its
 wait, i.e. after the router completed), and the step's metadata that the host copies in before
 the step and no kernel writes (context lengths, positions, cache slots, block tables: the
-decode-attention launches). Two benchmark knobs of decode_attention.py read more on that ground:
-RING_KV_FIRST (a sliding split's K/V rows of the window, written by earlier steps) and
-REDUCE_NEW_TOKEN_FIRST (the reduce's q, k, v, written before the split launch). One exception
+decode-attention launches). The attention reduce reads more on that ground: the new token's
+q, k, v, written before the split launch (decode_attention.REDUCE_NEW_TOKEN_FIRST). One exception
 waits for a flag instead: the routed MoE down launch reads the expert ids the gate/up launch
 just before it publishes (moe_gemv._token_routing: an acquire load, polled until set; every
 gate/up program is resident or done by then, as below). A program runs only after the kernel

@@ -215,13 +215,6 @@ def launches() -> list[tuple[str, object, object]]:
             q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 1, block_tables=tables)),
         ("decode B=1", decode_attention, lambda: decode_attention.decode_attention(  # 66 splits: batch-1 decode
             q[:1], k[:1], v_view[:1], paged, paged, lens[:1], sinks, scale, 0, block_tables=tables[:1])),
-        ("decode B=1 reduce in 4 column blocks", decode_attention, lambda: with_knob(
-            decode_attention, "FULL_REDUCE_D_BLOCKS", 4, lambda: decode_attention.decode_attention(
-                q[:1], k[:1], v_view[:1], paged, paged, lens[:1], sinks, scale, 0, block_tables=tables[:1],
-                reduce_warps=4))),
-        ("decode B=1 L2 pages 2", decode_attention, lambda: with_knob(  # first pages into L2 before the wait
-            decode_attention, "PAGED_L2_PAGES", 2, lambda: decode_attention.decode_attention(
-                q[:1], k[:1], v_view[:1], paged, paged, lens[:1], sinks, scale, 0, block_tables=tables[:1]))),
         # ints equal to 1 become constexprs: one sequence, one split, one-block tables
         ("decode B=1 one split", decode_attention, lambda: decode_attention.decode_attention(
             q[:1], k[:1], v_view[:1], paged, paged, lens[:1], None, scale, 0, block_tables=tables[:1, :1].contiguous(),
@@ -233,10 +226,6 @@ def launches() -> list[tuple[str, object, object]]:
         ("decode_attention_qkv B=1 ring", decode_attention, lambda: decode_attention.decode_attention_qkv(
             qkv[:1], dw, dw, slots[:1], cos_sin, 1e-5, hq, hk, ring, ring, slots[:1], lens[:1], sinks, scale, 513,
             ring_rows=rows[:1])),
-        # a sliding layer's batch-1 split with its first K/V copies before the PDL wait (a knob)
-        ("decode ring B=1 kv first", decode_attention, lambda: with_knob(
-            decode_attention, "RING_KV_FIRST", True, lambda: decode_attention.decode_attention(
-                q[:1], k[:1], v_view[:1], ring, ring, lens[:1], sinks, scale, 513, ring_rows=rows[:1]))),
         ("decode ring B=1 reduce new token after the wait", decode_attention, lambda: with_knob(
             decode_attention, "REDUCE_NEW_TOKEN_FIRST", False, lambda: decode_attention.decode_attention(
                 q[:1], k[:1], v_view[:1], ring, ring, lens[:1], sinks, scale, 513, ring_rows=rows[:1],
@@ -342,15 +331,13 @@ def w4a16_launches() -> list:
                           lambda x=x, w=w: lin.rms_norm_nvfp4_linear(x, x.clone(), hw, 1e-5, w)))
             cases.append((f"dense_gemv + rms_norm {name} T={t}", gemv,
                           lambda x=x, dense=dense: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense)))
-    # the dense MLP's SwiGLU folded into its down GEMV (ops.silu_linear)
+    # the NVFP4 dense MLP's SwiGLU folded into its down GEMV (ops.silu_linear)
     down_n, down_k = shapes["down"]  # (the LM head's lambdas above read k and n late)
-    w, dense = nvfp4(down_n, down_k), torch.randn(down_n, down_k, dtype=bf16)
+    w = nvfp4(down_n, down_k)
     for t in (1, 4):
         gate_up = torch.randn(t, 2 * down_k, dtype=bf16)
         cases.append((f"nvfp4_linear + silu_mul down T={t}", lin,
                       lambda gate_up=gate_up, w=w: lin.silu_nvfp4_linear(gate_up, w)))
-        cases.append((f"dense_gemv + silu_mul down T={t}", gemv,
-                      lambda gate_up=gate_up, dense=dense: gemv.silu_dense_gemv(gate_up, dense)))
     return cases
 
 

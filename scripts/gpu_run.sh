@@ -25,7 +25,7 @@ case "$what" in
   # and COUNT pick kernels of the profiled replay in launch order: 15 and 16 are layers 2 (sliding,
   # MoE) and 3 (full, MoE) when the dense layers take 7 launches each after the embedding (qkv,
   # qk_norm_rope, split, reduce, o_proj, gate/up, down: NVFP4, ops.SILU_IN_DOWN; 17 for BF16,
-  # whose dense layers run silu_mul: ops.DENSE_SILU_IN_DOWN off). Each
+  # whose dense layers run silu_mul). Each
   # kernel runs alone (no PDL overlap), L2 and clocks as they are; sections: where the warps wait
   # (WarpStateStats), occupancy, memory traffic. $OUT/ncu-step.ncu-rep and its details as text.
   ncu)      ncu=${NCU:-$(command -v ncu || ls -d /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}

@@ -6,7 +6,6 @@ import torch
 
 from flint_backend import ops as ops_module
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels.dense_gemv import dense_gemv, silu_dense_gemv
 from flint_kernels.nvfp4_linear import nvfp4_linear, silu_nvfp4_linear
 from flint_kernels.swiglu import silu_mul, silu_mul_torch
 from kv_cases import assert_scaled_close
@@ -32,17 +31,15 @@ def test_strided_rows_and_errors():
         silu_mul(torch.randn(4, 7, device=DEVICE))
 
 
-@pytest.mark.parametrize("fold,dense_fold", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("t", [1, 4, 9], ids=["batch-1", "batch-4", "gemm"])
-def test_ops_silu_linear_folds_at_decode_sizes(t, fold, dense_fold, monkeypatch):
-    """ops.silu_linear: at decode sizes the SwiGLU inside the down GEMV (NVFP4 with SILU_IN_DOWN,
-    dense with DENSE_SILU_IN_DOWN), the bits of silu_mul then linear; beyond, or with the knob
-    off, those two launches; all close to the torch table's."""
+def test_ops_silu_linear_folds_at_decode_sizes(t, fold, monkeypatch):
+    """ops.silu_linear: at decode sizes with SILU_IN_DOWN the SwiGLU inside the NVFP4 down GEMV,
+    the bits of silu_mul then linear; dense weights, larger batches, or the knob off: those two
+    launches; all close to the torch table's."""
     monkeypatch.setattr(ops_module, "SILU_IN_DOWN", fold)
-    monkeypatch.setattr(ops_module, "DENSE_SILU_IN_DOWN", dense_fold)
     calls = []
-    for module, name in ((ops_module.dense_gemv_k, "silu_dense_gemv"), (ops_module.nvfp4_k, "silu_nvfp4_linear"),
-                         (ops_module.swiglu_k, "silu_mul")):
+    for module, name in ((ops_module.nvfp4_k, "silu_nvfp4_linear"), (ops_module.swiglu_k, "silu_mul")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or
                             _real(*a, **kw))
@@ -54,18 +51,14 @@ def test_ops_silu_linear_folds_at_decode_sizes(t, fold, dense_fold, monkeypatch)
         assert_scaled_close(got, torch_ops.silu_linear(gate_up, w))  # interpreter: bf16 roundings truncate
         if t <= 4:
             assert torch.equal(got, triton_ops.linear(silu_mul(gate_up), w))
-    assert calls == [
-        ("silu_dense_gemv" if dense_fold else "silu_mul") if t <= 4 else "silu_mul",
-        ("silu_nvfp4_linear" if fold else "silu_mul") if t <= 4 else "silu_mul"]
+    assert calls == ["silu_mul", "silu_nvfp4_linear" if fold and t <= 4 else "silu_mul"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 4])
 def test_real_shapes(t):
-    """flint-40b's dense MLP down (2048 x 10240) with the SwiGLU folded in, BF16 and NVFP4, at
-    the GPU's launch shapes: the bits of silu_mul then the GEMV."""
+    """flint-40b's NVFP4 dense MLP down (2048 x 10240) with the SwiGLU folded in, at the GPU's
+    launch shapes: the bits of silu_mul then the GEMV."""
     gate_up = (3 * torch.randn(t, 20480, device=DEVICE)).to(torch.bfloat16)
-    w = (torch.randn(2048, 10240, device=DEVICE) / 100).to(torch.bfloat16)
-    assert torch.equal(silu_dense_gemv(gate_up, w), dense_gemv(silu_mul(gate_up), w))
     w4 = quantize_nvfp4(torch.randn(2048, 10240, device=DEVICE) / 100)
     assert torch.equal(silu_nvfp4_linear(gate_up, w4), nvfp4_linear(silu_mul(gate_up), w4))
