@@ -42,8 +42,10 @@ SMOKE = dict(hidden=64, hq=8, hk=2, d=16, window=9, block_size=4, experts=16, to
 BF16_TOL = dict(rtol=2e-2, atol=2e-2)
 MAX_REL_ERR = 2e-2  # max error / max |expected|: long contexts average outputs down to ~1/sqrt(L)
 # MoE rounds 6 times to bf16 (gate, up, silu, product, expert output, combine); Triton's
-# interpreter truncates there instead of rounding to nearest, a bias that adds up
+# interpreter truncates there instead of rounding to nearest, a bias that adds up (in the
+# elementwise tolerance too)
 INTERPRETER_MOE_REL_ERR = 4e-2
+INTERPRETER_MOE_TOL = dict(rtol=INTERPRETER_MOE_REL_ERR, atol=INTERPRETER_MOE_REL_ERR)
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Case:
     graph: bool = False              # also time a replayed CUDA graph (launch overhead excluded)
     prepare: Callable[[], None] | None = None  # restores inputs a call mutates (not timed)
     max_rel_err: float = MAX_REL_ERR
+    tol: dict = field(default_factory=lambda: BF16_TOL)  # elementwise (torch.testing.assert_close)
 
 
 @dataclass
@@ -242,13 +245,23 @@ def _weight_bytes(w) -> int:
 
 
 def _experts(shape, device, fmt):
+    """-> (w13 [E, 2I, H], w2 [E, H, I], the shared expert's s13 [2I, H], s2 [H, I])."""
     e, h, i = shape["experts"], shape["hidden"], shape["moe_inter"]
-    if fmt == "nvfp4":
-        return (random_nvfp4(e, 2 * i, h, device=device), random_nvfp4(e, h, i, device=device),
-                random_nvfp4(2 * i, h, device=device), random_nvfp4(h, i, device=device))
     scale = h ** -0.5
-    return tuple(torch.randn(*s, device=device, dtype=torch.bfloat16) * scale
-                 for s in [(e, 2 * i, h), (e, h, i), (2 * i, h), (h, i)])
+    return (_weight(fmt, device, scale, e, 2 * i, h), _weight(fmt, device, scale, e, h, i)) + \
+        _shared_expert(shape, device, fmt)
+
+
+def _shared_expert(shape, device, fmt):
+    h, i = shape["hidden"], shape["moe_inter"]
+    return _weight(fmt, device, h ** -0.5, 2 * i, h), _weight(fmt, device, h ** -0.5, h, i)
+
+
+def _weight(fmt, device, scale, *shape):
+    """A random weight of `shape`: NVFP4, or bf16 normal times scale."""
+    if fmt == "nvfp4":
+        return random_nvfp4(*shape, device=device)
+    return torch.randn(*shape, device=device, dtype=torch.bfloat16) * scale
 
 
 def _routing(t, shape, device, experts=None):
@@ -303,7 +316,7 @@ def bench_moe(shape, device, smoke):
             n = min(_cold_sets(per_call, device, smoke), e // k)
             groups = torch.randperm(e, device=device)[:n * k].to(torch.int32).view(n, k)
             routings = [_routing(t, shape, device, experts=g) for g in groups]
-            shareds = [(s13, s2)] + [_experts(shape, device, fmt)[2:] for _ in range(n - 1)]
+            shareds = [(s13, s2)] + [_shared_expert(shape, device, fmt) for _ in range(n - 1)]
             sets = [(x, ids, weights, w13, w2, s13_, s2_) for (ids, weights), (s13_, s2_) in zip(routings, shareds)]
             chosen = sum(len(torch.unique(ids)) for ids, _ in routings) / n
             paths = ["small", "grouped"] if t <= 64 else ["grouped"]
@@ -315,7 +328,8 @@ def bench_moe(shape, device, smoke):
                     run=lambda turns=turns, p=path: fused_moe(*turns.next(), path=p),
                     reference=lambda a=sets[0]: fused_moe_torch(*a), prepare=turns.reset,
                     bytes=chosen * per_expert + shared + 2 * 2 * t * h, graph=True,
-                    max_rel_err=INTERPRETER_MOE_REL_ERR if smoke else MAX_REL_ERR))
+                    max_rel_err=INTERPRETER_MOE_REL_ERR if smoke else MAX_REL_ERR,
+                    tol=INTERPRETER_MOE_TOL if smoke else BF16_TOL))
     return cases
 
 
@@ -334,7 +348,8 @@ def bench_moe_grouped(shape, device, smoke):
                 "moe_grouped", f"{fmt} T={t}", run=lambda a=args: fused_moe(*a, path="grouped"),
                 reference=lambda a=args: fused_moe_torch(*a),
                 bytes=sum(_weight_bytes(w) for w in (w13, w2, s13, s2)) + 2 * 2 * t * h,
-                flops=6 * t * (k + 1) * h * i, max_rel_err=INTERPRETER_MOE_REL_ERR if smoke else MAX_REL_ERR))
+                flops=6 * t * (k + 1) * h * i, max_rel_err=INTERPRETER_MOE_REL_ERR if smoke else MAX_REL_ERR,
+                tol=INTERPRETER_MOE_TOL if smoke else BF16_TOL))
     return cases
 
 
@@ -410,7 +425,8 @@ SECTIONS = {
 
 # ----------------------------------------------------------------------------- driver
 def check(case: Case) -> tuple[str, float]:
-    """-> (status, max error / max |expected|): both the bf16 tolerance and 2% of the output scale."""
+    """-> (status, max error / max |expected|): both the case's elementwise tolerance (bf16's
+    unless it says) and its max_rel_err of the output scale (2%)."""
     if case.prepare:
         case.prepare()
     got, expected = case.run(), case.reference()
@@ -420,7 +436,7 @@ def check(case: Case) -> tuple[str, float]:
     rel = err / max(float(b.float().abs().max()) for b in expected)
     try:
         for a, b in zip(got, expected):
-            torch.testing.assert_close(a, b, **BF16_TOL)
+            torch.testing.assert_close(a, b, **case.tol)
     except AssertionError as e:
         return "FAIL: " + str(e).splitlines()[0], rel
     return ("ok" if rel <= case.max_rel_err else f"FAIL: relative error {rel:.2e}"), rel
