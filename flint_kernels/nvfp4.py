@@ -178,6 +178,23 @@ mov.b32 {$6, $7}, f3;
 }
 """)
 FP4_PTX_UNIT = tl.constexpr(64.0)  # the PTX decode's weights are E2M1 / 64
+# fp4_dot_loaded's F16 products: sum over j of weight j * x_j of one word, x as the f16x2 pairs
+# (x0, x2), (x4, x6), (x1, x3), (x5, x7) ($2..$5, low half first: the decode's pair order) ->
+# fp32 ($0): one mul and three fma.rn.f16x2, then the two halves widened and added
+_FP4_WORD_DOT_F16_PTX = tl.constexpr("""
+{
+.reg .b32 t<4>, lo, hi, f<4>, acc;
+.reg .b16 b<4>, h<2>;
+.reg .f32 s<2>;""" + e2m1_word_to_f16x2_ptx("$1", ("f0", "f1", "f2", "f3")) + """mul.rn.f16x2 acc, f0, $2;
+fma.rn.f16x2 acc, f1, $3, acc;
+fma.rn.f16x2 acc, f2, $4, acc;
+fma.rn.f16x2 acc, f3, $5, acc;
+mov.b32 {h0, h1}, acc;
+cvt.f32.f16 s0, h0;
+cvt.f32.f16 s1, h1;
+add.f32 $0, s0, s1;
+}
+""")
 
 
 @triton.jit
@@ -201,6 +218,36 @@ def by_column(c0, c1, c2, c3, c4, c5, c6, c7):
     """Eight tensors of one shape S, joined in-thread -> S + [2, 2, 2], whose reshape to S + [8]
     has c_j at column j (tl.join adds the last dim: j = 4 a + 2 b + c at [.., a, b, c])."""
     return tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+
+
+@triton.jit
+def _f16_pair(lo, hi):
+    """fp32 tensors -> int32 of their fp16 pair (lo in the low half)."""
+    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def fp4_x_pairs(xs):
+    """A step's x block [..., 8] (fp32, column j for nibble j) -> the four f16x2 pairs of
+    _FP4_WORD_DOT_F16_PTX, each [...] int32: (x0, x2), (x4, x6), (x1, x3), (x5, x7)."""
+    x8 = tl.reshape(xs, xs.shape[:-1] + [2, 2, 2])  # [..., a, b, c]: column 4 a + 2 b + c
+    even, odd = tl.split(x8)            # c = 0: columns 0, 2, 4, 6; c = 1: 1, 3, 5, 7
+    e0, e1 = tl.split(even)             # b = 0: columns 0, 4; b = 1: 2, 6
+    o0, o1 = tl.split(odd)              # b = 0: columns 1, 5; b = 1: 3, 7
+    x0, x4 = tl.split(e0)
+    x2, x6 = tl.split(e1)
+    x1, x5 = tl.split(o0)
+    x3, x7 = tl.split(o1)
+    return _f16_pair(x0, x2), _f16_pair(x4, x6), _f16_pair(x1, x3), _f16_pair(x5, x7)
+
+
+@triton.jit
+def fp4_word_dots_f16(words, p0, p1, p2, p3):
+    """Each word's sum over its 8 weights (E2M1 / 64) times x (fp4_x_pairs, broadcast to
+    words' shape), in fp16 (_FP4_WORD_DOT_F16_PTX) -> fp32 like words."""
+    return tl.inline_asm_elementwise(_FP4_WORD_DOT_F16_PTX, "=f,r,r,r,r,r", [words, p0, p1, p2, p3],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -308,13 +355,19 @@ def fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW: tl.constexpr, HAS_RESIDUAL: tl
 def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr,
                    res_ptr=None, nw=None, rstd=1.0, NORM: tl.constexpr = False,
                    HAS_RESIDUAL: tl.constexpr = False, X_BLOCK: tl.constexpr = False, xa=None,
-                   SILU: tl.constexpr = False):
+                   SILU: tl.constexpr = False, F16: tl.constexpr = False):
     """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
     activation is rms_norm(residual + x) with the norm weight nw of the step's columns
     (fp4_norm_weight), computed here from the row's rstd (rms_norm.folded_rstd) once for the
     step's [KW, 8] columns (rms_norm.step_activations), then nibble j's column picked out of each
     word's 8 (in-thread selects). SILU: the activation is silu(gate) * up of the gate | up row at
-    x_ptr (also as a block). xa: that block already loaded (fp4_x_block; NORM, X_BLOCK or SILU)."""
+    x_ptr (also as a block). xa: that block already loaded (fp4_x_block; NORM, X_BLOCK or SILU).
+    F16 (PTX, DOT_3D, x of bf16 values): a word's 8 products formed and summed in fp16 pairs
+    inside the decode's PTX (_FP4_WORD_DOT_F16_PTX), then widened: about half the instructions
+    a word and row. x converts to fp16 exactly for 2**-14 <= |x| < 65504 (bf16's 8 significant
+    bits fit fp16's 11); the products with E2M1 / 64 (2 bits) are exact while above 2**-14 (below,
+    fp16 subnormals: an absolute error under 2**-25 each); a half's sum of four rounds to 11 bits;
+    |x| >= 65504 overflows. For activations of bounded scale (nvfp4_linear.GEMV_F16)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
     BLOCK_X: tl.constexpr = NORM or X_BLOCK or SILU
@@ -326,8 +379,12 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
     if DOT_3D:  # [R, KW, 8] products, summed over the word's 8 (DOT_3D above)
         if not BLOCK_X:  # x read with stride 8, column j of the block from load j
             xs = tl.reshape(load_by_column(x_ptr + kw * 8, k_mask), [KW, 8])
-        w8 = tl.reshape(fp4_word_columns(words, PTX), [words.shape[0], KW, 8])
-        part = tl.sum(w8 * (xs.to(tl.float32) * fp4_x_unit(PTX))[None, :, :], axis=2)
+        if F16 and PTX:  # x broadcast over the rows first (one conversion), paired per word
+            p0, p1, p2, p3 = fp4_x_pairs(tl.broadcast_to(xs.to(tl.float32)[None, :, :], [words.shape[0], KW, 8]))
+            part = fp4_word_dots_f16(words, p0, p1, p2, p3)
+        else:
+            w8 = tl.reshape(fp4_word_columns(words, PTX), [words.shape[0], KW, 8])
+            part = tl.sum(w8 * (xs.to(tl.float32) * fp4_x_unit(PTX))[None, :, :], axis=2)
     else:
         nibbles = fp4_word_nibbles(words, PTX)
         part = tl.zeros(words.shape, tl.float32)

@@ -66,6 +66,11 @@ GEMV_UNSPLIT_BLOCK_N: int | None = 64 if INTERPRET else 4  # (interpreter: few, 
 # one a step (sm_90 code issued the next step's loads after the previous step's shared-memory
 # conversions). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 GEMV_X_EARLY = True
+# Prefetching splits of bf16 activations (the PTX decode): each word's 8 products formed and summed
+# in fp16 pairs (nvfp4.fp4_dot_loaded's F16; x scaled per word into fp16's range, the products
+# exact, sums of four rounded to fp16). FLINT_FP4_GEMV_F16 (read at import; a benchmark knob,
+# read at each launch). The MoE launches keep fp32 products: there the fp16 path measured slower.
+GEMV_F16 = os.environ.get("FLINT_FP4_GEMV_F16", "0") == "1"
 # Decode GEMVs of the dense MLP (layers 0-1 of flint-40b): rows a program where N >= WIDE_N
 # (gate/up, 20480 rows: 2560 programs of GEMV_BLOCK_N = 8), and the K splits where K takes more
 # word steps than a split prefetches (down, K = 10240: pick_splits gave 2 splits of 5 steps, a
@@ -96,7 +101,7 @@ def _nvfp4_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, X_BLOCK: tl.constexpr,
-    X_EARLY: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
+    X_EARLY: tl.constexpr, SILU: tl.constexpr, F16: tl.constexpr, PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T: the residual add and RMSNorm
     of the previous launch folded in (every program takes the row's rstd from all K columns, a
@@ -144,16 +149,16 @@ def _nvfp4_gemv_kernel(
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                  HAS_RESIDUAL, BLOCK_H)
         acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, KW, False, PTX, res_row, nw0, rstd,
-                             NORM, HAS_RESIDUAL, X_BLOCK, xa0, SILU)
+                             NORM, HAS_RESIDUAL, X_BLOCK, xa0, SILU, F16)
         if PREFETCH > 1:
             acc += fp4_dot_loaded(x_row, w1, s1, kw0 + KW, K // 8, KW, False, PTX, res_row, nw1, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa1, SILU)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa1, SILU, F16)
         if PREFETCH > 2:
             acc += fp4_dot_loaded(x_row, w2, s2, kw0 + 2 * KW, K // 8, KW, False, PTX, res_row, nw2, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa2, SILU)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa2, SILU, F16)
         if PREFETCH > 3:
             acc += fp4_dot_loaded(x_row, w3, s3, kw0 + 3 * KW, K // 8, KW, False, PTX, res_row, nw3, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa3, SILU)
+                                  NORM, HAS_RESIDUAL, X_BLOCK, xa3, SILU, F16)
     elif WORDS:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -321,6 +326,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
             X_BLOCK=nvfp4.X_BLOCK_LOADS, X_EARLY=GEMV_X_EARLY, SILU=silu,
+            F16=GEMV_F16 and prefetch > 0 and x.dtype == torch.bfloat16,
             **launch_args(x.device, prefetches=prefetch > 0),
             NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
             num_warps=GEMV_WARPS)

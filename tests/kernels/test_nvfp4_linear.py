@@ -10,7 +10,8 @@ from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
 from flint_kernels import nvfp4
 from flint_kernels import nvfp4_linear as nvfp4_linear_module
 from flint_kernels.nvfp4 import dequantize_nvfp4
-from flint_kernels.nvfp4_linear import GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch
+from flint_kernels.nvfp4_linear import (GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch, rms_norm_nvfp4_linear,
+                                        rms_norm_nvfp4_linear_torch, silu_nvfp4_linear)
 from kv_cases import assert_scaled_close
 from launch_spy import spy_launches
 
@@ -259,3 +260,41 @@ def test_silu_folded_errors_name_the_argument():
         nvfp4_linear_module.silu_nvfp4_linear(gate_up[:, :64], w)
     with pytest.raises(ValueError, match=f"at most {GEMV_MAX_TOKENS}"):
         nvfp4_linear_module.silu_nvfp4_linear(torch.randn(GEMV_MAX_TOKENS + 1, 128, device=DEVICE), w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 300.0])
+@pytest.mark.parametrize("t", [1, 4])
+@pytest.mark.parametrize("name,n,k", [("qkv", 5120, 2048), ("o", 2048, 4096), ("gate_up", 20480, 2048),
+                                      ("down", 2048, 10240)])
+def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
+    """nvfp4_linear.GEMV_F16 (each word's products summed in fp16 pairs) at flint-40b's decode
+    GEMVs, bf16 activations of three scales, with the RMSNorm (qkv, gate/up) or the SwiGLU
+    (down) folded in as the engine launches them: close to dequantise-then-matmul, and no
+    further from it than twice the fp32 products' error (plus an ulp of the output's bf16)."""
+    g = torch.Generator(device=DEVICE).manual_seed(n + k + t)
+    w = quantize_nvfp4(torch.randn(n, k, device=DEVICE, generator=g) / k ** 0.5)
+    if name in ("qkv", "gate_up"):
+        x = (scale * torch.randn(t, k, device=DEVICE, generator=g)).bfloat16()
+        norm_w = (scale * (1 + 0.3 * torch.randn(k, device=DEVICE, generator=g))).bfloat16()
+        run = lambda: rms_norm_nvfp4_linear(x, None, norm_w, 1e-5, w)[0]
+        expected = rms_norm_nvfp4_linear_torch(x, None, norm_w, 1e-5, w)[0]
+    elif name == "down":
+        gate_up = (scale ** 0.5 * torch.randn(t, 2 * k, device=DEVICE, generator=g)).bfloat16()
+        run = lambda: silu_nvfp4_linear(gate_up, w)
+        expected = nvfp4_linear_module.silu_nvfp4_linear_torch(gate_up, w)
+    else:
+        x = (scale * torch.randn(t, k, device=DEVICE, generator=g)).bfloat16()
+        run = lambda: nvfp4_linear(x, w)
+        expected = nvfp4_linear_torch(x, w)
+    errors = {}
+    for f16 in (False, True):
+        monkeypatch.setattr(nvfp4_linear_module, "GEMV_F16", f16)
+        got = run()
+        assert torch.isfinite(got).all()
+        assert_scaled_close(got, expected, rel=1e-2)
+        errors[f16] = float((got.float() - expected.float()).abs().max())
+    ulp = float(expected.float().abs().max()) * 2 ** -8
+    print(f"{name} t={t} x scale {scale:g}: max error fp32 products {errors[False]:.3e}, "
+          f"fp16 {errors[True]:.3e} (max |y| {float(expected.float().abs().max()):.3e})")
+    assert errors[True] <= 2 * errors[False] + ulp
