@@ -66,11 +66,13 @@ GEMV_UNSPLIT_BLOCK_N: int | None = 64 if INTERPRET else 4  # (interpreter: few, 
 # one a step (sm_90 code issued the next step's loads after the previous step's shared-memory
 # conversions). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 GEMV_X_EARLY = True
-# Prefetching splits of bf16 activations (the PTX decode): each word's 8 products formed and summed
-# in fp16 pairs (nvfp4.fp4_dot_loaded's F16; x scaled per word into fp16's range, the products
-# exact, sums of four rounded to fp16). FLINT_FP4_GEMV_F16 (read at import; a benchmark knob,
-# read at each launch). The MoE launches keep fp32 products: there the fp16 path measured slower.
-GEMV_F16 = os.environ.get("FLINT_FP4_GEMV_F16", "0") == "1"
+# Prefetching splits of bf16 activations (the PTX decode): each word's 8 products formed and
+# summed in fp16 pairs (nvfp4.fp4_dot_loaded's F16: exact products, sums of four rounded to
+# fp16's 11 bits; activations of normed or attention-output scale, |x| < 65504), instead of fp32:
+# about half the instructions a word after the PDL wait (o_proj 735 -> 613 on sm_90).
+# FLINT_FP4_GEMV_F16=0: fp32 products (read at import; a benchmark knob, read at each launch).
+# The MoE launches keep fp32 products: with fp16 their down launch measured slower on the H200.
+GEMV_F16 = os.environ.get("FLINT_FP4_GEMV_F16", "1") == "1"
 # Decode GEMVs of the dense MLP (layers 0-1 of flint-40b): rows a program where N >= WIDE_N
 # (gate/up, 20480 rows: 2560 programs of GEMV_BLOCK_N = 8), and the K splits where K takes more
 # word steps than a split prefetches (down, K = 10240: pick_splits gave 2 splits of 5 steps, a
