@@ -271,7 +271,8 @@ def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
     """nvfp4_linear.GEMV_F16 (each word's products summed in fp16 pairs) at flint-40b's decode
     GEMVs, bf16 activations of three scales, with the RMSNorm (qkv, gate/up) or the SwiGLU
     (down) folded in as the engine launches them: close to dequantise-then-matmul, and no
-    further from it than twice the fp32 products' error (plus an ulp of the output's bf16)."""
+    further from it than twice the fp32 products' error plus one bf16 rounding of the largest
+    output (2**-7 of it: a bf16 value in [2**e, 2**(e+1)) has an ulp of 2**(e-7))."""
     g = torch.Generator(device=DEVICE).manual_seed(n + k + t)
     w = quantize_nvfp4(torch.randn(n, k, device=DEVICE, generator=g) / k ** 0.5)
     if name in ("qkv", "gate_up"):
@@ -294,7 +295,7 @@ def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
         assert torch.isfinite(got).all()
         assert_scaled_close(got, expected, rel=1e-2)
         errors[f16] = float((got.float() - expected.float()).abs().max())
-    ulp = float(expected.float().abs().max()) * 2 ** -8
+    ulp = float(expected.float().abs().max()) * 2 ** -7
     print(f"{name} t={t} x scale {scale:g}: max error fp32 products {errors[False]:.3e}, "
           f"fp16 {errors[True]:.3e} (max |y| {float(expected.float().abs().max()):.3e})")
     assert errors[True] <= 2 * errors[False] + ulp
