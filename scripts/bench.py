@@ -331,10 +331,11 @@ def main() -> None:
                         # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_FP4_GEMV_PREFETCH, FLINT_PDL,
                         # FLINT_FP4_MOE_SPLIT_SHARED, FLINT_MOE_DOWN_DENSE, FLINT_FOLD_NORM, FLINT_ROUTER_NORM_WARPS,
                         # FLINT_FP4_X_BLOCK, FLINT_FUSE_QK_NORM_ROPE, FLINT_MOE_ROUTE_IN_EXPERTS,
-                        # FLINT_HEAD_FOLD_NORM)
+                        # FLINT_HEAD_FOLD_NORM, FLINT_FP4_GEMV_F16)
                         "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS,
                                   "nvfp4_moe_down_words": nvfp4.MOE_DOWN_WORDS,
                                   "nvfp4_gemv_prefetch": nvfp4_linear.GEMV_PREFETCH,
+                                  "nvfp4_gemv_f16": nvfp4_linear.GEMV_F16,
                                   "pdl": pdl.ENABLED, "pdl_prefetch_only": pdl.PREFETCH_ONLY,
                                   "nvfp4_moe_split_shared": moe_gemv.SPLIT_SHARED,
                                   "moe_down_dense": moe_gemv.DOWN_DENSE, "fold_norm": ops.FOLD_NORM,
