@@ -339,14 +339,16 @@ def w4a16_launches() -> list:
         cases.append((f"nvfp4_linear + silu_mul down T={t}", lin,
                       lambda gate_up=gate_up, w=w: lin.silu_nvfp4_linear(gate_up, w)))
     # the other products of the GEMV's prefetching splits (fp16 or fp32: nvfp4_linear.GEMV_F16 flipped)
-    f16 = lambda call: with_knob(lin, "GEMV_F16", not lin.GEMV_F16, call)
+    other_products = lambda call: with_knob(lin, "GEMV_F16", not lin.GEMV_F16, call)
     gate_up = torch.randn(1, 2 * down_k, dtype=bf16)
     x_o, w_o = torch.randn(1, shapes["o"][1], dtype=bf16), nvfp4(*shapes["o"])
     x_qkv, w_qkv = torch.randn(1, 2048, dtype=bf16), nvfp4(*shapes["qkv"], per_row=True)
-    cases += [("nvfp4_linear o T=1 other products", lin, lambda: f16(lambda: lin.nvfp4_linear(x_o, w_o))),
-              ("nvfp4_linear + rms_norm qkv T=1 other products", lin, lambda: f16(
+    cases += [("nvfp4_linear o T=1 other products", lin,
+               lambda: other_products(lambda: lin.nvfp4_linear(x_o, w_o))),
+              ("nvfp4_linear + rms_norm qkv T=1 other products", lin, lambda: other_products(
                   lambda: lin.rms_norm_nvfp4_linear(x_qkv, x_qkv.clone(), hw, 1e-5, w_qkv))),
-              ("nvfp4_linear + silu_mul down T=1 other products", lin, lambda: f16(lambda: lin.silu_nvfp4_linear(gate_up, w)))]
+              ("nvfp4_linear + silu_mul down T=1 other products", lin,
+               lambda: other_products(lambda: lin.silu_nvfp4_linear(gate_up, w)))]
     return cases
 
 
