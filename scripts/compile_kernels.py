@@ -4,6 +4,7 @@
     python scripts/compile_kernels.py --arch 100 --ptx-stats
     python scripts/compile_kernels.py --only "moe small routed nvfp4 T=1" --chains
     python scripts/compile_kernels.py --only "nvfp4_linear o T=1" --barriers
+    python scripts/compile_kernels.py --only "nvfp4_linear o T=1" --counts
 
 The public launchers run on small CPU tensors of the real dtypes and constexprs (head_dim 128,
 GQA 32/4, block size 64, ring 513; H 2048, 256 experts of 512, top-6, vocab 151552), as on a
@@ -22,6 +23,8 @@ source line (a layout conversion through shared memory costs two or more: NOTES.
 its global loads, cp.async copies, barriers, shuffles, stores and atomics, repeats counted
 ("LDG.E.128x2 BARx21 ..."): a load behind a BAR.SYNC waits for the values before it, so each
 such run is one more round trip to memory after the wait (benchmarks/NOTES.md §19).
+--counts prints, instead of the table, each kernel's SASS instructions and BAR.SYNCs from its PDL
+wait on, and the index of its first global atomic (the instruction counts of NOTES.md §27-28).
 """
 
 from __future__ import annotations
@@ -134,25 +137,44 @@ def barrier_lines(ptx: str) -> str:
     return " ".join(f"{n} {at}" for at, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 
 
-def sass_chain(cubin: bytes) -> str:
-    """The kernel's instructions after griddepcontrol.wait (ACQBULK; all of them without PDL),
-    reduced to memory, barrier and shuffle operations, consecutive repeats counted."""
+def sass_after_wait(cubin: bytes) -> list[str]:
+    """The opcodes of the kernel's SASS from griddepcontrol.wait (ACQBULK) on, in program order
+    (all of them without PDL)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    runs: list[list] = []
+    ops = []
     for line in sass[max(sass.find("ACQBULK"), 0):].splitlines():
-        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", line)
-        if not m or not m.group(1).startswith(_CHAIN_OPS):
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)", line)
+        if m:
+            ops.append(m.group(1))
+    return ops
+
+
+def sass_chain(cubin: bytes) -> str:
+    """The kernel's instructions after griddepcontrol.wait (sass_after_wait), reduced to memory,
+    barrier and shuffle operations, consecutive repeats counted."""
+    runs: list[list] = []
+    for op in sass_after_wait(cubin):
+        if not op.startswith(_CHAIN_OPS):
             continue
-        op = m.group(1) if m.group(1).startswith("LDG") else m.group(1).split(".")[0]
+        op = op if op.startswith("LDG") else op.split(".")[0]
         if runs and runs[-1][0] == op:
             runs[-1][1] += 1
         else:
             runs.append([op, 1])
     return " ".join(op if n == 1 else f"{op}x{n}" for op, n in runs)
+
+
+def sass_counts(cubin: bytes) -> str:
+    """How many SASS instructions and BAR.SYNCs the kernel has from its PDL wait on, and where
+    its first global atomic is (the routed MoE gate/up's publish of the picks)."""
+    ops = sass_after_wait(cubin)
+    atom = next((i for i, op in enumerate(ops) if op.startswith("ATOMG")), None)
+    bars = sum(op.startswith("BAR.SYNC") for op in ops)
+    return f"{len(ops)} instructions, {bars} BAR.SYNC" + (f", first ATOMG at {atom}" if atom is not None else "")
 
 
 def ptx_counts(ptx: str) -> dict:
@@ -417,6 +439,8 @@ def main(argv=None) -> int:
                         help="launch with programmatic dependent launch, as on sm_90+ by default (FLINT_PDL=1; default on)")
     parser.add_argument("--chains", action="store_true",
                         help="print each kernel's SASS after its PDL wait as runs of loads, barriers and stores")
+    parser.add_argument("--counts", action="store_true",
+                        help="print each kernel's SASS instruction and BAR.SYNC counts from its PDL wait on")
     parser.add_argument("--barriers", action="store_true",
                         help="print each kernel's barriers after its PDL wait by source line (PTX .loc)")
     args = parser.parse_args(argv)
@@ -424,7 +448,7 @@ def main(argv=None) -> int:
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
     pdl.ON_HOST = pdl.ENABLED = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
     failures = 0
-    if not (args.chains or args.barriers):
+    if not (args.chains or args.barriers or args.counts):
         print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
               "cp.async | griddep |")
         print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -436,6 +460,9 @@ def main(argv=None) -> int:
                 compiled = compile_launch(fn, kwargs, args.arch)
                 if args.chains:
                     print(f"{name} | {fn.__name__}: {sass_chain(compiled.asm['cubin'])}", flush=True)
+                    continue
+                if args.counts:
+                    print(f"{name} | {fn.__name__}: {sass_counts(compiled.asm['cubin'])}", flush=True)
                     continue
                 if args.barriers:
                     print(f"{name} | {fn.__name__}: {barrier_lines(compiled.asm['ptx'])}", flush=True)

@@ -3,11 +3,14 @@ NVIDIA backend plus the bundled ptxas, within shared-memory limits (scripts/comp
 with programmatic dependent launch the PTX waits for the previous grid before any global access."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from flint_kernels.nvfp4_linear import GEMV_F16
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,3 +74,15 @@ def test_nvfp4_products_need_no_conversion_a_nibble():
         return sum(int(n) for n in counts.split()[::2]) if counts != "none" else 0
     assert barriers("nvfp4_linear o T=1", "_nvfp4_gemv_kernel") <= 16
     assert barriers("moe small routed nvfp4 T=1", "_moe_down_words_kernel") <= 10
+
+
+def test_f16_products_take_fewer_instructions():
+    """nvfp4_linear.GEMV_F16: the batch-1 o_proj GEMV forms and sums each word's products in
+    fp16 pairs, in fewer sm_90 instructions after its PDL wait than with fp32 products (the
+    "other products" case), with no more barriers (--counts)."""
+    out = compile_output("--counts", "--only", "nvfp4_linear o T=1")
+    counts = {line.split(" | ")[0]: [int(n) for n in re.findall(r"(\d+) (?:instructions|BAR)", line)]
+              for line in out.splitlines() if " | _nvfp4_gemv_kernel: " in line}
+    f16 = counts["nvfp4_linear o T=1" + ("" if GEMV_F16 else " other products")]
+    fp32 = counts["nvfp4_linear o T=1" + (" other products" if GEMV_F16 else "")]
+    assert f16[0] < 0.9 * fp32[0] and f16[1] <= fp32[1], (f16, fp32)
