@@ -69,7 +69,8 @@ GEMV_X_EARLY = True
 # Prefetching splits of bf16 activations (the PTX decode): each word's 8 products formed and
 # summed in fp16 pairs (nvfp4.fp4_dot_loaded's F16: exact products, sums of four rounded to
 # fp16's 11 bits; activations of normed or attention-output scale, |x| < 65504), instead of fp32:
-# about half the instructions a word after the PDL wait (o_proj 735 -> 613 on sm_90).
+# about half the instructions a word: o_proj 734 -> 612 sm_90 instructions after the PDL wait
+# (`scripts/compile_kernels.py --counts`, test_compile_sm90).
 # FLINT_FP4_GEMV_F16=0: fp32 products (read at import; a benchmark knob, read at each launch).
 # The MoE launches keep fp32 products: with fp16 their down launch measured slower on the H200.
 GEMV_F16 = os.environ.get("FLINT_FP4_GEMV_F16", "1") == "1"
