@@ -72,8 +72,10 @@ def token_pieces(draw):
 def pushes(draw):
     ids = [i for piece in draw(st.lists(token_pieces(), max_size=25)) for i in piece]
     groups, left = [], len(ids)
-    while left:
-        groups.append(min(left, draw(st.integers(0, 6))))
+    while left:  # at most two draws a group, so the draws end (a run of drawn 0s need not)
+        if draw(st.booleans()):
+            groups.append(0)  # an empty push
+        groups.append(min(left, draw(st.integers(1, 6))))
         left -= groups[-1]
     return ids, groups
 
