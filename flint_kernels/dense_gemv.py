@@ -24,8 +24,9 @@ import triton.language as tl
 
 from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
+from .registers import register_cap
 from .rms_norm import (check_norm_inputs, folded_norm, maybe_folded_rstd, norm_weight, residual_add, rms_norm_torch,
-                       step_activations)
+                       step_activations, steps_rstd)
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -70,6 +71,22 @@ LONG_K_SPLITS: int | None = None if INTERPRET else 1
 # row's rstd and the first step's sums: one round trip to L2 instead of one a step (as
 # nvfp4_linear.GEMV_X_EARLY). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 X_EARLY = True
+# A one-split prefetching launch with the RMSNorm folded (qkv, the dense MLP's gate/up, the LM
+# head: K = 2048 in two steps) sums its row's squares from the x steps X_EARLY loaded (squared
+# and added in-thread across the steps, then one reduction) and stores the updated residual from
+# them, instead of loading the whole row again in another layout: the batch-1 qkv GEMV's sm_90
+# code after its PDL wait 804 -> 756 instructions, barriers unchanged (10), and 36 bytes spilled
+# instead of 92 under PREFETCH_MAX_REGISTERS = 96 (`compile_kernels.py --counts`). Not yet timed
+# on a GPU. A benchmark knob, read at each launch (benchmarks/NOTES.md §29).
+ROW_RSTD_FROM_STEPS = True
+# Registers a thread of a launch that prefetches at most two steps may use (ptxas .maxnreg; the
+# GPU only); None: ptxas's choice. The batch-1 BF16 qkv GEMV (5120 x 2048: 640 programs of 8
+# rows, 32 KB of weights each in registers) takes 127, so four programs share an SM and 528 of
+# the 640 load before the PDL wait: the other 112 start only as the first retire (1.21 waves);
+# at 96, five share an SM (660 slots, one wave) with 36 bytes spilled after the wait. The dense
+# MLP's gate/up and the LM head (many waves) get the cap too. Not yet timed on a GPU: a benchmark
+# knob, read at each launch (benchmarks/NOTES.md §29).
+PREFETCH_MAX_REGISTERS: int | None = None
 
 
 @triton.jit
@@ -87,7 +104,7 @@ def _dense_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, X_EARLY: tl.constexpr, GREEDY: tl.constexpr,
-    PDL: tl.constexpr,
+    ROW_IN_STEPS: tl.constexpr, PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it);
     stored in out's dtype, rounded to x's first with ROUND_TO_X (fp32 logits of a bf16 linear).
@@ -125,8 +142,12 @@ def _dense_gemv_kernel(
                 xa2 = residual_add(x_row, res_row, k_lo + 2 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
             if PREFETCH > 3:
                 xa3 = residual_add(x_row, res_row, k_lo + 3 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
-        rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
-                                 HAS_RESIDUAL, BLOCK_H)
+        if ROW_IN_STEPS:  # the steps hold the whole row: its rstd and residual from them
+            rstd = steps_rstd(res_out_ptr + t * K, cols, BLOCK_K, K, eps, (nb == 0) & (s == 0), PREFETCH,
+                              HAS_RESIDUAL, xa0, xa1, xa2, xa3)
+        else:
+            rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
+                                     HAS_RESIDUAL, BLOCK_H)
         acc = _dot_step(w0, x_row, res_row, nw0, k_lo + cols, rstd, NORM, HAS_RESIDUAL, xa0)
         if PREFETCH > 1:
             acc += _dot_step(w1, x_row, res_row, nw1, k_lo + BLOCK_K + cols, rstd, NORM, HAS_RESIDUAL, xa1)
@@ -258,7 +279,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype, X_EARLY=X_EARLY,
         GREEDY=greedy is not None,
-        **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
+        ROW_IN_STEPS=ROW_RSTD_FROM_STEPS and norm is not None and X_EARLY and splits == 1 and prefetch * block_k == k,
+        **launch_args(x.device, prefetches=prefetch > 0), **register_cap(PREFETCH_MAX_REGISTERS if prefetch <= 2 else None),
+        num_warps=WARPS)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -26,7 +26,7 @@ from . import nvfp4
 from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_norm_weight,
                     fp4_x_block, packed_words, scale_strides, weight_tile)
 from .pdl import launch_args, pdl_prologue
-from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch
+from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch, steps_rstd
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 from .swiglu import gate_half, silu_mul_at, silu_mul_torch
 
@@ -66,6 +66,12 @@ GEMV_UNSPLIT_BLOCK_N: int | None = 64 if INTERPRET else 4  # (interpreter: few, 
 # one a step (sm_90 code issued the next step's loads after the previous step's shared-memory
 # conversions). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
 GEMV_X_EARLY = True
+# A one-split prefetching launch with the RMSNorm folded (qkv, the dense MLP's gate/up) takes its
+# row's rstd and updated residual from the x blocks GEMV_X_EARLY loaded, as
+# dense_gemv.ROW_RSTD_FROM_STEPS: the batch-1 qkv GEMV's sm_90 code after its PDL wait 745 ->
+# 708 instructions, barriers unchanged (11), registers 80 -> 72 (`compile_kernels.py --counts`).
+# Not yet timed on a GPU. A benchmark knob, read at each launch (benchmarks/NOTES.md §29).
+GEMV_ROW_RSTD_FROM_STEPS = True
 # Prefetching splits of bf16 activations (the PTX decode): each word's 8 products formed and
 # summed in fp16 pairs (nvfp4.fp4_dot_loaded's F16: exact products, sums of four rounded to
 # fp16's 11 bits; activations of normed or attention-output scale, |x| < 65504), instead of fp32:
@@ -104,7 +110,8 @@ def _nvfp4_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, X_BLOCK: tl.constexpr,
-    X_EARLY: tl.constexpr, SILU: tl.constexpr, F16: tl.constexpr, PDL: tl.constexpr,
+    X_EARLY: tl.constexpr, SILU: tl.constexpr, F16: tl.constexpr, ROW_IN_STEPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T: the residual add and RMSNorm
     of the previous launch folded in (every program takes the row's rstd from all K columns, a
@@ -149,8 +156,13 @@ def _nvfp4_gemv_kernel(
                 xa2 = fp4_x_block(x_row, res_row, kw0 + 2 * KW, K // 8, KW, HAS_RESIDUAL, SILU)
             if PREFETCH > 3:
                 xa3 = fp4_x_block(x_row, res_row, kw0 + 3 * KW, K // 8, KW, HAS_RESIDUAL, SILU)
-        rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
-                                 HAS_RESIDUAL, BLOCK_H)
+        if ROW_IN_STEPS:  # the steps' blocks hold the whole row: its rstd and residual from them
+            offs = (kw0 + tl.arange(0, KW))[:, None] * 8 + tl.arange(0, 8)[None, :]
+            rstd = steps_rstd(res_out_ptr + t * K, offs, BLOCK_K, K, eps, (nb == 0) & (s == 0), PREFETCH,
+                              HAS_RESIDUAL, xa0, xa1, xa2, xa3)
+        else:
+            rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
+                                     HAS_RESIDUAL, BLOCK_H)
         acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, KW, False, PTX, res_row, nw0, rstd,
                              NORM, HAS_RESIDUAL, X_BLOCK, xa0, SILU, F16)
         if PREFETCH > 1:
@@ -330,6 +342,8 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
             X_BLOCK=nvfp4.X_BLOCK_LOADS, X_EARLY=GEMV_X_EARLY, SILU=silu,
             F16=GEMV_F16 and prefetch > 0 and x.dtype == torch.bfloat16,
+            ROW_IN_STEPS=GEMV_ROW_RSTD_FROM_STEPS and norm is not None and GEMV_X_EARLY and splits == 1
+            and prefetch * block_k == k,
             **launch_args(x.device, prefetches=prefetch > 0),
             NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
             num_warps=GEMV_WARPS)

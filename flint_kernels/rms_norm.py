@@ -123,6 +123,37 @@ def folded_row(x_row, res_row, res_out_row, H, eps, write_res, HAS_RESIDUAL: tl.
 
 
 @triton.jit
+def steps_rstd(res_out_row, offs, step, K, eps, write_res, STEPS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+               xa0, xa1, xa2, xa3):
+    """folded_rstd from the STEPS (1-4) steps of residual + x a one-split GEMV program loaded,
+    which hold all K columns of its row (xa_i at columns offs + i * step, any shape): their
+    squares added in-thread across the steps, then one reduction, with no second load of the row
+    (nor its registers). Stores the steps to res_out_row when write_res."""
+    sq = _squares(xa0)
+    if HAS_RESIDUAL:
+        tl.store(res_out_row + offs, xa0, mask=write_res)
+    if STEPS > 1:
+        sq += _squares(xa1)
+        if HAS_RESIDUAL:
+            tl.store(res_out_row + step + offs, xa1, mask=write_res)
+    if STEPS > 2:
+        sq += _squares(xa2)
+        if HAS_RESIDUAL:
+            tl.store(res_out_row + 2 * step + offs, xa2, mask=write_res)
+    if STEPS > 3:
+        sq += _squares(xa3)
+        if HAS_RESIDUAL:
+            tl.store(res_out_row + 3 * step + offs, xa3, mask=write_res)
+    return tl.rsqrt(tl.sum(tl.reshape(sq, [sq.numel], can_reorder=True), axis=0) / K + eps)
+
+
+@triton.jit
+def _squares(a):
+    af = a.to(tl.float32)
+    return af * af
+
+
+@triton.jit
 def maybe_folded_rstd(x_row, res_row, res_out_row, K, eps, write_res, NORM: tl.constexpr,
                       HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
     """folded_rstd when NORM (a kernel with the RMSNorm folded in optionally), else 1."""

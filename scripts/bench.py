@@ -39,7 +39,7 @@ from flint_backend.engine.sampling_params import SamplingParams
 from flint_backend.engine.sequence import SequenceStatus
 from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.weights.nvfp4 import NVFP4Weight
-from flint_kernels import moe_gemv, nvfp4, nvfp4_linear, pdl, router
+from flint_kernels import dense_gemv, moe_gemv, nvfp4, nvfp4_linear, pdl, router
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -343,7 +343,12 @@ def main() -> None:
                                   "nvfp4_x_block": nvfp4.X_BLOCK_LOADS,
                                   "fuse_qk_norm_rope": ops.FUSE_QK_NORM_ROPE,
                                   "moe_route_in_experts": ops.MOE_ROUTE_IN_EXPERTS,
-                                  "head_fold_norm": ops.HEAD_FOLD_NORM}},
+                                  "head_fold_norm": ops.HEAD_FOLD_NORM,
+                                  # module knobs (bench_step_timeline.py --variant sets them)
+                                  "row_rstd_from_steps": [dense_gemv.ROW_RSTD_FROM_STEPS,
+                                                          nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS],
+                                  "dense_prefetch_max_registers": dense_gemv.PREFETCH_MAX_REGISTERS,
+                                  "moe_down_dense_max_registers": moe_gemv.DOWN_DENSE_MAX_REGISTERS}},
                "formats": []}
     formats = args.formats.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,10 @@ GQA 32/4, block size 64, ring 513; H 2048, 256 experts of 512, top-6, vocab 1515
 compiled by Triton's NVIDIA backend (the same path as a first launch on the GPU, with its
 16-byte alignment specialisation) and assembled with the bundled ptxas for registers and
 spills. This catches what the CPU interpreter cannot: compiled-mode typing, shared-memory
-overflow, register spills, and whether loads are vectorised and dots use tensor cores.
+overflow, register spills, and whether loads are vectorised and dots use tensor cores. The
+table's occupancy columns (sm_90): the launch's programs, how many an SM holds at once
+(flint_kernels/registers.py: registers, warps, shared memory) and the waves they take over
+132 SMs; a decode GEMV's programs beyond one wave load their weights only as the first retire.
 Launches use programmatic dependent launch as on an H200 (flint_kernels/pdl.py; --no-pdl: without):
 a kernel fails unless its PTX waits (griddepcontrol.wait) before its first global store or
 atomic when PDL is on (weight loads may come first), and has no griddepcontrol instruction when
@@ -30,6 +33,7 @@ wait on, and the index of its first global atomic (the instruction counts of NOT
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import subprocess
@@ -45,6 +49,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from flint_kernels.registers import programs_per_sm  # noqa: E402
+
 MAX_SHARED = 232448  # bytes per block on sm_90
 H200_SMS = 132
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
@@ -58,11 +64,12 @@ class Recorder:
         self.fn, self.log = fn, log
 
     def __getitem__(self, grid):
-        return lambda **kwargs: self.log.append((self.fn, kwargs))
+        return lambda **kwargs: self.log.append((self.fn, kwargs, grid))
 
 
 def record(modules, call) -> list:
-    """Run `call()` with every jit kernel of `modules` (one or a tuple) replaced by a Recorder; -> [(fn, kwargs)]."""
+    """Run `call()` with every jit kernel of `modules` (one or a tuple) replaced by a Recorder;
+    -> [(fn, kwargs, grid)]."""
     log = []
     swapped = []
     for module in modules if isinstance(modules, tuple) else (modules,):
@@ -81,7 +88,7 @@ def record(modules, call) -> list:
 
 def compile_launch(fn, kwargs, arch: int):
     signature, constexprs, attrs = {}, {}, {}
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in kwargs}
     for i, param in enumerate(fn.params):
         value = kwargs[param.name]
         if param.is_constexpr or (type(value) is int and value == 1):  # the JIT specialises 1 too
@@ -301,6 +308,11 @@ def moe_launches() -> list:
         cases += [(f"moe grouped {fmt} T={t}", (moe_sort, moe_grouped),
                    lambda t=t, fp4=fp4: moe_grouped.moe_grouped(*args(t, fp4))) for t in (64, 8192)]
     cases.append(("silu_mul I=10240", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 20480, dtype=bf16))))
+    # the BF16 down launch capped at 128 registers (moe_gemv.DOWN_DENSE_MAX_REGISTERS): one wave at batch 1
+    cases.append(("moe small routed bf16 T=1 down 128 registers", moe_gemv, lambda: with_knob(
+        moe_gemv, "DOWN_DENSE_MAX_REGISTERS", 128, lambda: moe_gemv.moe_gemv_routed(
+            args(1, False)[0], torch.randn(1, e), bias, torch.zeros(1, router.ROUTING_WORDS, dtype=torch.int32), k,
+            2.5, True, *args(1, False)[3:]))))
     return cases
 
 
@@ -353,6 +365,14 @@ def w4a16_launches() -> list:
                           lambda x=x, w=w: lin.rms_norm_nvfp4_linear(x, x.clone(), hw, 1e-5, w)))
             cases.append((f"dense_gemv + rms_norm {name} T={t}", gemv,
                           lambda x=x, dense=dense: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense)))
+    # the BF16 qkv capped at 96 registers (dense_gemv.PREFETCH_MAX_REGISTERS): one wave at batch 1;
+    # and with the row's rstd from a second load of it (dense_gemv.ROW_RSTD_FROM_STEPS flipped)
+    x, dense = torch.randn(1, 2048, dtype=bf16), torch.randn(*shapes["qkv"], dtype=bf16)
+    qkv = lambda: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense)
+    cases += [("dense_gemv + rms_norm qkv T=1 96 registers", gemv,
+               lambda: with_knob(gemv, "PREFETCH_MAX_REGISTERS", 96, qkv)),
+              ("dense_gemv + rms_norm qkv T=1 other rstd", gemv,
+               lambda: with_knob(gemv, "ROW_RSTD_FROM_STEPS", not gemv.ROW_RSTD_FROM_STEPS, qkv))]
     # the NVFP4 dense MLP's SwiGLU folded into its down GEMV (ops.silu_linear)
     down_n, down_k = shapes["down"]  # (the LM head's lambdas above read k and n late)
     w = nvfp4(down_n, down_k)
@@ -370,7 +390,11 @@ def w4a16_launches() -> list:
               ("nvfp4_linear + rms_norm qkv T=1 other products", lin, lambda: other_products(
                   lambda: lin.rms_norm_nvfp4_linear(x_qkv, x_qkv.clone(), hw, 1e-5, w_qkv))),
               ("nvfp4_linear + silu_mul down T=1 other products", lin,
-               lambda: other_products(lambda: lin.silu_nvfp4_linear(gate_up, w)))]
+               lambda: other_products(lambda: lin.silu_nvfp4_linear(gate_up, w))),
+              # the row's rstd from a second load of it (nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS flipped)
+              ("nvfp4_linear + rms_norm qkv T=1 other rstd", lin, lambda: with_knob(
+                  lin, "GEMV_ROW_RSTD_FROM_STEPS", not lin.GEMV_ROW_RSTD_FROM_STEPS,
+                  lambda: lin.rms_norm_nvfp4_linear(x_qkv, x_qkv.clone(), hw, 1e-5, w_qkv)))]
     return cases
 
 
@@ -449,13 +473,14 @@ def main(argv=None) -> int:
     pdl.ON_HOST = pdl.ENABLED = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
     failures = 0
     if not (args.chains or args.barriers or args.counts):
-        print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | mma | wgmma | ld.v4 | ld scalar | "
-              "cp.async | griddep |")
-        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | programs | an SM | waves | mma | "
+              "wgmma | ld.v4 | ld scalar | cp.async | griddep |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+              "| ---: |")
     for name, module, call in launches():
         if args.only not in name:
             continue
-        for fn, kwargs in record(module, call):
+        for fn, kwargs, grid in record(module, call):
             try:
                 compiled = compile_launch(fn, kwargs, args.arch)
                 if args.chains:
@@ -477,8 +502,12 @@ def main(argv=None) -> int:
             bad = shared > MAX_SHARED or stats["regs"] < 0
             bad_pdl = not pdl_prologue_ok(compiled.asm["ptx"], kwargs["PDL"])
             failures += bad or bad_pdl
+            programs = math.prod(grid)
+            per_sm = programs_per_sm(stats["regs"], kwargs.get("num_warps", 4), shared) if args.arch == 90 else 0
+            waves = f"{programs / (per_sm * H200_SMS):.2f}" if per_sm else ""
             print(f"| {name} | {fn.__name__} | {tiles(kwargs)} | {kwargs.get('num_warps', 4)} | {kwargs.get('num_stages', '')} | "
-                  f"{shared} | {stats['regs']} | {stats['spills']} | {c['mma']} | {c['wgmma']} | {c['ld_v4']} | "
+                  f"{shared} | {stats['regs']} | {stats['spills']} | {programs} | {per_sm or ''} | {waves} | "
+                  f"{c['mma']} | {c['wgmma']} | {c['ld_v4']} | "
                   f"{c['ld_scalar']} | {c['cp_async']} | {c['griddep']} |" + (" **over limits**" if bad else "") +
                   (" **PDL prologue missing or misplaced**" if bad_pdl else ""), flush=True)
     return 1 if failures else 0

@@ -86,3 +86,42 @@ def test_f16_products_take_fewer_instructions():
     f16 = counts["nvfp4_linear o T=1" + ("" if GEMV_F16 else " other products")]
     fp32 = counts["nvfp4_linear o T=1" + (" other products" if GEMV_F16 else "")]
     assert f16[0] < 0.9 * fp32[0] and f16[1] <= fp32[1], (f16, fp32)
+
+
+def test_register_caps_fit_the_batch1_bf16_launches_in_one_wave():
+    """The occupancy columns (flint_kernels/registers.py): ptxas's own choice leaves the batch-1
+    BF16 qkv GEMV (640 programs, four an SM) and MoE down launch (512, three an SM) more programs
+    than the 132 SMs hold at once; dense_gemv.PREFETCH_MAX_REGISTERS = 96 and
+    moe_gemv.DOWN_DENSE_MAX_REGISTERS = 128 fit each in one wave."""
+    rows = {(row[0], row[1]): row for row in compile_rows("--only", "bf16 T=1") + compile_rows("--only", "qkv T=1")}
+    def occupancy(case, kernel):  # (registers, programs, an SM, waves)
+        row = rows[(case, kernel)]
+        return int(row[6]), int(row[8]), int(row[9]), float(row[10])
+    regs, programs, per_sm, waves = occupancy("dense_gemv + rms_norm qkv T=1", "_dense_gemv_kernel")
+    assert programs == 640 and waves > 1, (regs, per_sm, waves)
+    assert occupancy("dense_gemv + rms_norm qkv T=1 96 registers", "_dense_gemv_kernel")[::2] == (96, 5)
+    assert occupancy("dense_gemv + rms_norm qkv T=1 96 registers", "_dense_gemv_kernel")[3] <= 1
+    regs, programs, per_sm, waves = occupancy("moe small routed bf16 T=1", "_moe_down_dense_kernel")
+    assert programs == 512 and waves > 1, (regs, per_sm, waves)
+    regs, _, per_sm, waves = occupancy("moe small routed bf16 T=1 down 128 registers", "_moe_down_dense_kernel")
+    assert regs <= 128 and per_sm == 4 and waves <= 1
+    # one capped down program fits beside three gate/up programs (an SM of 65536 registers)
+    gate_up_regs = occupancy("moe small routed bf16 T=1", "_moe_gate_up_kernel")[0]
+    assert 3 * 4 * 32 * -(-gate_up_regs // 8) * 8 + 4 * 32 * regs <= 65536
+
+
+@pytest.mark.parametrize("kernel,module,knob", [("_dense_gemv_kernel", "dense_gemv", "ROW_RSTD_FROM_STEPS"),
+                                               ("_nvfp4_gemv_kernel", "nvfp4_linear", "GEMV_ROW_RSTD_FROM_STEPS")])
+def test_rstd_from_the_loaded_steps_takes_fewer_instructions(kernel, module, knob):
+    """dense_gemv.ROW_RSTD_FROM_STEPS, nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS: the batch-1 qkv GEMV
+    with the RMSNorm folded sums its row's squares from the x steps it loaded: fewer sm_90
+    instructions after its PDL wait than loading the row again ("other rstd"), no more barriers."""
+    import importlib
+    on = getattr(importlib.import_module(f"flint_kernels.{module}"), knob)
+    case = f"{module} + rms_norm qkv T=1"
+    out = compile_output("--counts", "--only", case)
+    counts = {line.split(" | ")[0]: [int(n) for n in re.findall(r"(\d+) (?:instructions|BAR)", line)]
+              for line in out.splitlines() if f" | {kernel}: " in line}
+    steps = counts[case + ("" if on else " other rstd")]
+    row = counts[case + (" other rstd" if on else "")]
+    assert steps[0] < row[0] and steps[1] <= row[1], (steps, row)

@@ -93,6 +93,7 @@ def test_x_loaded_early_gives_the_same_bits(norm, k, splits, monkeypatch):
     """dense_gemv.X_EARLY: every prefetched step's x (residual + x with the folded RMSNorm) loaded
     right after the wait gives the bits of loading it step by step."""
     monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
+    monkeypatch.setattr(dense_gemv_module, "ROW_RSTD_FROM_STEPS", False)  # its own test below
     x, w = operands(3, 24, k, torch.bfloat16, seed=k)
     residual, _ = operands(3, 1, k, torch.bfloat16, seed=k + 1)
     norm_w = (1 + 0.1 * operands(1, 1, k, torch.float32, seed=k + 2)[0][0]).to(torch.bfloat16)
@@ -106,6 +107,36 @@ def test_x_loaded_early_gives_the_same_bits(norm, k, splits, monkeypatch):
     assert torch.equal(outs[0], outs[1])
     exp = F.linear(x, w) if not norm else dense_gemv_module.rms_norm_dense_gemv_torch(x, residual, norm_w, 1e-6, w)[0]
     assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
+
+@pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
+@pytest.mark.parametrize("steps", [1, 2, 3, 4])
+def test_rstd_from_the_loaded_steps(steps, has_residual, monkeypatch):
+    """dense_gemv.ROW_RSTD_FROM_STEPS: a one-split launch prefetching every step of K with the
+    RMSNorm folded takes its row's rstd and updated residual from the x steps it loaded. Bits as
+    loading the row again on the interpreter (numpy sums the same); bf16-close on a GPU, whose
+    reduction order differs. The launch it applies to is checked through its constexpr."""
+    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
+    monkeypatch.setattr(dense_gemv_module, "MAX_SPLITS", 1)
+    k = steps * STEP
+    launches = spy_launches(monkeypatch, dense_gemv_module, "_dense_gemv_kernel", "PREFETCH", "ROW_IN_STEPS")
+    x, w = operands(2, 40, k, torch.bfloat16, seed=steps)
+    residual = operands(2, 1, k, torch.bfloat16, seed=steps + 1)[0] * 4 if has_residual else None
+    norm_w = (1 + 0.5 * operands(1, 1, k, torch.float32, seed=steps + 2)[0][0]).to(torch.bfloat16)
+    outs = []
+    for from_steps in (False, True):
+        monkeypatch.setattr(dense_gemv_module, "ROW_RSTD_FROM_STEPS", from_steps)
+        outs.append(dense_gemv_module.rms_norm_dense_gemv(x, residual, norm_w, 1e-5, w))
+    assert [row_in_steps for _, _, row_in_steps in launches] == [False, True]
+    assert [prefetch for _, prefetch, _ in launches] == [steps, steps]
+    (y0, res0), (y1, res1) = outs
+    assert torch.equal(res1, res0)  # the residual + x the steps hold, stored by program (t, 0, 0)
+    if DEVICE == "cpu":
+        assert torch.equal(y1, y0)
+    else:
+        torch.testing.assert_close(y1, y0, **TOL[torch.bfloat16])
+    expected = dense_gemv_module.rms_norm_dense_gemv_torch(x, residual, norm_w, 1e-5, w)[0]
+    assert_scaled_close(y1, expected, rel=2e-2)  # bf16 roundings, truncated by the interpreter
+
 
 @pytest.mark.parametrize("t,n,steps,splits", [(1, 40, 2, None), (2, 33, 4, 2), (3, 24, 8, 2)])
 def test_fp32_logits_are_the_rounded_outputs(t, n, steps, splits):
@@ -150,6 +181,21 @@ def test_errors_name_the_argument():
         dense_gemv(x.float(), w)
     with pytest.raises(ValueError, match="num_splits 3, expected 1..1"):
         dense_gemv(x, w, num_splits=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 4])
+def test_register_cap_gives_the_same_bits(t, monkeypatch):
+    """dense_gemv.PREFETCH_MAX_REGISTERS: the qkv GEMV (rms_norm folded, 5120 x 2048) capped at
+    96 registers a thread (one wave at batch 1, some spilled) computes the same bits."""
+    x, w = operands(t, 5120, 2048, torch.bfloat16, seed=t)
+    residual = operands(t, 1, 2048, torch.bfloat16, seed=t + 1)[0]
+    norm_w = (1 + 0.5 * operands(1, 1, 2048, torch.float32, seed=t + 2)[0][0]).to(torch.bfloat16)
+    outs = []
+    for cap in (None, 96):
+        monkeypatch.setattr(dense_gemv_module, "PREFETCH_MAX_REGISTERS", cap)
+        outs.append(dense_gemv_module.rms_norm_dense_gemv(x, residual, norm_w, 1e-5, w))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
 @pytest.mark.gpu

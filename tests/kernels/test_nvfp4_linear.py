@@ -105,6 +105,7 @@ def test_x_loaded_early_gives_the_same_bits(norm, x_block, k, splits, monkeypatc
     monkeypatch.setattr(nvfp4, "X_BLOCK_LOADS", x_block)
     monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
     monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_ROW_RSTD_FROM_STEPS", False)  # its own test below
     w = weight(24, k, seed=5, per_row=True)
     gen = torch.Generator(DEVICE).manual_seed(k)
     x, residual = torch.randn(2, 3, k, device=DEVICE, generator=gen).to(torch.bfloat16)
@@ -120,6 +121,38 @@ def test_x_loaded_early_gives_the_same_bits(norm, x_block, k, splits, monkeypatc
     exp = nvfp4_linear_module.rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-6, w)[0] if norm else \
         nvfp4_linear_torch(x, w)
     assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
+
+
+@pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_rstd_from_the_loaded_steps(steps, has_residual, monkeypatch):
+    """nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS: a one-split launch prefetching every word step of K
+    with the RMSNorm folded takes its row's rstd and updated residual from the x blocks it
+    loaded. Bits as loading the row again on the interpreter; bf16-close on a GPU, whose
+    reduction order differs. The launch it applies to is checked through its constexpr."""
+    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_MAX_SPLITS", 1)
+    k = steps * nvfp4_linear_module.GEMV_WORDS_BLOCK_K
+    launches = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_gemv_kernel", "PREFETCH", "ROW_IN_STEPS")
+    w = weight(40, k, seed=steps, per_row=True)
+    gen = torch.Generator(DEVICE).manual_seed(steps)
+    x, residual = torch.randn(2, 2, k, device=DEVICE, generator=gen).to(torch.bfloat16)
+    residual = residual * 4 if has_residual else None
+    norm_w = (1 + 0.5 * torch.randn(k, device=DEVICE, generator=gen)).to(torch.bfloat16)
+    outs = []
+    for from_steps in (False, True):
+        monkeypatch.setattr(nvfp4_linear_module, "GEMV_ROW_RSTD_FROM_STEPS", from_steps)
+        outs.append(rms_norm_nvfp4_linear(x, residual, norm_w, 1e-5, w))
+    assert [(prefetch, row_in_steps) for _, prefetch, row_in_steps in launches] == [(steps, False), (steps, True)]
+    (y0, res0), (y1, res1) = outs
+    assert torch.equal(res1, res0)  # the residual + x the blocks hold, stored by program (t, 0, 0)
+    if DEVICE == "cpu":
+        assert torch.equal(y1, y0)
+    else:
+        torch.testing.assert_close(y1, y0, **TOL[torch.bfloat16])
+    assert_scaled_close(y1, rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-5, w)[0], rel=2e-2)
 
 
 @pytest.mark.parametrize("norm", [False, True])

@@ -1,0 +1,42 @@
+"""A launch's register budget: the per-thread cap a launcher may set, and how many programs of a
+kernel an SM holds at once.
+
+A decode GEMV loads its weights into registers before its PDL wait (pdl.py), so the programs
+resident at once bound what it can prefetch: a launch of more programs than the SMs hold runs a
+second, partial wave that starts loading only as the first wave's programs retire. ptxas takes up
+to 255 registers a thread unless capped (.maxnreg), spilling to local memory under a cap.
+
+sm_90 (H100, H200) limits, from the CUDA occupancy rules: 65536 registers, 64 warps, 32 programs
+and 228 KB of shared memory (1 KB reserved a program) an SM; registers are allocated a warp at a
+time in units of 256, a thread's count rounded up to a multiple of 8.
+"""
+
+from __future__ import annotations
+
+import os
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+SM90_REGISTERS = 65536
+SM90_WARPS = 64
+SM90_PROGRAMS = 32
+SM90_SHARED = 233472   # bytes an SM
+SM90_SHARED_RESERVED = 1024  # bytes an SM reserves a program
+
+
+def register_cap(limit: int | None) -> dict:
+    """Keyword arguments capping a launch's registers a thread at `limit` (None: no cap). The
+    interpreter runs no ptxas: nothing there."""
+    if limit is None or INTERPRET:
+        return {}
+    return {"maxnreg": limit}
+
+
+def programs_per_sm(registers: int, warps: int, shared: int) -> int:
+    """Programs of a kernel one sm_90 SM holds at once, given its registers a thread, warps a
+    program and shared memory a program (bytes)."""
+    per_thread = -(-max(registers, 1) // 8) * 8
+    per_warp = -(-per_thread * 32 // 256) * 256
+    by_registers = SM90_REGISTERS // (per_warp * warps)
+    by_shared = SM90_SHARED // (shared + SM90_SHARED_RESERVED)
+    return min(by_registers, SM90_WARPS // warps, by_shared, SM90_PROGRAMS)
