@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: correctness on the GPU (pytest -m gpu), the kernel benchmarks or a profile, logs under $OUT.
-#   run(command="bash scripts/gpu_run.sh [tests|kernels|ops|bench|ncu ARGS...]", carry=[".whl"])
+#   run(command="bash scripts/gpu_run.sh [tests|kernels|ops|bench|timeline|ncu ARGS...]", carry=[".whl"])
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -20,6 +20,14 @@ case "$what" in
   kernels)  timeout "${BENCH_TIMEOUT:-400}" python3 scripts/bench_kernels.py --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench_kernels.log" | tail -60 ;;
   ops)      python3 scripts/bench_decode_ops.py --out "$OUT/decode-ops-h200.json" "$@" 2>&1 | tee "$OUT/ops.log" | tail -30 ;;
   bench)    python3 scripts/bench.py --out "$OUT/results.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+  # Paired graph replays of one batch-1 decode step and their per-kernel critical path, main's
+  # defaults first: timeline FORMATS CONTEXT [VARIANT...], each VARIANT module.ATTR=value[,...]
+  # (scripts/bench_step_timeline.py --variant), e.g.
+  #   timeline nvfp4,bf16 100000 flint_kernels.moe_gemv.DOWN_DENSE_MAX_REGISTERS=128
+  timeline) formats=${1:-nvfp4,bf16}; context=${2:-100000}; shift 2 || shift $#
+            variants=(); for v in "$@"; do variants+=(--variant "$v"); done
+            python3 -m scripts.bench_step_timeline --formats "$formats" --context "$context" "${variants[@]}" \
+              --out "$OUT/timeline.json" 2>&1 | tee "$OUT/timeline.log" | grep -E "replay|^\| \*\*|^###" | tail -40 ;;
   # Nsight Compute on the kernels of one replayed batch-1 decode step (flint-40b, random weights):
   # ncu [FORMAT [CONTEXT [SKIP [COUNT]]]], FORMAT nvfp4 (default) or bf16, CONTEXT 100000. SKIP
   # and COUNT pick kernels of the profiled replay in launch order: 15 and 16 are layers 2 (sliding,
@@ -39,5 +47,5 @@ case "$what" in
             tail -5 "$OUT/ncu-run.log"
             "$ncu" --import "$OUT/ncu-step.ncu-rep" --page details > "$OUT/ncu-step.txt" 2>&1
             grep -E "^  [_a-zA-Z].*\(|Duration  " "$OUT/ncu-step.txt" | head -80 ;;
-  *)        echo "usage: gpu_run.sh tests|kernels|ops|bench|ncu [args]"; exit 2 ;;
+  *)        echo "usage: gpu_run.sh tests|kernels|ops|bench|timeline|ncu [args]"; exit 2 ;;
 esac
