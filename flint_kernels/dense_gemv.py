@@ -279,9 +279,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
         BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype, X_EARLY=X_EARLY,
         GREEDY=greedy is not None,
-        ROW_IN_STEPS=ROW_RSTD_FROM_STEPS and norm is not None and X_EARLY and splits == 1 and prefetch * block_k == k,
-        **launch_args(x.device, prefetches=prefetch > 0), **register_cap(PREFETCH_MAX_REGISTERS if prefetch <= 2 else None),
-        num_warps=WARPS)
+        # one split whose prefetched steps hold the whole row (prefetch 0: 0 != k)
+        ROW_IN_STEPS=ROW_RSTD_FROM_STEPS and norm is not None and X_EARLY and prefetch * block_k == k,
+        **launch_args(x.device, prefetches=prefetch > 0),
+        **register_cap(PREFETCH_MAX_REGISTERS if 0 < prefetch <= 2 else None), num_warps=WARPS)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -342,8 +342,8 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
             X_BLOCK=nvfp4.X_BLOCK_LOADS, X_EARLY=GEMV_X_EARLY, SILU=silu,
             F16=GEMV_F16 and prefetch > 0 and x.dtype == torch.bfloat16,
-            ROW_IN_STEPS=GEMV_ROW_RSTD_FROM_STEPS and norm is not None and GEMV_X_EARLY and splits == 1
-            and prefetch * block_k == k,
+            # one split whose prefetched steps hold the whole row (prefetch 0: 0 != k)
+            ROW_IN_STEPS=GEMV_ROW_RSTD_FROM_STEPS and norm is not None and GEMV_X_EARLY and prefetch * block_k == k,
             **launch_args(x.device, prefetches=prefetch > 0),
             NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
             num_warps=GEMV_WARPS)

@@ -32,11 +32,15 @@ def register_cap(limit: int | None) -> dict:
     return {"maxnreg": limit}
 
 
+def program_registers(registers: int, warps: int) -> int:
+    """Registers of an SM's file one program takes, given its registers a thread and warps."""
+    per_thread = -(-max(registers, 1) // 8) * 8
+    return -(-per_thread * 32 // 256) * 256 * warps
+
+
 def programs_per_sm(registers: int, warps: int, shared: int) -> int:
     """Programs of a kernel one sm_90 SM holds at once, given its registers a thread, warps a
     program and shared memory a program (bytes)."""
-    per_thread = -(-max(registers, 1) // 8) * 8
-    per_warp = -(-per_thread * 32 // 256) * 256
-    by_registers = SM90_REGISTERS // (per_warp * warps)
+    by_registers = SM90_REGISTERS // program_registers(registers, warps)
     by_shared = SM90_SHARED // (shared + SM90_SHARED_RESERVED)
     return min(by_registers, SM90_WARPS // warps, by_shared, SM90_PROGRAMS)
