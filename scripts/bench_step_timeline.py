@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from flint_backend.config import PRESETS, FlintConfig
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
 from scripts.bench import copy_bandwidth, kv_bytes_per_token, start_at_context, weight_bytes_per_token
@@ -179,6 +180,17 @@ def run_format(fmt: str, args) -> dict:
     return result
 
 
+def with_layers(preset: str, layers: int) -> str:
+    """A preset of `preset`'s per-layer shapes with `layers` layers, registered under a new name
+    (the layer types follow the index as in the full model: flint_backend.config)."""
+    total = FlintConfig.preset(preset).num_hidden_layers
+    if not 0 < layers <= total:
+        raise SystemExit(f"--layers: got {layers}, expected 1 to {total} ({preset}'s layers)")
+    name = f"{preset}:{layers}-layers"
+    PRESETS[name] = {**PRESETS[preset], "num_hidden_layers": layers}
+    return name
+
+
 def print_tables(results: dict, top: int = 20) -> None:
     for fmt in results["formats"]:
         for v in fmt["variants"]:
@@ -197,6 +209,8 @@ def print_tables(results: dict, top: int = 20) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="flint-40b")
+    parser.add_argument("--layers", type=int, default=0,
+                        help="the preset's first N layers (0: all); e.g. flint-40b in BF16 on a 78 GiB GPU")
     parser.add_argument("--formats", default="nvfp4,bf16")
     parser.add_argument("--context", type=int, default=100000)
     parser.add_argument("--variant", action="append", default=[],
@@ -210,6 +224,8 @@ def main() -> None:
     args = parser.parse_args()
     for text in args.variant:
         parse_variant(text)
+    if args.layers:
+        args.preset = with_layers(args.preset, args.layers)
     results = {"meta": run_meta("scripts/bench_step_timeline.py", copy_bandwidth("cuda") / 1e12)}
     results["formats"] = each_format(args.formats, args.one_format, lambda fmt: run_format(fmt, args),
                                      "scripts.bench_step_timeline")

@@ -26,7 +26,8 @@ case "$what" in
   #   timeline nvfp4,bf16 100000 flint_kernels.moe_gemv.DOWN_DENSE_MAX_REGISTERS=128
   timeline) formats=${1:-nvfp4,bf16}; context=${2:-100000}; shift 2 || shift $#
             variants=(); for v in "$@"; do variants+=(--variant "$v"); done
-            python3 -m scripts.bench_step_timeline --formats "$formats" --context "$context" "${variants[@]}" \
+            # TIMELINE_ARGS: more flags, e.g. "--layers 28" (flint-40b's first 28 layers: BF16 on an H100)
+            python3 -m scripts.bench_step_timeline --formats "$formats" --context "$context" "${variants[@]}" ${TIMELINE_ARGS:-} \
               --out "$OUT/timeline.json" 2>&1 | tee "$OUT/timeline.log" | grep -E "replay|^\| \*\*|^###" | tail -40 ;;
   # Nsight Compute on the kernels of one replayed batch-1 decode step (flint-40b, random weights):
   # ncu [FORMAT [CONTEXT [SKIP [COUNT]]]], FORMAT nvfp4 (default) or bf16, CONTEXT 100000. SKIP
