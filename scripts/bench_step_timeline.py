@@ -159,7 +159,8 @@ def run_format(fmt: str, args) -> dict:
                                   max_num_seqs=64,
                                   max_model_len=args.max_model_len, kv_cache_memory_fraction=args.kv_fraction))
     seq = start_at_context(engine, args.context, 10)
-    result = {"format": fmt, "context": args.context, "weight_bytes_per_token": weight_bytes_per_token(engine),
+    result = {"format": fmt, "preset": args.preset, "layers": engine.config.num_hidden_layers, "context": args.context,
+              "weight_bytes_per_token": weight_bytes_per_token(engine),
               "kv_bytes": kv_bytes_per_token(engine.config, args.context), "variants": []}
     for text in [""] + args.variant:
         old = set_variant(parse_variant(text))
