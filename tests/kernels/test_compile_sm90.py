@@ -2,6 +2,7 @@
 NVIDIA backend plus the bundled ptxas, within shared-memory limits (scripts/compile_kernels.py);
 with programmatic dependent launch the PTX waits for the previous grid before any global access."""
 
+import importlib
 import os
 import re
 import subprocess
@@ -117,7 +118,6 @@ def test_rstd_from_the_loaded_steps_takes_fewer_instructions(kernel, module, kno
     """dense_gemv.ROW_RSTD_FROM_STEPS, nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS: the batch-1 qkv GEMV
     with the RMSNorm folded sums its row's squares from the x steps it loaded: fewer sm_90
     instructions after its PDL wait than loading the row again ("other rstd"), no more barriers."""
-    import importlib
     on = getattr(importlib.import_module(f"flint_kernels.{module}"), knob)
     case = f"{module} + rms_norm qkv T=1"
     out = compile_output("--counts", "--only", case)

@@ -109,6 +109,7 @@ def test_x_loaded_early_gives_the_same_bits(norm, k, splits, monkeypatch):
     exp = F.linear(x, w) if not norm else dense_gemv_module.rms_norm_dense_gemv_torch(x, residual, norm_w, 1e-6, w)[0]
     assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
 
+
 @pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
 @pytest.mark.parametrize("steps", [1, 2, 3, 4])
 def test_rstd_from_the_loaded_steps(steps, has_residual, monkeypatch):
