@@ -452,8 +452,10 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
 
 
 def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torch.device) -> int:
-    """Splits that give every SM about WAVES programs; a window caps them at one tile each."""
-    splits = triton.cdiv(WAVES * num_sms(torch.device(device)), batch * num_kv_heads)
+    """Splits that give every SM about WAVES programs at the batch's decode-graph bucket (the
+    next power of two), so an eager step of 3 rows splits each context as the replay of its
+    bucket of 4 does and gives the same bits; a window caps them at one tile each."""
+    splits = triton.cdiv(WAVES * num_sms(torch.device(device)), triton.next_power_of_2(batch) * num_kv_heads)
     if window:
         splits = min(splits, triton.cdiv(window, TILE_N) if WINDOW_SPLITS is None else WINDOW_SPLITS)
     return max(1, min(MAX_SPLITS, splits))

@@ -103,6 +103,23 @@ def test_new_token_first_gives_the_same_bits(layout, window, sinks, monkeypatch)
     torch.testing.assert_close(outs[1], run_both(step, window, sinks=sinks)[1], **TOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("layout,window", [("paged", 0), ("ring", 200)])
+def test_a_batch_padded_to_its_bucket_gives_the_same_bits(layout, window):
+    """A decode graph replays a batch of 3 in its bucket of 4 (the 4th row padding, context 0).
+    The default splits come from the bucket, so the 3 rows get the bits of an eager step of 3
+    (from the batch itself, 3 rows took 2 splits and 4 rows 1 here: 4 host SMs, 2 KV heads)."""
+    step = make_step([(c, 1) for c in (300, 5, 129, 0)], dtype=torch.float32, layout=layout,
+                     rows_per=16 if layout == "paged" else window, seed=5, device=DEVICE)
+    scale = 1 / math.sqrt(step.q.shape[-1])
+    padded = decode_attention(step.q, step.k, step.v, step.k_cache, step.v_cache, step.context_lens, step.sinks,
+                              scale, window, **step.cache_kwargs())
+    three = decode_attention(step.q[:3], step.k[:3], step.v[:3], step.k_cache, step.v_cache, step.context_lens[:3],
+                             step.sinks, scale, window,
+                             **{name: rows[:3] for name, rows in step.cache_kwargs().items() if rows is not None})
+    assert torch.equal(three, padded[:3])
+    torch.testing.assert_close(three, run_both(step, window)[1][:3], **TOL[torch.float32])
+
+
 def test_huge_sink_and_no_sink():
     step = make_step([(5, 1), (20, 1), (0, 1)], rows_per=4, device=DEVICE)
     got, _ = run_both(step, 0, 2, sinks=torch.full((8,), 1e4, device=DEVICE))
