@@ -24,7 +24,6 @@ import triton.language as tl
 
 from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
-from .registers import register_cap
 from .rms_norm import (check_norm_inputs, folded_norm, maybe_folded_rstd, norm_weight, residual_add, rms_norm_torch,
                        step_activations, steps_rstd)
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
@@ -75,18 +74,10 @@ X_EARLY = True
 # head: K = 2048 in two steps) sums its row's squares from the x steps X_EARLY loaded (squared
 # and added in-thread across the steps, then one reduction) and stores the updated residual from
 # them, instead of loading the whole row again in another layout: the batch-1 qkv GEMV's sm_90
-# code after its PDL wait 804 -> 756 instructions, barriers unchanged (10), and 36 bytes spilled
-# instead of 92 under PREFETCH_MAX_REGISTERS = 96 (`compile_kernels.py --counts`). Not yet timed
-# on a GPU. A benchmark knob, read at each launch (benchmarks/NOTES.md §29).
+# code after its PDL wait 804 -> 756 instructions, barriers unchanged (10) (`compile_kernels.py
+# --counts`); H200, batch-1 decode at 100K, graph replay: BF16 2.771 -> 2.754 ms (NVFP4 2.053 vs
+# 2.055, within noise). A benchmark knob, read at each launch (benchmarks/NOTES.md §29, §31).
 ROW_RSTD_FROM_STEPS = True
-# Registers a thread of a launch that prefetches at most two steps may use (ptxas .maxnreg; the
-# GPU only); None: ptxas's choice. The batch-1 BF16 qkv GEMV (5120 x 2048: 640 programs of 8
-# rows, 32 KB of weights each in registers) takes 127, so four programs share an SM and 528 of
-# the 640 load before the PDL wait: the other 112 start only as the first retire (1.21 waves);
-# at 96, five share an SM (660 slots, one wave) with 36 bytes spilled after the wait. The dense
-# MLP's gate/up and the LM head (many waves) get the cap too. Not yet timed on a GPU: a benchmark
-# knob, read at each launch (benchmarks/NOTES.md §29).
-PREFETCH_MAX_REGISTERS: int | None = None
 
 
 @triton.jit
@@ -281,8 +272,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         GREEDY=greedy is not None,
         # one split whose prefetched steps hold the whole row (prefetch 0: 0 != k)
         ROW_IN_STEPS=ROW_RSTD_FROM_STEPS and norm is not None and X_EARLY and prefetch * block_k == k,
-        **launch_args(x.device, prefetches=prefetch > 0),
-        **register_cap(PREFETCH_MAX_REGISTERS if 0 < prefetch <= 2 else None), num_warps=WARPS)
+        **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -27,7 +27,6 @@ from . import nvfp4
 from .nvfp4 import (DOT_3D, fp4_dot_loaded, fp4_dot_words, fp4_scale_unit, fp4_word_columns,
                     fp4_word_nibbles, fp4_x_block, fp4_x_unit, is_nvfp4, load_by_column, weight_args, weight_tile)
 from .pdl import launch_args, pdl_prologue
-from .registers import register_cap
 from .router import ROUTING_COLS, expert_bias, route_from_logits
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
@@ -64,13 +63,6 @@ SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # per-expert pipelined loop (_moe_down_kernel).
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
-# Registers a thread of the dense down launch (ptxas .maxnreg; the GPU only); None: ptxas's
-# choice. At batch 1 its 512 programs take 157 (sm_90), so three share an SM and 396 load their
-# 32 KB before the PDL wait: the other 116 start only as the first retire (1.29 waves), and none
-# fits beside gate/up's programs (four of 126 registers fill an SM, three leave 16K registers).
-# At 128: four an SM (528 slots, one wave), and one beside three gate/up programs, with 108
-# bytes spilled. Not yet timed on a GPU: a benchmark knob, read at each launch (NOTES.md §29).
-DOWN_DENSE_MAX_REGISTERS: int | None = None
 # ROUTE: each gate/up program picks its token's top-k with tl.topk's bitonic network instead of
 # TOP_K rounds of a max (router.route_from_logits; the same picks): gate/up 9.05 -> 8.54 us a
 # layer on the H200's critical path (NVFP4; BF16 11.65 -> 11.30), NVFP4 100K replay 2.475 ->
@@ -657,8 +649,7 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing, w2_ptr=w2,
             s2_ptr=shared2, w2_se=w2.stride(0), w2_sn=w2.stride(1), s2_sn=shared2.stride(0),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0), K=k, SLOTS=slots, BLOCK_H=DOWN_DENSE_ROWS,
-            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True),
-            **register_cap(DOWN_DENSE_MAX_REGISTERS), num_warps=WARPS)
+            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True), num_warps=WARPS)
         return out
     assert route is None, "routes_in_experts: the per-expert down loop reads the router's ids"
     block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)

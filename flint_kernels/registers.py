@@ -1,10 +1,10 @@
-"""A launch's register budget: the per-thread cap a launcher may set, and how many programs of a
-kernel an SM holds at once.
+"""A launch's register budget: how many programs of a kernel an SM holds at once.
 
 A decode GEMV loads its weights into registers before its PDL wait (pdl.py), so the programs
 resident at once bound what it can prefetch: a launch of more programs than the SMs hold runs a
 second, partial wave that starts loading only as the first wave's programs retire. ptxas takes up
-to 255 registers a thread unless capped (.maxnreg), spilling to local memory under a cap.
+to 255 registers a thread (capping them with .maxnreg spilled, and measured slower on the H200:
+benchmarks/NOTES.md §31).
 
 sm_90 (H100, H200) limits, from the CUDA occupancy rules: 65536 registers, 64 warps, 32 programs
 and 228 KB of shared memory (1 KB reserved a program) an SM; registers are allocated a warp at a
@@ -13,23 +13,11 @@ time in units of 256, a thread's count rounded up to a multiple of 8.
 
 from __future__ import annotations
 
-import os
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
 SM90_REGISTERS = 65536
 SM90_WARPS = 64
 SM90_PROGRAMS = 32
 SM90_SHARED = 233472   # bytes an SM
 SM90_SHARED_RESERVED = 1024  # bytes an SM reserves a program
-
-
-def register_cap(limit: int | None) -> dict:
-    """Keyword arguments capping a launch's registers a thread at `limit` (None: no cap). The
-    interpreter runs no ptxas: nothing there."""
-    if limit is None or INTERPRET:
-        return {}
-    return {"maxnreg": limit}
 
 
 def program_registers(registers: int, warps: int) -> int:

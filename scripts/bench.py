@@ -346,9 +346,7 @@ def main() -> None:
                                   "head_fold_norm": ops.HEAD_FOLD_NORM,
                                   # module knobs (bench_step_timeline.py --variant sets them)
                                   "row_rstd_from_steps": [dense_gemv.ROW_RSTD_FROM_STEPS,
-                                                          nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS],
-                                  "dense_prefetch_max_registers": dense_gemv.PREFETCH_MAX_REGISTERS,
-                                  "moe_down_dense_max_registers": moe_gemv.DOWN_DENSE_MAX_REGISTERS}},
+                                                          nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS]}},
                "formats": []}
     formats = args.formats.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)

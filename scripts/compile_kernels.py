@@ -88,7 +88,7 @@ def record(modules, call) -> list:
 
 def compile_launch(fn, kwargs, arch: int):
     signature, constexprs, attrs = {}, {}, {}
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in kwargs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     for i, param in enumerate(fn.params):
         value = kwargs[param.name]
         if param.is_constexpr or (type(value) is int and value == 1):  # the JIT specialises 1 too
@@ -308,11 +308,6 @@ def moe_launches() -> list:
         cases += [(f"moe grouped {fmt} T={t}", (moe_sort, moe_grouped),
                    lambda t=t, fp4=fp4: moe_grouped.moe_grouped(*args(t, fp4))) for t in (64, 8192)]
     cases.append(("silu_mul I=10240", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 20480, dtype=bf16))))
-    # the BF16 down launch capped at 128 registers (moe_gemv.DOWN_DENSE_MAX_REGISTERS): one wave at batch 1
-    cases.append(("moe small routed bf16 T=1 down 128 registers", moe_gemv, lambda: with_knob(
-        moe_gemv, "DOWN_DENSE_MAX_REGISTERS", 128, lambda: moe_gemv.moe_gemv_routed(
-            args(1, False)[0], torch.randn(1, e), bias, torch.zeros(1, router.ROUTING_WORDS, dtype=torch.int32), k,
-            2.5, True, *args(1, False)[3:]))))
     return cases
 
 
@@ -365,14 +360,11 @@ def w4a16_launches() -> list:
                           lambda x=x, w=w: lin.rms_norm_nvfp4_linear(x, x.clone(), hw, 1e-5, w)))
             cases.append((f"dense_gemv + rms_norm {name} T={t}", gemv,
                           lambda x=x, dense=dense: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense)))
-    # the BF16 qkv capped at 96 registers (dense_gemv.PREFETCH_MAX_REGISTERS): one wave at batch 1;
-    # and with the row's rstd from a second load of it (dense_gemv.ROW_RSTD_FROM_STEPS flipped)
+    # the BF16 qkv with the row's rstd from a second load of it (dense_gemv.ROW_RSTD_FROM_STEPS flipped)
     x, dense = torch.randn(1, 2048, dtype=bf16), torch.randn(*shapes["qkv"], dtype=bf16)
-    qkv = lambda: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense)
-    cases += [("dense_gemv + rms_norm qkv T=1 96 registers", gemv,
-               lambda: with_knob(gemv, "PREFETCH_MAX_REGISTERS", 96, qkv)),
-              ("dense_gemv + rms_norm qkv T=1 other rstd", gemv,
-               lambda: with_knob(gemv, "ROW_RSTD_FROM_STEPS", not gemv.ROW_RSTD_FROM_STEPS, qkv))]
+    cases.append(("dense_gemv + rms_norm qkv T=1 other rstd", gemv, lambda: with_knob(
+        gemv, "ROW_RSTD_FROM_STEPS", not gemv.ROW_RSTD_FROM_STEPS,
+        lambda: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense))))
     # the NVFP4 dense MLP's SwiGLU folded into its down GEMV (ops.silu_linear)
     down_n, down_k = shapes["down"]  # (the LM head's lambdas above read k and n late)
     w = nvfp4(down_n, down_k)

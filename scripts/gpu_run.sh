@@ -23,7 +23,7 @@ case "$what" in
   # Paired graph replays of one batch-1 decode step and their per-kernel critical path, main's
   # defaults first: timeline FORMATS CONTEXT [VARIANT...], each VARIANT module.ATTR=value[,...]
   # (scripts/bench_step_timeline.py --variant), e.g.
-  #   timeline nvfp4,bf16 100000 flint_kernels.moe_gemv.DOWN_DENSE_MAX_REGISTERS=128
+  #   timeline nvfp4,bf16 100000 flint_kernels.dense_gemv.ROW_RSTD_FROM_STEPS=0
   timeline) formats=${1:-nvfp4,bf16}; context=${2:-100000}; shift 2 || shift $#
             variants=(); for v in "$@"; do variants+=(--variant "$v"); done
             # TIMELINE_ARGS: more flags, e.g. "--layers 28" (flint-40b's first 28 layers: BF16 on an H100)

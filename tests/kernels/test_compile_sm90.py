@@ -90,26 +90,22 @@ def test_f16_products_take_fewer_instructions():
     assert f16[0] < 0.9 * fp32[0] and f16[1] <= fp32[1], (f16, fp32)
 
 
-def test_register_caps_fit_the_batch1_bf16_launches_in_one_wave():
-    """The occupancy columns (flint_kernels/registers.py): ptxas's own choice leaves the batch-1
-    BF16 qkv GEMV (640 programs, four an SM) and MoE down launch (512, three an SM) more programs
-    than the 132 SMs hold at once; dense_gemv.PREFETCH_MAX_REGISTERS = 96 and
-    moe_gemv.DOWN_DENSE_MAX_REGISTERS = 128 fit each in one wave."""
+def test_occupancy_of_the_batch1_bf16_launches_past_one_wave():
+    """The occupancy columns (flint_kernels/registers.py): ptxas's own register choice leaves the
+    batch-1 BF16 qkv GEMV (640 programs, four an SM) and MoE down launch (512, three an SM) more
+    programs than the 132 SMs hold at once (capping their registers to fit one wave spilled and
+    measured slower on the H200: benchmarks/NOTES.md §31)."""
     rows = {(row[0], row[1]): row for row in compile_rows("--only", "bf16 T=1") + compile_rows("--only", "qkv T=1")}
     def occupancy(case, kernel):  # (registers, programs, an SM, waves)
         row = rows[(case, kernel)]
         return int(row[6]), int(row[8]), int(row[9]), float(row[10])
     regs, programs, per_sm, waves = occupancy("dense_gemv + rms_norm qkv T=1", "_dense_gemv_kernel")
-    assert programs == 640 and waves > 1, (regs, per_sm, waves)
-    regs, _, per_sm, waves = occupancy("dense_gemv + rms_norm qkv T=1 96 registers", "_dense_gemv_kernel")
-    assert regs <= 96 and per_sm == 5 and waves <= 1
+    assert programs == 640 and waves > 1 and waves == pytest.approx(programs / (per_sm * 132), abs=0.01), \
+        (regs, per_sm, waves)
     regs, programs, per_sm, waves = occupancy("moe small routed bf16 T=1", "_moe_down_dense_kernel")
-    assert programs == 512 and waves > 1, (regs, per_sm, waves)
-    regs, _, per_sm, waves = occupancy("moe small routed bf16 T=1 down 128 registers", "_moe_down_dense_kernel")
-    assert regs <= 128 and per_sm == 4 and waves <= 1
-    # one capped down program fits beside three gate/up programs (4 warps each)
-    gate_up_regs = occupancy("moe small routed bf16 T=1", "_moe_gate_up_kernel")[0]
-    assert 3 * program_registers(gate_up_regs, 4) + program_registers(regs, 4) <= SM90_REGISTERS
+    assert programs == 512 and waves > 1 and waves == pytest.approx(programs / (per_sm * 132), abs=0.01), \
+        (regs, per_sm, waves)
+    assert SM90_REGISTERS // program_registers(regs, 4) == per_sm  # bound by registers
 
 
 @pytest.mark.parametrize("kernel,module,knob", [("_dense_gemv_kernel", "dense_gemv", "ROW_RSTD_FROM_STEPS"),

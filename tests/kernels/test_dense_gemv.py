@@ -183,21 +183,6 @@ def test_errors_name_the_argument():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 4])
-def test_register_cap_gives_the_same_bits(t, monkeypatch):
-    """dense_gemv.PREFETCH_MAX_REGISTERS: the qkv GEMV (rms_norm folded, 5120 x 2048) capped at
-    96 registers a thread (one wave at batch 1, some spilled) computes the same bits."""
-    x, w = operands(t, 5120, 2048, torch.bfloat16, seed=t)
-    residual = operands(t, 1, 2048, torch.bfloat16, seed=t + 1)[0]
-    norm_w = (1 + 0.5 * operands(1, 1, 2048, torch.float32, seed=t + 2)[0][0]).to(torch.bfloat16)
-    outs = []
-    for cap in (None, 96):
-        monkeypatch.setattr(dense_gemv_module, "PREFETCH_MAX_REGISTERS", cap)
-        outs.append(dense_gemv_module.rms_norm_dense_gemv(x, residual, norm_w, 1e-5, w))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("unsplit_rows", [None, 4])
 @pytest.mark.parametrize("t", [1, 4])
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (20480, 2048), (2048, 10240)])

@@ -213,17 +213,3 @@ def test_real_shapes(fmt, t):
     assert_scaled_close(fused_moe_routed(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2),
                         fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"), rel=1e-2)
 
-
-@pytest.mark.gpu
-def test_dense_down_register_cap_gives_the_same_bits(monkeypatch):
-    """moe_gemv.DOWN_DENSE_MAX_REGISTERS: flint-40b's BF16 MoE at batch 1 with the down launch
-    capped at 128 registers a thread (one wave, some spilled) computes the same bits."""
-    e, k = 256, 6
-    w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, "dense")
-    logits, bias = logits_and_bias(1, e, seed=3)
-    x = torch.randn(1, 2048, device=DEVICE, dtype=torch.bfloat16)
-    outs = []
-    for cap in (None, 128):
-        monkeypatch.setattr(moe_gemv, "DOWN_DENSE_MAX_REGISTERS", cap)
-        outs.append(fused_moe_routed(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2))
-    assert torch.equal(outs[0], outs[1])
