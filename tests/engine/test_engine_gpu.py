@@ -78,15 +78,17 @@ def test_bf16_kernels_are_close_to_the_bf16_reference(small):
 
 
 def test_graph_replay_equals_eager(small):
-    """Prompts of four lengths finish decoding at different steps, so decode batches of 3
-    replay in the bucket of 4: every launch's config at 3 rows must be its config at 4 (the
-    decode attention's splits come from the bucket), or a near-tie flips a token (H200,
-    f1b7b98, NVFP4: the 1100-token prompt's 10th token, with splits from the batch)."""
+    """Greedy decode through the replayed graphs, synchronous: each step the same batch as
+    eager's (4, then 2, then 1 rows as the prompts finish). Async scheduling would launch a step
+    ahead with the rows of sequences whose last token is still in flight (their tokens dropped):
+    the 1100-token prompt's 10th token came from 4 rows instead of eager's 2, where the decode
+    attention takes other splits, and flipped on a near-tie (H100 and H200, NVFP4, 792cce6).
+    The seeded test below runs async scheduling on batches that finish together."""
     fmt, config, weights = small
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = []
     for eager in (True, False):
-        eng = engine(weights, config, enforce_eager=eager, low_latency_max_batch=0)
+        eng = engine(weights, config, enforce_eager=eager, low_latency_max_batch=0, async_scheduling=False)
         seqs = [eng.add_request(p, params) for p in PROMPTS]
         while eng.has_work():
             eng.step()
