@@ -213,7 +213,7 @@ def launches() -> list[tuple[str, object, object]]:
     qkv = torch.randn(4, (hq + 2 * hk) * d, dtype=bf16)
     dw = torch.randn(d, dtype=bf16)
     cos_sin = torch.randn(64, d)
-    q, k, v = torch.randn(4, hq, d, dtype=bf16), torch.randn(4, hk, d, dtype=bf16), torch.randn(4, hk, d, dtype=bf16)
+    q, k = torch.randn(4, hq, d, dtype=bf16), torch.randn(4, hk, d, dtype=bf16)
     v_view = qkv[:, (hq + hk) * d:].view(4, hk, d)  # as qk_norm_rope returns it
     paged = torch.zeros(8, 64, hk, d, dtype=bf16)
     ring = torch.zeros(4, 513, hk, d, dtype=bf16)
@@ -431,7 +431,7 @@ def tiles(kwargs: dict) -> str:
 def low_latency_launches() -> list:
     """The low-latency decode kernels at full size (MoE experts: moe_launches): batch 1 and 8."""
     from flint_kernels import norm_qkv_rope
-    hq, hk, d, h, e, bf16 = 32, 4, 128, 2048, 256, torch.bfloat16
+    hq, hk, d, h, bf16 = 32, 4, 128, 2048, torch.bfloat16
     dw, hw = torch.randn(d, dtype=bf16), torch.randn(h, dtype=bf16)
     cos_sin = torch.randn(64, d)
     cache = torch.zeros(8, 64, hk, d, dtype=bf16)
