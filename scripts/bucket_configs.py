@@ -37,6 +37,8 @@ from flint_kernels import split_k  # noqa: E402
 H, I_DENSE, I_MOE, EXPERTS, TOP_K = 2048, 10240, 512, 256, 6
 HQ, HK, D, WINDOW, BLOCK = 32, 4, 128, 513, 64
 VOCAB = 151552
+KERNEL_MODULES = tuple(importlib.import_module(f"flint_kernels.{m.name}")
+                       for m in pkgutil.iter_modules(flint_kernels.__path__))
 
 
 def layer_calls(t: int, fp4: bool) -> dict:
@@ -77,10 +79,8 @@ def layer_calls(t: int, fp4: bool) -> dict:
 
 def launch_configs(call) -> list[tuple]:
     """(kernel, its non-tensor arguments but T, grid past the token axis) of each launch."""
-    modules = tuple(importlib.import_module(f"flint_kernels.{m.name}")
-                    for m in pkgutil.iter_modules(flint_kernels.__path__))
     out = []
-    for fn, kwargs, grid in ck.record(modules, call):
+    for fn, kwargs, grid in ck.record(KERNEL_MODULES, call):
         args = {key: value for key, value in kwargs.items() if not isinstance(value, torch.Tensor) and key != "T"}
         out.append((fn.__name__, args, tuple(grid)[1:]))
     return out
