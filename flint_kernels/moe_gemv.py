@@ -59,10 +59,16 @@ DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (8, 8)
 SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # Dense (BF16) down weights, up to 8 slots of at most DOWN_DENSE_MAX_I: the same one-load launch
 # (_moe_down_dense_kernel), DOWN_DENSE_ROWS rows of every slot a program (4 x 8 x 512 bf16 = 32 KB,
-# 64 registers a thread at 4 warps), loaded before the PDL wait. FLINT_MOE_DOWN_DENSE=0: the
+# 128 registers a thread at 2 warps), loaded before the PDL wait. FLINT_MOE_DOWN_DENSE=0: the
 # per-expert pipelined loop (_moe_down_kernel).
 DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
+# Warps a program of that launch: at 2, the batch-1 launch's 512 programs take 241 registers a
+# thread (no spills) and four fit an SM, one wave on 132 SMs with every weight loaded before the
+# wait; at 4 (157 registers) three fit, 1.29 waves. flint-40b's first 28 layers, BF16 at 100K,
+# H100, paired graph replays: 2.073 -> 2.035 ms, again 2.075 -> 2.035 (the down's critical time
+# 187-195 -> 138-157 us); benchmarks/NOTES.md §32. Read at each launch.
+DOWN_DENSE_WARPS = WARPS if INTERPRET else 2
 # ROUTE: each gate/up program picks its token's top-k with tl.topk's bitonic network instead of
 # TOP_K rounds of a max (router.route_from_logits; the same picks): gate/up 9.05 -> 8.54 us a
 # layer on the H200's critical path (NVFP4; BF16 11.65 -> 11.30), NVFP4 100K replay 2.475 ->
@@ -649,7 +655,8 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing, w2_ptr=w2,
             s2_ptr=shared2, w2_se=w2.stride(0), w2_sn=w2.stride(1), s2_sn=shared2.stride(0),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0), K=k, SLOTS=slots, BLOCK_H=DOWN_DENSE_ROWS,
-            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True), num_warps=WARPS)
+            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True),
+            num_warps=DOWN_DENSE_WARPS)
         return out
     assert route is None, "routes_in_experts: the per-expert down loop reads the router's ids"
     block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)
