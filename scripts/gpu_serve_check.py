@@ -96,15 +96,38 @@ def run_engine(args) -> dict:
             times.append(time.perf_counter() - start)
         return times, seq.output_ids
 
+    def unsynced_ms_per_token(steps: int) -> float:
+        """bench.py's ms/token (bench.decode_ms): `steps` consecutive engine.step() calls with no
+        device sync between them, as a server makes them (under async scheduling a step's host
+        work overlaps the device's next step), over the tokens they delivered. The clock starts
+        when a decode step that only launched its successor returns."""
+        seq = engine.add_request(prompt_ids, SamplingParams(temperature=0.0, max_tokens=2 * steps + 5,
+                                                            ignore_eos=True))
+        for _ in range(2):
+            engine.step()  # the prefill, a decode step
+        if cuda:
+            torch.cuda.synchronize()
+        engine.step()  # async scheduling: launches a step, returns the previous one's token
+        start, tokens = time.perf_counter(), 0
+        for _ in range(steps):
+            tokens += sum(len(out.new_token_ids) for out in engine.step())
+        wall = time.perf_counter() - start
+        engine.abort(seq.request_id)
+        while engine.has_work():
+            engine.step()
+        return wall / tokens * 1e3
+
     one(16)  # warm-up: kernel compilation, allocator
     runs = [one(args.tokens) for _ in range(args.runs)]
     tokens = runs[0][1]
+    ms_per_token = statistics.median(unsynced_ms_per_token(args.tokens) for _ in range(args.runs))
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "engine_args": engine_args.to_dict(),
               "build_s": build_s, "prompt": prompt, "prompt_ids": prompt_ids, "tokens": tokens,
               "text": tokenizer.decode(tokens, skip_special_tokens=True),
               "runs_repeat_tokens": all(t == tokens for _, t in runs),
               "prefill": summary([times[0] for times, _ in runs]),
-              "decode_step": summary([t for times, _ in runs for t in times[1:]])}
+              "decode_step": summary([t for times, _ in runs for t in times[1:]]),
+              "ms_per_token_unsynced": ms_per_token}
     if cuda:
         free, total = torch.cuda.mem_get_info()
         result["gpu_gib"] = {"allocated": torch.cuda.memory_allocated() / 2**30,
@@ -221,7 +244,9 @@ def report(args) -> int:
           f"CUDA graphs {'off' if e['enforce_eager'] or engine['device'] == 'cpu' else 'on'}, "
           f"low_latency_max_batch={e['low_latency_max_batch']}; "
           f"engine built in {engine['build_s']:.1f} s")
+    per_token = engine.get("ms_per_token_unsynced")  # absent in cases written before 2026-12-05
     rows = [("engine decode step, in-process (no server)", step["median_ms"], step["p90_ms"], step["mean_ms"]),
+            ("engine ms/token in-process, steps unsynced (bench.py)", per_token, None, None),
             ("engine time per output token inside tritonserver", None, None, client["engine_tpot_in_server_ms"]),
             ("ITL, flint_model stream (token ids)", direct["itl"]["median_ms"], direct["itl"]["p90_ms"],
              direct["itl_mean_ms"]),
@@ -233,12 +258,14 @@ def report(args) -> int:
     for name, median, p90, mean in rows:
         print(f"| {name:<50} | {cell(median):>9} | {cell(p90):>6} | {cell(mean):>7} |")
     ratio = direct["itl"]["median_ms"] / step["median_ms"]
-    print(f"served ITL / engine step (medians, flint_model): {ratio:.3f}; ensemble events per run "
+    per_token_ratio = None if per_token is None else direct["itl"]["median_ms"] / per_token
+    print(f"served ITL / engine step (medians, flint_model): {ratio:.3f}; served ITL / engine ms/token: "
+          f"{cell(per_token_ratio) or 'n/a'}; ensemble events per run "
           f"{ensemble['events_per_run']}; served tokens {'==' if checks['tokens_equal'] else '!='} engine tokens"
           + ("" if checks["tokens_equal"] else f" (first difference at {checks['first_token_difference']})")
           + f"; ensemble text {'==' if checks['text_equal'] else '!='} engine text")
     case = {"case": args.case, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "checks": checks,
-            "itl_over_step": ratio, "engine": {k: v for k, v in engine.items() if k not in ("prompt", "prompt_ids")},
+            "itl_over_step": ratio, "itl_over_ms_per_token": per_token_ratio, "engine": {k: v for k, v in engine.items() if k not in ("prompt", "prompt_ids")},
             "client": client}
     into = Path(args.into)
     cases = json.loads(into.read_text())["cases"] if into.exists() else []
@@ -249,13 +276,15 @@ def report(args) -> int:
 
 def print_summary(args) -> int:
     cases = json.loads(Path(args.results).read_text())["cases"]
-    print("\n| case | engine step ms (median / p90) | flint_model ITL ms (median / p90) | ITL / step | "
-          "flint ITL ms (median / p90 / mean) | tokens equal |\n|---|---|---|---|---|---|")
+    print("\n| case | engine step ms (median / p90) | engine ms/token unsynced | flint_model ITL ms (median / p90) | "
+          "ITL / step | ITL / ms/token | flint ITL ms (median / p90 / mean) | tokens equal |\n"
+          "|---|---|---|---|---|---|---|---|")
     ms = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     for c in cases:
         s, d, f = c["engine"]["decode_step"], c["client"]["flint_model"]["itl"], c["client"]["flint"]
-        print(f"| {c['case']} | {s['median_ms']:.3f} / {s['p90_ms']:.3f} | {d['median_ms']:.3f} / {d['p90_ms']:.3f} | "
-              f"{c['itl_over_step']:.3f} | {ms(f['itl']['median_ms'])} / {ms(f['itl']['p90_ms'])} / "
+        print(f"| {c['case']} | {s['median_ms']:.3f} / {s['p90_ms']:.3f} | {ms(c['engine'].get('ms_per_token_unsynced'))} | "
+              f"{d['median_ms']:.3f} / {d['p90_ms']:.3f} | {c['itl_over_step']:.3f} | {ms(c.get('itl_over_ms_per_token'))} | "
+              f"{ms(f['itl']['median_ms'])} / {ms(f['itl']['p90_ms'])} / "
               f"{ms(f['itl_mean_ms'])} | {'yes' if c['checks']['tokens_equal'] else 'NO'} |")
     return 0 if all(c["checks"]["ok"] for c in cases) else 1
 

@@ -254,4 +254,6 @@ def test_gpu_serve_check_phases_agree_with_the_server(server, tmp_path):
     assert client["flint_model"]["num_output_tokens"] == client["flint"]["num_output_tokens"] == 6
     assert case["checks"] == {"tokens_equal": True, "first_token_difference": None, "text_equal": True,
                               "prompt_tokens_equal": True, "repeatable": True, "ok": True}
+    assert engine["ms_per_token_unsynced"] > 0  # as bench.py times it: steps unsynced, over their tokens
+    assert case["itl_over_ms_per_token"] == client["flint_model"]["itl"]["median_ms"] / engine["ms_per_token_unsynced"]
     assert "| tiny |" in phase("summary", files["all"])
