@@ -9,7 +9,8 @@ step, and the served greedy tokens vs the in-process engine's (scripts/gpu_serve
 
 `engine` builds the engine from the repository's engine_args.json (the server's own settings),
 tokenises a prompt of about --prompt-tokens tokens as flint_tokenizer does, and times each
-engine step of greedy requests (the first step is the prefill). `client` sends the same
+engine step of greedy requests (the first step is the prefill), each between two device syncs,
+then bench.py's ms/token: consecutive steps with no sync between them, as a server runs them. `client` sends the same
 request through tritonserver twice over (HTTP generate_stream, standard library only):
 to `flint_model` with the engine's prompt ids (one event per engine step, token ids: Triton and
 the Python backend) and to the `flint` ensemble with the prompt text (tokenizer, engine and
@@ -265,8 +266,8 @@ def report(args) -> int:
           + ("" if checks["tokens_equal"] else f" (first difference at {checks['first_token_difference']})")
           + f"; ensemble text {'==' if checks['text_equal'] else '!='} engine text")
     case = {"case": args.case, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "checks": checks,
-            "itl_over_step": ratio, "itl_over_ms_per_token": per_token_ratio, "engine": {k: v for k, v in engine.items() if k not in ("prompt", "prompt_ids")},
-            "client": client}
+            "itl_over_step": ratio, "itl_over_ms_per_token": per_token_ratio,
+            "engine": {k: v for k, v in engine.items() if k not in ("prompt", "prompt_ids")}, "client": client}
     into = Path(args.into)
     cases = json.loads(into.read_text())["cases"] if into.exists() else []
     into.write_text(json.dumps({"cases": [c for c in cases if c["case"] != args.case] + [case]}, indent=2))
@@ -282,9 +283,10 @@ def print_summary(args) -> int:
     ms = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     for c in cases:
         s, d, f = c["engine"]["decode_step"], c["client"]["flint_model"]["itl"], c["client"]["flint"]
-        print(f"| {c['case']} | {s['median_ms']:.3f} / {s['p90_ms']:.3f} | {ms(c['engine'].get('ms_per_token_unsynced'))} | "
-              f"{d['median_ms']:.3f} / {d['p90_ms']:.3f} | {c['itl_over_step']:.3f} | {ms(c.get('itl_over_ms_per_token'))} | "
-              f"{ms(f['itl']['median_ms'])} / {ms(f['itl']['p90_ms'])} / "
+        per_token = c["engine"].get("ms_per_token_unsynced")  # absent in cases written before 2026-12-05
+        print(f"| {c['case']} | {s['median_ms']:.3f} / {s['p90_ms']:.3f} | {ms(per_token)} | "
+              f"{d['median_ms']:.3f} / {d['p90_ms']:.3f} | {c['itl_over_step']:.3f} | "
+              f"{ms(c.get('itl_over_ms_per_token'))} | {ms(f['itl']['median_ms'])} / {ms(f['itl']['p90_ms'])} / "
               f"{ms(f['itl_mean_ms'])} | {'yes' if c['checks']['tokens_equal'] else 'NO'} |")
     return 0 if all(c["checks"]["ok"] for c in cases) else 1
 
