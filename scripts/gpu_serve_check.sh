@@ -16,7 +16,8 @@
 # configures a copy of model_repository (CUDA graphs and the decode path the engine defaults pick,
 # both reported; max-num-seqs 1: the check runs batch 1 only, and each larger CUDA-graph
 # bucket would add capture and kernel-compile time), times the engine's decode step in-process at
-# batch 1 (its own process, which exits first: one 80 GB model on the GPU at a time), serves the
+# batch 1, synced and, as bench.py does, unsynced (its own process, which exits first: one 80 GB
+# model on the GPU at a time), serves the
 # same repository and streams the same greedy request through tritonserver (flint_model with token
 # ids, and the flint ensemble with text), and compares the served tokens and text with the engine's.
 # Prints a table per case and a summary, writes $OUT/gpu_serve_check.json (or build/gpu_serve_check/),
