@@ -127,15 +127,7 @@ def decode_ms(engine: LLMEngine, context: int, steps: int) -> dict:
     seq = start_at_context(engine, context, 2 * steps + 5)
     for _ in range(2):
         engine.step()  # warm-up (compiles any eager variant); with async scheduling a step is now in flight
-    sync()
-    engine.step()  # async: launches a step, returns the warm-up's token; sync: one whole step
-    t0 = time.perf_counter()
-    ends, tokens = [], 0
-    for _ in range(steps):
-        tokens += sum(len(out.new_token_ids) for out in engine.step())
-        ends.append(time.perf_counter())
-    wall = ends[-1] - t0
-    gaps = [b - a for a, b in zip([t0] + ends, ends)]  # each step() call's wall time, host side
+    ms_per_token, gaps = unsynced_steps(engine, steps)
     slowest = max(range(steps), key=gaps.__getitem__)
     times = []
     for _ in range(steps):
@@ -145,9 +137,24 @@ def decode_ms(engine: LLMEngine, context: int, steps: int) -> dict:
         sync()
         times.append(time.perf_counter() - t0)
     engine.abort(seq.request_id)
-    return {"ms_per_token": wall / tokens * 1e3, "synced_step_ms": statistics.median(times) * 1e3,
+    return {"ms_per_token": ms_per_token, "synced_step_ms": statistics.median(times) * 1e3,
             # where a one-off stall falls in the unsynced run (the first context an engine measures)
             "slowest_step": slowest, "slowest_step_ms": gaps[slowest] * 1e3}
+
+
+def unsynced_steps(engine: LLMEngine, steps: int) -> tuple[float, list[float]]:
+    """decode_ms's ms/token, for a running sequence with `steps` + 1 steps still to make: after a
+    sync, one engine.step() (async: launches a step, returns the previous one's token; sync: one
+    whole step), then the clock over `steps` calls with no sync between them.
+    -> (ms per delivered token, each timed call's wall time in s, host side)"""
+    sync()
+    engine.step()
+    t0 = time.perf_counter()
+    ends, tokens = [], 0
+    for _ in range(steps):
+        tokens += sum(len(out.new_token_ids) for out in engine.step())
+        ends.append(time.perf_counter())
+    return (ends[-1] - t0) / tokens * 1e3, [b - a for a, b in zip([t0] + ends, ends)]
 
 
 def graph_replay_ms(engine: LLMEngine, context: int) -> float | None:

@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import scripts.compile_kernels as ck  # noqa: E402  (first: compiles for the GPU, not the interpreter)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 import flint_kernels  # noqa: E402
 from flint_backend import ops as ops_module  # noqa: E402
+from flint_backend.engine.decode_graphs import BUCKETS  # noqa: E402
 from flint_kernels import split_k  # noqa: E402
 
 H, I_DENSE, I_MOE, EXPERTS, TOP_K = 2048, 10240, 512, 256, 6
@@ -87,7 +87,7 @@ def launch_configs(call) -> list[tuple]:
 
 
 def differences(rows: int) -> list[str]:
-    bucket = triton.next_power_of_2(rows)
+    bucket = next(b for b in BUCKETS if b >= rows)  # DecodeGraphs.bucket_for at the largest max batch
     found = []
     for fmt in ("bf16", "nvfp4"):
         at_rows, at_bucket = layer_calls(rows, fmt == "nvfp4"), layer_calls(bucket, fmt == "nvfp4")

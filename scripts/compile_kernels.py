@@ -5,6 +5,7 @@
     python scripts/compile_kernels.py --only "moe small routed nvfp4 T=1" --chains
     python scripts/compile_kernels.py --only "nvfp4_linear o T=1" --barriers
     python scripts/compile_kernels.py --only "nvfp4_linear o T=1" --counts
+    python scripts/compile_kernels.py --only "moe small routed bf16 T=1" --set flint_kernels.moe_gemv.DOWN_DENSE_WARPS=4
 
 The public launchers run on small CPU tensors of the real dtypes and constexprs (head_dim 128,
 GQA 32/4, block size 64, ring 513; H 2048, 256 experts of 512, top-6, vocab 151552), as on a
@@ -459,7 +460,13 @@ def main(argv=None) -> int:
                         help="print each kernel's SASS instruction and BAR.SYNC counts from its PDL wait on")
     parser.add_argument("--barriers", action="store_true",
                         help="print each kernel's barriers after its PDL wait by source line (PTX .loc)")
+    parser.add_argument("--set", action="append", default=[], metavar="module.ATTR=value[,...]",
+                        help="set module knobs first, as bench_step_timeline.py --variant does "
+                             "(e.g. flint_kernels.moe_gemv.DOWN_DENSE_WARPS=4)")
     args = parser.parse_args(argv)
+    if args.set:
+        from scripts.bench_step_timeline import parse_variant, set_variant
+        set_variant([setting for text in args.set for setting in parse_variant(text)])
     from flint_kernels import pdl, split_k
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
     pdl.ON_HOST = pdl.ENABLED = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)

@@ -35,6 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts.bench, run as a file
 CORPUS = Path(__file__).resolve().parent / "tokenizer_corpus.txt"
 
 
@@ -76,6 +77,7 @@ def run_engine(args) -> dict:
     from flint_backend.engine.sampling_params import SamplingParams
     from flint_backend.serving.repository import engine_args_path, load_engine_args, tokenizer_dir
     from flint_backend.tokenizer import load_tokenizer
+    from scripts.bench import unsynced_steps
 
     engine_args = load_engine_args(engine_args_path(args.repository))
     start = time.perf_counter()
@@ -98,25 +100,17 @@ def run_engine(args) -> dict:
         return times, seq.output_ids
 
     def unsynced_ms_per_token(steps: int) -> float:
-        """bench.py's ms/token (bench.decode_ms): `steps` consecutive engine.step() calls with no
-        device sync between them, as a server makes them (under async scheduling a step's host
-        work overlaps the device's next step), over the tokens they delivered. The clock starts
-        when a decode step that only launched its successor returns."""
+        """bench.py's ms/token (bench.unsynced_steps): consecutive engine.step() calls with no
+        device sync between them, as a server makes them, over the tokens they delivered."""
         seq = engine.add_request(prompt_ids, SamplingParams(temperature=0.0, max_tokens=2 * steps + 5,
                                                             ignore_eos=True))
         for _ in range(2):
             engine.step()  # the prefill, a decode step
-        if cuda:
-            torch.cuda.synchronize()
-        engine.step()  # async scheduling: launches a step, returns the previous one's token
-        start, tokens = time.perf_counter(), 0
-        for _ in range(steps):
-            tokens += sum(len(out.new_token_ids) for out in engine.step())
-        wall = time.perf_counter() - start
+        ms_per_token, _ = unsynced_steps(engine, steps)
         engine.abort(seq.request_id)
         while engine.has_work():
             engine.step()
-        return wall / tokens * 1e3
+        return ms_per_token
 
     one(16)  # warm-up: kernel compilation, allocator
     runs = [one(args.tokens) for _ in range(args.runs)]

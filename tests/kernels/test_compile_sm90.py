@@ -111,6 +111,15 @@ def test_occupancy_of_the_batch1_bf16_launches():
     assert SM90_REGISTERS // program_registers(regs, 2) == per_sm  # bound by registers
 
 
+def test_set_compiles_with_a_knob_changed():
+    """--set module.ATTR=value (as bench_step_timeline.py --variant): the MoE down at its former 4
+    warps a program takes three an SM, 1.29 waves (NOTES.md §32's table)."""
+    (row,) = [row for row in compile_rows("--only", "moe small routed bf16 T=1",
+                                          "--set", "flint_kernels.moe_gemv.DOWN_DENSE_WARPS=4")
+              if row[1] == "_moe_down_dense_kernel"]
+    assert (row[3], row[9], row[10]) == ("4", "3", "1.29"), row
+
+
 @pytest.mark.parametrize("kernel,module,knob", [("_dense_gemv_kernel", "dense_gemv", "ROW_RSTD_FROM_STEPS"),
                                                ("_nvfp4_gemv_kernel", "nvfp4_linear", "GEMV_ROW_RSTD_FROM_STEPS")])
 def test_rstd_from_the_loaded_steps_takes_fewer_instructions(kernel, module, knob):
