@@ -5,6 +5,7 @@
     python scripts/compile_kernels.py --only "moe small routed nvfp4 T=1" --chains
     python scripts/compile_kernels.py --only "nvfp4_linear o T=1" --barriers
     python scripts/compile_kernels.py --only "nvfp4_linear o T=1" --counts
+    python scripts/compile_kernels.py --only "dense_gemv o T=1" --waits
     python scripts/compile_kernels.py --only "moe small routed bf16 T=1" --set flint_kernels.moe_gemv.DOWN_DENSE_WARPS=4
 
 The public launchers run on small CPU tensors of the real dtypes and constexprs (head_dim 128,
@@ -29,6 +30,9 @@ its global loads, cp.async copies, barriers, shuffles, stores and atomics, repea
 such run is one more round trip to memory after the wait (benchmarks/NOTES.md §19).
 --counts prints, instead of the table, each kernel's SASS instructions and BAR.SYNCs from its PDL
 wait on, and the index of its first global atomic (the instruction counts of NOTES.md §27-28).
+--waits prints, instead of the table, each kernel's global loads after its PDL wait and the
+scoreboard waits between them ("L9 W L3": 3 loads issued only after one of the first 9 returned),
+from the SASS control bits (benchmarks/NOTES.md §33).
 """
 
 from __future__ import annotations
@@ -148,17 +152,57 @@ def barrier_lines(ptx: str) -> str:
 def sass_after_wait(cubin: bytes) -> list[str]:
     """The opcodes of the kernel's SASS from griddepcontrol.wait (ACQBULK) on, in program order
     (all of them without PDL)."""
+    return [op for op, _, _ in sass_scoreboards(_cuobjdump_sass(cubin))]
+
+
+def _cuobjdump_sass(cubin: bytes) -> str:
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_scoreboards(sass: str) -> list[tuple[str, int | None, int]]:
+    """cuobjdump -sass text (sm_70+: each instruction printed with its two 64-bit words) after
+    ACQBULK (all of it without PDL) -> [(opcode, write scoreboard or None, mask of the scoreboards
+    it waits on)]. The
+    control bits are the second word's top 23: stall 41-44, yield 45, write scoreboard 46-48 (7:
+    none), read scoreboard 49-51, wait mask 52-57, reuse 58-61."""
     ops = []
-    for line in sass[max(sass.find("ACQBULK"), 0):].splitlines():
+    lines = sass[max(sass.find("ACQBULK"), 0):].splitlines()
+    for line, following in zip(lines, lines[1:] + [""]):
         m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)", line)
-        if m:
-            ops.append(m.group(1))
+        if not m:
+            continue
+        control = re.search(r"^\s*/\* 0x([0-9a-f]{16}) \*/\s*$", following)
+        bits = int(control.group(1), 16) >> 41 if control else 7 << 5
+        write = (bits >> 5) & 7
+        ops.append((m.group(1), None if write == 7 else write, (bits >> 11) & 0x3F))
     return ops
+
+
+def load_waits(ops: list[tuple[str, int | None, int]]) -> str:
+    """The global loads of sass_scoreboards' instructions and the waits for them, in issue order:
+    "L9 W L3" is 9 loads, then an instruction that waits for one of them (its scoreboard still
+    pending), then 3 more loads, which thus start a round trip after the first ones returned.
+    Loads that need an earlier load's value (a pointer, an expert id) must come after a W; loads
+    that ptxas sank below the first use of others (the activations a prefetching kernel reads
+    after its PDL wait, in the PTX all issued at once) show the same way (benchmarks/NOTES.md §33)."""
+    pending: set[int] = set()
+    runs: list[list] = []
+    for op, write, wait in ops:
+        if any(wait >> b & 1 for b in pending):
+            pending -= {b for b in range(6) if wait >> b & 1}
+            runs.append(["W", 1])
+        if op.startswith("LDG"):
+            if runs and runs[-1][0] == "L":
+                runs[-1][1] += 1
+            else:
+                runs.append(["L", 1])
+            if write is not None:
+                pending.add(write)
+    return " ".join(op if n == 1 else f"{op}{n}" for op, n in runs) or "no loads"
 
 
 def sass_chain(cubin: bytes) -> str:
@@ -458,6 +502,8 @@ def main(argv=None) -> int:
                         help="print each kernel's SASS after its PDL wait as runs of loads, barriers and stores")
     parser.add_argument("--counts", action="store_true",
                         help="print each kernel's SASS instruction and BAR.SYNC counts from its PDL wait on")
+    parser.add_argument("--waits", action="store_true",
+                        help="print each kernel's global loads after its PDL wait and the waits for them (L9 W L3)")
     parser.add_argument("--barriers", action="store_true",
                         help="print each kernel's barriers after its PDL wait by source line (PTX .loc)")
     parser.add_argument("--set", action="append", default=[], metavar="module.ATTR=value[,...]",
@@ -471,7 +517,7 @@ def main(argv=None) -> int:
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
     pdl.ON_HOST = pdl.ENABLED = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
     failures = 0
-    if not (args.chains or args.barriers or args.counts):
+    if not (args.chains or args.barriers or args.counts or args.waits):
         print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | programs | an SM | waves | mma | "
               "wgmma | ld.v4 | ld scalar | cp.async | griddep |")
         print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
@@ -487,6 +533,10 @@ def main(argv=None) -> int:
                     continue
                 if args.counts:
                     print(f"{name} | {fn.__name__}: {sass_counts(compiled.asm['cubin'])}", flush=True)
+                    continue
+                if args.waits:
+                    waits = load_waits(sass_scoreboards(_cuobjdump_sass(compiled.asm["cubin"])))
+                    print(f"{name} | {fn.__name__}: {waits}", flush=True)
                     continue
                 if args.barriers:
                     print(f"{name} | {fn.__name__}: {barrier_lines(compiled.asm['ptx'])}", flush=True)
