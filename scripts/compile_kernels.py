@@ -195,7 +195,7 @@ def load_waits(ops: list[tuple[str, int | None, int]]) -> str:
         if any(wait >> b & 1 for b in pending):
             pending -= {b for b in range(6) if wait >> b & 1}
             runs.append(["W", 1])
-        if op.startswith("LDG"):
+        if op.startswith("LDG") and not op.startswith("LDGDEPBAR"):  # not cp.async's commit
             if runs and runs[-1][0] == "L":
                 runs[-1][1] += 1
             else:

@@ -146,8 +146,8 @@ def _sass_line(address: int, text: str, write: int | None = None, wait: tuple = 
 
 def test_load_waits_reads_the_scoreboards():
     """compile_kernels.load_waits over hand-made SASS: two loads on scoreboards 2 and 3, an
-    instruction waiting on 2 (pending: a W), two more loads, a wait on 3 (pending) and on 2 again
-    (nothing pending there since the first W: no W), a wait on 5 that no load set (no W)."""
+    instruction waiting on 2 (pending: a W), two more loads and a cp.async commit (not a load), a
+    wait on 3 (pending), a wait on 5 that no load set (no W)."""
     from scripts.compile_kernels import load_waits, sass_scoreboards
     sass = "".join([
         _sass_line(0x10, "LDG.E.128 R4, desc[UR4][R2.64]", write=0),  # before the PDL wait: not counted
@@ -157,6 +157,7 @@ def test_load_waits_reads_the_scoreboards():
         _sass_line(0x50, "PRMT R20, R8, 0x7632, R20", wait=(2,)),
         _sass_line(0x60, "LDG.E.128 R24, desc[UR4][R2.64+0x200]", write=2),
         _sass_line(0x70, "LDG.E.64 R28, desc[UR4][R2.64+0x400]", write=4),
+        _sass_line(0x78, "LDGDEPBAR"),  # cp.async's commit: not a load
         _sass_line(0x80, "FFMA R1, R12, R13, R1", wait=(3,)),
         _sass_line(0x90, "LDS.128 R32, [R0]", write=5),
         _sass_line(0xa0, "FADD R1, R32, R1", wait=(5,)),
