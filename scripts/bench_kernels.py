@@ -46,6 +46,8 @@ MAX_REL_ERR = 2e-2  # max error / max |expected|: long contexts average outputs 
 # elementwise tolerance too)
 INTERPRETER_MOE_REL_ERR = 4e-2
 INTERPRETER_MOE_TOL = dict(rtol=INTERPRETER_MOE_REL_ERR, atol=INTERPRETER_MOE_REL_ERR)
+# a prefill chunk (scripts/bench.py --chunk's default, the engine's max_num_batched_tokens there)
+PREFILL_TOKENS = 8192
 
 
 @dataclass
@@ -372,7 +374,11 @@ def bench_router(shape, device, smoke):
 
 
 def bench_w4a16(shape, device, smoke):
-    """NVFP4 linears of the real projections: bytes = packed weights + block scales + x + y."""
+    """NVFP4 linears of the real projections: bytes = packed weights + block scales + x + y. At
+    a prefill chunk's size (PREFILL_TOKENS; not the LM head, which a prefill applies to its last
+    token only) each GEMM also runs as the BF16 matmul of the dequantised weight ("bf16 linear"),
+    the rate a BF16 checkpoint's prefill gets."""
+    from flint_kernels.nvfp4 import dequantize_nvfp4
     from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch
     h, q, kv = shape["hidden"], shape["hq"] * shape["d"], shape["hk"] * shape["d"]
     shapes = {"qkv": (q + 2 * kv, h), "o_proj": (h, q), "mlp gate_up": (2 * shape["dense_inter"], h),
@@ -381,7 +387,7 @@ def bench_w4a16(shape, device, smoke):
     for name, (n, k) in shapes.items():
         w = random_nvfp4(n, k, device=device)
         ws = [w] + [random_nvfp4(n, k, device=device) for _ in range(_cold_sets(w.nbytes(), device, smoke) - 1)]
-        for t in ([1, 5] if smoke else ([1, 4, 8, 64] if name != "lm_head" else [1, 8, 64])):
+        for t in ([1, 5] if smoke else ([1, 4, 8, 64, PREFILL_TOKENS] if name != "lm_head" else [1, 8, 64])):
             x = torch.randn(t, k, device=device, dtype=torch.bfloat16)
             turns = Rotation(ws)  # the weights from HBM, as in a step
             cases.append(Case(
@@ -389,6 +395,12 @@ def bench_w4a16(shape, device, smoke):
                 run=lambda x=x, turns=turns: nvfp4_linear(x, turns.next()),
                 reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
                 bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
+            if t == PREFILL_TOKENS:
+                wd = dequantize_nvfp4(w.packed, w.scales, w.scale, torch.bfloat16)
+                cases.append(Case(
+                    "w4a16", f"{name} {k}->{n} T={t} bf16 linear",
+                    run=lambda x=x, wd=wd: x @ wd.T, reference=lambda x=x, w=w: nvfp4_linear_torch(x, w),
+                    bytes=2 * n * k + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
     return cases
 
 
