@@ -166,9 +166,8 @@ def _cuobjdump_sass(cubin: bytes) -> str:
 def sass_scoreboards(sass: str) -> list[tuple[str, int | None, int]]:
     """cuobjdump -sass text (sm_70+: each instruction printed with its two 64-bit words) after
     ACQBULK (all of it without PDL) -> [(opcode, write scoreboard or None, mask of the scoreboards
-    it waits on)]. The
-    control bits are the second word's top 23: stall 41-44, yield 45, write scoreboard 46-48 (7:
-    none), read scoreboard 49-51, wait mask 52-57, reuse 58-61."""
+    it waits on)]. The control bits are the second word's top 23: stall 41-44, yield 45, write
+    scoreboard 46-48 (7: none), read scoreboard 49-51, wait mask 52-57, reuse 58-61."""
     ops = []
     lines = sass[max(sass.find("ACQBULK"), 0):].splitlines()
     for line, following in zip(lines, lines[1:] + [""]):
