@@ -145,10 +145,11 @@ def _sass_line(address: int, text: str, write: int | None = None, wait: tuple = 
 
 
 def test_load_waits_reads_the_scoreboards():
-    """compile_kernels.load_waits over hand-made SASS: two loads on scoreboards 2 and 3, an
-    instruction waiting on 2 (pending: a W), two more loads and a cp.async commit (not a load), a
-    wait on 3 (pending), a wait on 5 that no load set (no W)."""
-    from scripts.compile_kernels import load_waits, sass_scoreboards
+    """sass_scoreboards.load_waits (compile_kernels.py --waits) over hand-made SASS: two loads on
+    scoreboards 2 and 3, an instruction waiting on 2 (pending: a W), two more loads and a cp.async
+    commit (not a load), a wait on 3 (pending), a wait on 5 that no load set (no W). Imported from
+    its own module: compile_kernels.py clears TRITON_INTERPRET when imported."""
+    from scripts.sass_scoreboards import load_waits, sass_scoreboards
     sass = "".join([
         _sass_line(0x10, "LDG.E.128 R4, desc[UR4][R2.64]", write=0),  # before the PDL wait: not counted
         _sass_line(0x20, "ACQBULK"),
