@@ -7,7 +7,9 @@ Two kernels behind one launcher, picked by the token count T:
                         token axis varies fastest, so programs sharing a weight tile run together
                         and all but the first read it from L2.
   T >  GEMV_MAX_TOKENS  GEMM: tl.dot tiles (weights dequantised to x's dtype, exactly), grouped
-                        tile order for L2 reuse.
+                        tile order for L2 reuse; from DEQUANT_MIN_TOKENS (prefill chunks) the
+                        weight is decoded once by a launch of its own and the tiles load it
+                        dense.
 Both split K when the output tiles alone would leave SMs idle (batch-1 projections are
 latency-bound: 2048x4096 in NVFP4 is 4.7 MB, ~1 us of HBM), finishing the reduction in the
 same launch (split_k.py). The global scale multiplies each output once (nvfp4.py).
@@ -93,6 +95,20 @@ GEMV_WIDE_BLOCK_N: int | None = None if INTERPRET else 16
 GEMV_LONG_K_SPLITS: int | None = None if INTERPRET else 5
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
+# From this many tokens (a prefill chunk) the GEMM decodes each weight once: a first launch writes
+# the weight's E2M1 x E4M3 values (exact) to an [N, K] scratch in x's dtype, and the tl.dot tiles
+# then load it as a dense matrix, so the decode no longer runs in every one of the T / BLOCK_M
+# row tiles' K loops (64 times at 8192 tokens), and the tiles reach the tensor cores without a
+# register-to-shared conversion of decoded weights. The global scale is still applied to each
+# output once, after the reduction: the same values as the decoding tiles, up to the order of
+# the fp32 accumulation. The scratch costs 2 bytes a weight written and read once (qkv: 12.6 MB,
+# ~6 us at the H200's bandwidth). None: the decoding tiles at every T (a benchmark knob, read at
+# each launch). The interpreter's tests take small chunks through it.
+DEQUANT_MIN_TOKENS: int | None = 32 if INTERPRET else 256
+DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = (32, 64) if INTERPRET else (32, 256)
+# (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: _gemm_tiles's, as
+# the decoding tiles take (a benchmark knob, read at each launch)
+DEQUANT_GEMM_TILES: tuple[int, int, int, int] | None = None
 
 
 @triton.jit
@@ -209,10 +225,30 @@ def _nvfp4_gemv_kernel(
 
 
 @triton.jit
-def _nvfp4_matmul_kernel(
-    x_ptr,         # [T, K]
+def _dequantize_kernel(
     packed_ptr,    # uint8 [N, K/2]
     scales_ptr,    # float8_e4m3fn [N, K/16]
+    out_ptr,       # [N, K] contiguous, x's dtype: E2M1 x E4M3, global scale not applied
+    N, K, stride_pn, stride_sn,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program (BLOCK_N rows, BLOCK_K columns): the weight tile decoded (nvfp4.weight_tile),
+    exact in bf16 / fp16 / fp32, stored for the dense GEMM after it."""
+    pdl_prologue(PDL)  # the scratch may still be read by an earlier GEMM (the allocator reuses it)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    k0 = tl.program_id(1) * BLOCK_K
+    w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, True)
+    cols = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & (cols[None, :] < K))
+
+
+@triton.jit
+def _nvfp4_matmul_kernel(
+    x_ptr,         # [T, K]
+    packed_ptr,    # FP4: uint8 [N, K/2]; else the decoded weight [N, K] in x's dtype (_dequantize_kernel)
+    scales_ptr,    # float8_e4m3fn [N, K/16] (FP4)
     scale_ptr,     # fp32 [] or [N]
     out_ptr,       # [T, N], contiguous
     part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
@@ -220,7 +256,7 @@ def _nvfp4_matmul_kernel(
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    FP4: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     tile = tl.program_id(0)
@@ -244,9 +280,10 @@ def _nvfp4_matmul_kernel(
         if MASK_K:
             a_mask = a_mask & (cols[None, :] < K)
         a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
-        w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, True)
+        w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, FP4)
         if DOT_FP32:
             a = a.to(tl.float32)
+            w = w.to(tl.float32)
         else:
             w = w.to(a.dtype)  # E2M1 * E4M3 is exact in bf16 / fp16
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
@@ -307,7 +344,8 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         tiles = t * triton.cdiv(n, gemv_block_n)
         block_k = min(GEMV_WORDS_BLOCK_K if words else GEMV_BLOCK_K, triton.next_power_of_2(k))
     else:
-        block_m, block_n, warps, stages = _gemm_tiles(t, n)
+        dequant = DEQUANT_MIN_TOKENS is not None and t >= DEQUANT_MIN_TOKENS
+        block_m, block_n, warps, stages = (dequant and DEQUANT_GEMM_TILES) or _gemm_tiles(t, n)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
     k_blocks = triton.cdiv(k, block_k)
     splits = num_splits or pick_splits(tiles, k_blocks, x.device)
@@ -351,12 +389,26 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
     else:
         if norm is not None:
             raise ValueError(f"nvfp4_linear: the folded RMSNorm takes at most {GEMV_MAX_TOKENS} tokens, got {t}")
+        weight = dequantize_for_gemm(w, x.dtype) if dequant else w.packed
         _nvfp4_matmul_kernel[(tiles, splits)](
-            **common, packed_ptr=w.packed, stride_pn=w.packed.stride(0),
+            **common, packed_ptr=weight, stride_pn=weight.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
-            DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FP4=not dequant,
             **launch_args(x.device),
             num_warps=warps, num_stages=stages)
+
+
+def dequantize_for_gemm(w, dtype: torch.dtype) -> torch.Tensor:
+    """NVFP4 w [N, K] -> [N, K] in `dtype`: E2M1 x E4M3 block scale, exact (the global scale is
+    not applied: the GEMM applies it to its outputs). One launch (_dequantize_kernel)."""
+    n, k = w.packed.shape[0], w.packed.shape[1] * 2
+    out = torch.empty((n, k), dtype=dtype, device=w.packed.device)
+    block_k = min(DEQUANT_BLOCK_K, triton.next_power_of_2(k))
+    _dequantize_kernel[(triton.cdiv(n, DEQUANT_BLOCK_N), triton.cdiv(k, block_k))](
+        packed_ptr=w.packed, scales_ptr=w.scales, out_ptr=out, N=n, K=k, stride_pn=w.packed.stride(0),
+        stride_sn=w.scales.stride(0), BLOCK_N=DEQUANT_BLOCK_N, BLOCK_K=block_k, MASK_K=k % block_k != 0, **launch_args(w.packed.device),
+        num_warps=4)
+    return out
 
 
 def _gemm_tiles(t: int, n: int) -> tuple[int, int, int, int]:

@@ -377,7 +377,10 @@ def bench_w4a16(shape, device, smoke):
     """NVFP4 linears of the real projections: bytes = packed weights + block scales + x + y. At
     a prefill chunk's size (PREFILL_TOKENS; not the LM head, which a prefill applies to its last
     token only) each GEMM also runs as the BF16 matmul of the dequantised weight ("bf16 linear"),
-    the rate a BF16 checkpoint's prefill gets."""
+    the rate a BF16 checkpoint's prefill gets, and in nvfp4_linear's other forms: the tiles that
+    decode the weight in their K loop ("decoding tiles", DEQUANT_MIN_TOKENS None) and the decoded
+    weight's GEMM in 128 x 256 tiles (DEQUANT_GEMM_TILES)."""
+    from flint_kernels import nvfp4_linear as nvfp4_linear_module
     from flint_kernels.nvfp4 import dequantize_nvfp4
     from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch
     h, q, kv = shape["hidden"], shape["hq"] * shape["d"], shape["hk"] * shape["d"]
@@ -395,13 +398,31 @@ def bench_w4a16(shape, device, smoke):
                 run=lambda x=x, turns=turns: nvfp4_linear(x, turns.next()),
                 reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
                 bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
-            if t == PREFILL_TOKENS:
+            if t == PREFILL_TOKENS:  # the prefill GEMM's other forms (nvfp4_linear's knobs)
+                for label, knob, value in [("decoding tiles", "DEQUANT_MIN_TOKENS", None),
+                                           ("128x256 tiles", "DEQUANT_GEMM_TILES", (128, 256, 8, 3))]:
+                    cases.append(Case(
+                        "w4a16", f"{name} {k}->{n} T={t} {label}",
+                        run=lambda x=x, turns=turns, a=(knob, value): with_knob(nvfp4_linear_module, *a, lambda: (
+                            nvfp4_linear(x, turns.next()))),
+                        reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
+                        bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
                 wd = dequantize_nvfp4(w.packed, w.scales, w.scale, torch.bfloat16)
                 cases.append(Case(
                     "w4a16", f"{name} {k}->{n} T={t} bf16 linear",
                     run=lambda x=x, wd=wd: x @ wd.T, reference=lambda x=x, w=w: nvfp4_linear_torch(x, w),
                     bytes=2 * n * k + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
     return cases
+
+
+def with_knob(module, name: str, value, fn):
+    """fn() with module.<name> = value (restored after): a launcher knob read at each launch."""
+    before = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        return fn()
+    finally:
+        setattr(module, name, before)
 
 
 def bench_sampling(shape, device, smoke):

@@ -330,3 +330,38 @@ def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
     print(f"{name} t={t} x scale {scale:g}: max error fp32 products {errors[False]:.3e}, "
           f"fp16 {errors[True]:.3e} (max |y| {float(expected.float().abs().max()):.3e})")
     assert errors[True] <= 2 * errors[False] + ulp
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t,n,k,splits", [
+    (40, 70, 96, None),    # partial tiles, K not a multiple of the k step
+    (33, 24, 512, 2),      # split-K
+])
+def test_prefill_chunks_decode_each_weight_once(t, n, k, splits, dtype, monkeypatch):
+    """From nvfp4_linear.DEQUANT_MIN_TOKENS tokens (the interpreter's: 32) a launch decodes the
+    weight into a dense scratch and the GEMM tiles load it: close to dequantise-then-matmul and,
+    on the CPU, the bits of the tiles that decode the weight themselves (DEQUANT_MIN_TOKENS None)."""
+    decodes = spy_launches(monkeypatch, nvfp4_linear_module, "_dequantize_kernel", "N", "K", "MASK_K")
+    gemms = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "FP4", "SPLIT")
+    w = weight(n, k, seed=t, per_row=t % 2 == 1)
+    x = torch.randn(t, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(dtype)
+    got = nvfp4_linear(x, w, num_splits=splits)
+    assert got.dtype == dtype and got.shape == (t, n)
+    torch.testing.assert_close(got, nvfp4_linear_torch(x, w), **TOL[dtype])
+    monkeypatch.setattr(nvfp4_linear_module, "DEQUANT_MIN_TOKENS", None)
+    decoding = nvfp4_linear(x, w, num_splits=splits)
+    if DEVICE == "cpu":
+        assert torch.equal(got, decoding)
+    split = splits or 1
+    assert [d[1:] for d in decodes] == [(n, k, k % nvfp4_linear_module.DEQUANT_BLOCK_K != 0)]
+    assert [g[1:] for g in gemms] == [(False, split), (True, split)]
+
+
+def test_prefill_scratch_holds_the_exact_weights():
+    # the decode launch's output is dequantize_nvfp4 without the global scale, bit for bit, in
+    # bf16 and fp32 (E2M1 x E4M3 is exact in both)
+    w = weight(40, 96, per_row=True)
+    ones = type(w)(w.packed, w.scales, torch.ones_like(w.scale))
+    for dtype in (torch.bfloat16, torch.float32):
+        expected = dequantize_nvfp4(ones.packed, ones.scales, ones.scale, torch.float32).to(dtype)
+        assert torch.equal(nvfp4_linear_module.dequantize_for_gemm(w, dtype), expected)
