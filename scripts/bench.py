@@ -8,7 +8,8 @@ For each weight format: batch-1 decode ms/token end to end (consecutive engine.s
 graphs and eagerly, and the median of one step between two syncs; the GPU time of one graph
 replay; a per-kernel breakdown of one decode step; the roofline floor (bytes one step must read /
 measured copy bandwidth) and the achieved fraction; throughput at 8 and 64 streams (1K in / 512
-out); TTFT of a 100K-token prompt; GPU memory. Long contexts are set up by filling the KV cache
+out, after an untimed run of the same requests that compiles their kernels); TTFT of a 100K-token
+prompt (the second such prompt: the first, which compiles, is reported apart); GPU memory. Long contexts are set up by filling the KV cache
 with random values (decode speed does not depend on what the cache holds); the TTFT run prefills
 for real. With several formats each runs in its own process (on the H200 the BF16 engine built
 after the NVFP4 one in the same process spent 0.49-0.62 ms a step outside the graph replay, 0.30
@@ -203,7 +204,15 @@ def kernel_breakdown(engine: LLMEngine, context: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us"])
 
 
-def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len: int = 512) -> dict:
+def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len: int = 512,
+               warmup: bool = True) -> dict:
+    """Output tokens/s of `streams` requests submitted at once, over the whole run and over its
+    decode part. warmup: the same requests with WARMUP_TOKENS output tokens run first, untimed:
+    Triton compiles a kernel for each new specialisation on its first launch (the prefill kernels
+    are not compiled when the engine starts, only the decode graphs are), which otherwise lands
+    in the timed prefill."""
+    if warmup:
+        throughput(engine, streams, prompt_len, WARMUP_TOKENS, warmup=False)
     seqs = [engine.add_request([1 + (i * 31 + j) % 5000 for j in range(prompt_len)],
                                SamplingParams(max_tokens=out_len, **GREEDY)) for i in range(streams)]
     sync()
@@ -219,6 +228,9 @@ def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len:
             "output_tok_s": round(streams * out_len / total, 1),
             "decode_tok_s": round(streams * (out_len - 1) / decode, 1),
             "ms_per_step": round(decode / (out_len - 1) * 1e3, 3)}
+
+
+WARMUP_TOKENS = 4
 
 
 def ttft(engine: LLMEngine, prompt_len: int) -> float:
@@ -267,7 +279,8 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     result["breakdown"] = kernel_breakdown(engine, args.contexts[-1])[:40]
     if not args.skip_throughput:
         result["throughput"] = [throughput(engine, s) for s in (8, 64)]
-    if args.ttft:
+    if args.ttft:  # the first prompt of that length compiles its prefill kernels: timed apart
+        result["ttft_first_s"] = {str(args.ttft): round(ttft(engine, args.ttft), 3)}
         result["ttft_s"] = {str(args.ttft): round(ttft(engine, args.ttft), 3)}
     graphs, engine.runner.graphs = engine.runner.graphs, None  # the same engine, eager steps
     result["eager_ms_per_token"] = {str(c): round(decode_ms(engine, c, args.steps // 2)["ms_per_token"], 3)
@@ -298,7 +311,8 @@ def print_tables(results: dict) -> None:
                   f"{d['roofline_fraction']:.0%} |")
     for r in results["formats"]:
         print(f"\n{r['format']}: weights {r['weights_gib']} GiB, peak {r.get('peak_gpu_gib')} GiB, "
-              f"build {r['build_s']} s, TTFT {r.get('ttft_s')}, throughput {r.get('throughput')}")
+              f"build {r['build_s']} s, TTFT {r.get('ttft_s')} (first {r.get('ttft_first_s')}), "
+              f"throughput {r.get('throughput')}")
         print(f"top kernels of one eager decode step at {r['breakdown_context']} tokens (us):")
         for k in r["breakdown"][:12]:
             print(f"  {k['us']:9.1f}  x{k['calls']:<4} {k['kernel']}")

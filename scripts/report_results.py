@@ -76,7 +76,9 @@ def markdown(runs: list[dict]) -> str:
             lines += ["", f"ms/token above counts a token made before the clock ({n} steps): the step period "
                       f"was ms/token x {n}/{n - 1} = {periods} ms."]
         lines += ["", f"weights {run['weight_bytes_per_token'] / 1e9:.2f} GB read per token; peak GPU memory "
-                  f"{run.get('peak_gpu_gib')} GiB; TTFT {run.get('ttft_s')} s; build {run['build_s']} s", ""]
+                  f"{run.get('peak_gpu_gib')} GiB; TTFT {run.get('ttft_s')} s"
+                  + (f" (the first such prompt, compiling its kernels: {run['ttft_first_s']} s)"
+                     if run.get("ttft_first_s") else "") + f"; build {run['build_s']} s", ""]
         if run.get("throughput"):
             lines += ["| streams | prompt | output | output tok/s (whole run) | decode tok/s | ms/step |",
                       "|---:|---:|---:|---:|---:|---:|"]
