@@ -103,8 +103,9 @@ GROUP_M = 8
 # output once, after the reduction: the same values as the decoding tiles, up to the order of
 # the fp32 accumulation. The scratch costs 2 bytes a weight written and read once (qkv: 12.6 MB,
 # ~6 us at the H200's bandwidth). None: the decoding tiles at every T (a benchmark knob, read at
-# each launch). The interpreter's tests take small chunks through it.
-DEQUANT_MIN_TOKENS: int | None = 32 if INTERPRET else 256
+# each launch; FLINT_FP4_DEQUANT_MIN_TOKENS, read at import, sets it, 0 for None). The
+# interpreter's tests take small chunks through it.
+DEQUANT_MIN_TOKENS: int | None = int(os.environ.get("FLINT_FP4_DEQUANT_MIN_TOKENS", 32 if INTERPRET else 256)) or None
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = (32, 64) if INTERPRET else (32, 256)
 # (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: _gemm_tiles's, as
 # the decoding tiles take (a benchmark knob, read at each launch)
