@@ -97,17 +97,17 @@ def _read_layer_kernel(w13_ptr, s13_ptr, w2_ptr, s2_ptr, ids_ptr, next_src_ptr, 
             words = tl.load(w13_ptr + e * stride13_e + rows[:, None] * stride13_n + tl.arange(0, KW13)[None, :])
             scales = tl.load(s13_ptr + e * strides13_e + rows[:, None] * strides13_n + tl.arange(0, KS13)[None, :])
             total = tl.sum(words) + tl.sum(scales)
-    else:
-        e = tl.load(ids_ptr + slots, mask=slots < SLOTS, other=0).to(tl.int64)
-        total = tl.sum(e).to(tl.int32)
+    else:  # (names of their own: a variable both branches assign must keep its type)
+        e8 = tl.load(ids_ptr + slots, mask=slots < SLOTS, other=0).to(tl.int64)
+        total = tl.sum(e8).to(tl.int32)
         if READ:
-            rows = (p - UP_PROGRAMS) * ROWS2 + tl.arange(0, ROWS2)
+            rows2 = (p - UP_PROGRAMS) * ROWS2 + tl.arange(0, ROWS2)
             live = (slots < SLOTS)[:, None, None]
-            words = tl.load(w2_ptr + e[:, None, None] * stride2_e + rows[None, :, None] * stride2_n
-                            + tl.arange(0, KW2)[None, None, :], mask=live, other=0)
-            scales = tl.load(s2_ptr + e[:, None, None] * strides2_e + rows[None, :, None] * strides2_n
-                             + tl.arange(0, KS2)[None, None, :], mask=live, other=0)
-            total = tl.sum(words) + tl.sum(scales)
+            words2 = tl.load(w2_ptr + e8[:, None, None] * stride2_e + rows2[None, :, None] * stride2_n
+                             + tl.arange(0, KW2)[None, None, :], mask=live, other=0)
+            scales2 = tl.load(s2_ptr + e8[:, None, None] * strides2_e + rows2[None, :, None] * strides2_n
+                              + tl.arange(0, KS2)[None, None, :], mask=live, other=0)
+            total = tl.sum(words2) + tl.sum(scales2)
     if AHEAD:
         pdl_prologue(PDL)
     tl.store(out_ptr + p, total)
