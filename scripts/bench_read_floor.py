@@ -147,10 +147,9 @@ def layer_cases(w13, w2, choices, out) -> list:
     s2 = torch.randint(-2**31, 2**31 - 1, (E, H, I // 64), dtype=torch.int32, device=dev)
     moved = SLOTS * (w13[0].nbytes + s13[0].nbytes + w2[0].nbytes + s2[0].nbytes)
     cases = []
-    for rows13, rows2, warps, read, ahead in [(16, 16, 4, True, False), (32, 16, 4, True, False),
-                                              (16, 8, 4, True, False), (8, 16, 4, True, False),
-                                              (16, 16, 8, True, False), (16, 16, 4, True, True),
-                                              (32, 16, 4, True, True), (16, 16, 4, False, False)]:
+    configs = [(rows13, rows2, warps) for rows13 in (8, 16, 32) for rows2 in (4, 8, 16) for warps in (4, 8)]
+    for rows13, rows2, warps, read, ahead in ([c + (True, False) for c in configs] + [c + (True, True) for c in configs]
+                                              + [(16, 8, 4, False, False)]):
         programs = SLOTS * 2 * I // rows13 + H // rows2
         what = ("ids only" if not read else "ids ahead" if ahead else "ids from the launch before")
         cases.append((f"layer in one launch, {what}: gate/up rows={rows13} down rows={rows2} w={warps} "
