@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _converter(annotation: str):
-    kind = int if annotation.startswith("int") else float if annotation.startswith("float") else str
+    kind = (int if annotation.startswith("int") else float if annotation.startswith("float")
+            else _boolean if annotation.startswith("bool") else str)
     optional = "None" in annotation
 
     def convert(text: str):
@@ -76,6 +77,14 @@ def _converter(annotation: str):
             return None
         return kind(text)
     return convert
+
+
+def _boolean(text: str) -> bool:
+    """A bool engine arg's flag value: true/false (also 1/0, yes/no), any case."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
 
 
 def engine_args(args: argparse.Namespace, json_dir: Path) -> EngineArgs:

@@ -38,6 +38,11 @@ from flint_backend.engine.scheduler import Scheduler
 from flint_backend.engine.sequence import Sequence, SequenceStatus
 
 
+# LLMEngine.warm_up's prompts: max_num_batched_tokens + 17 tokens (a full chunk, then an odd
+# one), and 33 beside it
+WARMUP_PROMPTS = (17, 33)
+
+
 class RequestError(ValueError):
     """A request the engine cannot take; the message names the field."""
 
@@ -89,6 +94,30 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self._in_flight: InFlightStep | None = None  # launched, its tokens not read yet
+        warm = args.warmup if args.warmup is not None else (self.device.type == "cuda"
+                                                             and args.kernel_backend == "triton")
+        self.warmup_s = self.warm_up() if warm else None
+
+    def warm_up(self) -> float:
+        """Runs WARMUP_PROMPTS (a full prefill chunk and then an odd remainder, and a short prompt
+        beside it), two greedy tokens each, then forgets them: their blocks are freed and the
+        metrics start again. Triton compiles a kernel for each new specialisation on its first
+        launch (an int argument specialises on == 1 and on divisibility by 16), seconds each for
+        the prefill kernels, which the first requests would otherwise wait for. -> seconds taken."""
+        if self.has_work():
+            raise RuntimeError("warm_up: the engine has requests; call it before adding any")
+        t0 = time.perf_counter()
+        chunk, vocab = self.args.max_num_batched_tokens, self.config.vocab_size
+        room = self.blocks.block_size * self.blocks.num_blocks // 2  # each prompt at most half the pool
+        for i, extra in enumerate(WARMUP_PROMPTS):
+            n = max(1, min(chunk + extra if i == 0 else extra, self.max_model_len - 2, room))
+            self.add_request([1 + j % (vocab - 1) for j in range(n)],
+                             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), request_id=f"warmup-{i}")
+        while self.has_work():
+            self.step()
+        self._seqs.clear()
+        self.metrics = EngineMetrics()
+        return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,

@@ -47,6 +47,11 @@ class EngineArgs:
     # steps with prefill, logprobs, penalties, or enforce_eager run synchronously either way
     async_scheduling: bool = True
     cpu_threads: int | None = None        # CPU: torch intra-op threads; None -> torch's default
+    # run two greedy requests through the engine when it starts (LLMEngine.warm_up), so Triton
+    # compiles the prefill kernels then and not during the first requests (a 100K prompt on an
+    # H100: 19.2 s the first time, 6.5 s after; benchmarks/NOTES.md §34). None: on CUDA with the
+    # triton backend (where kernels compile), off elsewhere
+    warmup: bool | None = None
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -68,6 +73,8 @@ class EngineArgs:
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer")
         if not isinstance(self.async_scheduling, bool):
             raise EngineArgsError(f"async_scheduling: got {self.async_scheduling!r}, expected true or false")
+        if self.warmup is not None and not isinstance(self.warmup, bool):
+            raise EngineArgsError(f"warmup: got {self.warmup!r}, expected true, false or null")
         if not isinstance(self.low_latency_max_batch, int) or not 0 <= self.low_latency_max_batch <= 16:
             raise EngineArgsError(f"low_latency_max_batch: got {self.low_latency_max_batch!r}, expected 0..16")
         for name in ("max_model_len", "num_kv_blocks", "cpu_threads"):

@@ -53,7 +53,8 @@ def test_bad_requests_are_refused_with_the_field_named():
 
 @pytest.mark.parametrize("field, value", [("dtype", "float16"), ("kernel_backend", "cuda"), ("block_size", 0),
                                           ("kv_cache_memory_fraction", 1.5), ("preset", "flint-1t"),
-                                          ("seed", -1), ("quantization", "int4"), ("async_scheduling", "yes")])
+                                          ("seed", -1), ("quantization", "int4"), ("async_scheduling", "yes"),
+                                          ("warmup", "yes")])
 def test_bad_engine_args_name_the_field(field, value):
     with pytest.raises(EngineArgsError, match=field):
         EngineArgs(**{field: value})

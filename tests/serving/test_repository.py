@@ -73,6 +73,18 @@ def test_configure_writes_engine_args_and_chat_parameters(repo_copy, tiny_checkp
     assert re.search(r'key: "reasoning_parser" value: \{ string_value: "glm47" \}', pbtxt)
 
 
+@pytest.mark.parametrize("flags, expected", [
+    (["--async-scheduling", "false", "--enforce-eager", "True"], {"async_scheduling": False, "enforce_eager": True}),
+    (["--warmup", "false"], {"warmup": False}),
+    (["--warmup", "null"], {"warmup": None}),
+])
+def test_configure_reads_bool_engine_args(repo_copy, tiny_checkpoint, flags, expected):
+    # bool fields take true/false (any case); warmup, a bool or null, also null
+    configure([str(tiny_checkpoint), "--repository", str(repo_copy), *flags])
+    args = json.loads((repo_copy / "flint_model" / "1" / "engine_args.json").read_text())
+    assert {key: args[key] for key in expected} == expected
+
+
 def test_configure_without_a_model_serves_random_weights_of_a_preset(repo_copy, tiny_checkpoint, capsys):
     """No MODEL: the engine builds flint-40b's weights on its device (80 GB bf16 cannot go to disk)."""
     from flint_backend.serving.repository import engine_args_path, load_engine_args, tokenizer_dir
@@ -156,6 +168,8 @@ def test_configure_gpus_all_counts_the_visible_gpus(repo_copy, monkeypatch):
     (["--tool-call-parser", "hermes"], "tool-call-parser"),
     (["--dtype", "float16"], "dtype"),
     (["--model", "no/such-model-anywhere"], "Hugging Face cache"),
+    (["--async-scheduling", "maybe"], "expected true or false"),
+    (["--warmup", "sometimes"], "expected true or false"),
 ])
 def test_configure_refuses_unknown_or_bad_flags(repo_copy, flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -46,6 +46,9 @@ class TritonPythonModel:
         self.logger.log_info(f"flint_model: instance {placement.name} (KIND_{placement.kind}), "
                              f"engine args {engine_args.to_dict()}")
         engine = LLMEngine(engine_args)
+        if engine.warmup_s is not None:
+            self.logger.log_info(f"flint_model: instance {placement.name} warmed up in {engine.warmup_s:.1f} s "
+                                 "(two requests: Triton compiled the prefill kernels)")
         self.relay = AbortRelay(placement.name, on_abort=lambda key: self.host.abort(key))
         self.host = EngineHost(engine, key_prefix=self.relay.key_prefix)
         labels = {"model": args["model_name"], "version": args["model_version"], "instance": placement.name}
