@@ -1,7 +1,7 @@
 """LLMEngine.warm_up: two greedy requests when the engine starts (EngineArgs.warmup; by default
 only on CUDA with the triton backend, where kernels compile), then nothing of them is left: the
 KV pool is free, the metrics are zero, request ids start at req-0, and the engine generates what
-an engine that never warmed up generates."""
+an engine that never warmed up generates, greedy and seeded."""
 
 import pytest
 
@@ -32,7 +32,9 @@ def test_warm_up_leaves_nothing_behind(monkeypatch):
     outputs = {}
     for name, engine in (("warm", warm), ("cold", cold)):
         seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
-                for p in random_prompts(3, 5, 40, seed=3)]
+                for p in random_prompts(2, 5, 40, seed=3)]
+        seqs.append(engine.add_request([5, 6, 7], SamplingParams(temperature=1.0, seed=11, max_tokens=6,
+                                                                  ignore_eos=True)))
         run_to_completion(engine)
         outputs[name] = [(s.request_id, s.output_ids) for s in seqs]
     assert outputs["warm"] == outputs["cold"]
