@@ -96,6 +96,24 @@ def test_graph_replay_equals_eager(small):
     assert outs[0] == outs[1], f"{fmt}: graph replay of the regular path must be bit-identical to eager"
 
 
+def test_warm_up_leaves_the_engine_as_it_found_it(small):
+    """On CUDA with the triton backend the engine warms up when it starts (EngineArgs.warmup's
+    default): afterwards its KV pool is free, its metrics zero, and it generates the tokens of an
+    engine that did not warm up (synchronous steps, as above)."""
+    fmt, config, weights = small
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = []
+    for warmup in (None, False):
+        eng = engine(weights, config, warmup=warmup, async_scheduling=False)
+        assert (eng.warmup_s is not None) == (warmup is None), fmt
+        assert eng.blocks.usage == 0.0 and eng.metrics.prompt_tokens == 0 and not eng.has_work()
+        seqs = [eng.add_request(p, params) for p in PROMPTS]
+        while eng.has_work():
+            eng.step()
+        outs.append([s.output_ids for s in seqs])
+    assert outs[0] == outs[1], f"{fmt}: tokens after the warm-up differ"
+
+
 def test_graph_replay_with_seeded_sampling_equals_eager(small):
     """Seeded draws (the fused sampler) mixed with a greedy row: replayed decode graphs under async
     scheduling (sampled tokens packed into the argmax slots, copied back on a side stream, read by
