@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import triton  # noqa: E402
 
+from scripts.knobs import with_knob  # noqa: E402
+
 # real Flint shapes (flint-40b); --smoke uses flint-tiny's (experts 64 wide, so NVFP4 applies)
 FULL = dict(hidden=2048, hq=32, hk=4, d=128, window=513, block_size=64, experts=256, top_k=6, moe_inter=512,
             dense_inter=10240, vocab=151552)
@@ -413,16 +415,6 @@ def bench_w4a16(shape, device, smoke):
                     run=lambda x=x, wd=wd: x @ wd.T, reference=lambda x=x, w=w: nvfp4_linear_torch(x, w),
                     bytes=2 * n * k + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
     return cases
-
-
-def with_knob(module, name: str, value, fn):
-    """fn() with module.<name> = value (restored after): a launcher knob read at each launch."""
-    before = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        return fn()
-    finally:
-        setattr(module, name, before)
 
 
 def bench_sampling(shape, device, smoke):

@@ -55,6 +55,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from flint_kernels.registers import programs_per_sm  # noqa: E402
+from scripts.knobs import with_knob  # noqa: E402
 from scripts.sass_scoreboards import load_waits, sass_scoreboards  # noqa: E402
 
 MAX_SHARED = 232448  # bytes per block on sm_90
@@ -392,16 +393,6 @@ def w4a16_launches() -> list:
                   lin, "GEMV_ROW_RSTD_FROM_STEPS", not lin.GEMV_ROW_RSTD_FROM_STEPS,
                   lambda: lin.rms_norm_nvfp4_linear(x_qkv, x_qkv.clone(), hw, 1e-5, w_qkv)))]
     return cases
-
-
-def with_knob(module, name: str, value, call):
-    """Runs call() with module.<name> set to value."""
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        return call()
-    finally:
-        setattr(module, name, saved)
 
 
 def other_decode(call):
