@@ -407,8 +407,8 @@ def dequantize_for_gemm(w, dtype: torch.dtype) -> torch.Tensor:
     block_k = min(DEQUANT_BLOCK_K, triton.next_power_of_2(k))
     _dequantize_kernel[(triton.cdiv(n, DEQUANT_BLOCK_N), triton.cdiv(k, block_k))](
         packed_ptr=w.packed, scales_ptr=w.scales, out_ptr=out, N=n, K=k, stride_pn=w.packed.stride(0),
-        stride_sn=w.scales.stride(0), BLOCK_N=DEQUANT_BLOCK_N, BLOCK_K=block_k, MASK_K=k % block_k != 0, **launch_args(w.packed.device),
-        num_warps=4)
+        stride_sn=w.scales.stride(0), BLOCK_N=DEQUANT_BLOCK_N, BLOCK_K=block_k, MASK_K=k % block_k != 0,
+        **launch_args(w.packed.device), num_warps=4)
     return out
 
 

@@ -9,9 +9,9 @@ graphs and eagerly, and the median of one step between two syncs; the GPU time o
 replay; a per-kernel breakdown of one decode step; the roofline floor (bytes one step must read /
 measured copy bandwidth) and the achieved fraction; throughput at 8 and 64 streams (1K in / 512
 out, after an untimed run of the same requests that compiles their kernels); TTFT of a 100K-token
-prompt (the second such prompt: the first, which compiles, is reported apart); GPU memory. Long contexts are set up by filling the KV cache
-with random values (decode speed does not depend on what the cache holds); the TTFT run prefills
-for real. With several formats each runs in its own process (on the H200 the BF16 engine built
+prompt (the second such prompt: the first, which may still compile, is reported apart); GPU
+memory. Long contexts are set up by filling the KV cache with random values (decode speed does
+not depend on what the cache holds); the TTFT run prefills for real. With several formats each runs in its own process (on the H200 the BF16 engine built
 after the NVFP4 one in the same process spent 0.49-0.62 ms a step outside the graph replay, 0.30
 in a process of its own). Prints markdown tables and writes JSON.
 """
@@ -208,9 +208,9 @@ def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len:
                warmup: bool = True) -> dict:
     """Output tokens/s of `streams` requests submitted at once, over the whole run and over its
     decode part. warmup: the same requests with WARMUP_TOKENS output tokens run first, untimed:
-    Triton compiles a kernel for each new specialisation on its first launch (the prefill kernels
-    are not compiled when the engine starts, only the decode graphs are), which otherwise lands
-    in the timed prefill."""
+    Triton compiles a kernel for each new specialisation on its first launch, and the engine's
+    start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and a short prompt, not every
+    batch of prompts; a compile would otherwise land in the timed prefill."""
     if warmup:
         throughput(engine, streams, prompt_len, WARMUP_TOKENS, warmup=False)
     seqs = [engine.add_request([1 + (i * 31 + j) % 5000 for j in range(prompt_len)],
