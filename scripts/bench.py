@@ -11,9 +11,10 @@ measured copy bandwidth) and the achieved fraction; throughput at 8 and 64 strea
 out, after an untimed run of the same requests that compiles their kernels); TTFT of a 100K-token
 prompt (the second such prompt: the first, which may still compile, is reported apart); GPU
 memory. Long contexts are set up by filling the KV cache with random values (decode speed does
-not depend on what the cache holds); the TTFT run prefills for real. With several formats each runs in its own process (on the H200 the BF16 engine built
-after the NVFP4 one in the same process spent 0.49-0.62 ms a step outside the graph replay, 0.30
-in a process of its own). Prints markdown tables and writes JSON.
+not depend on what the cache holds); the TTFT run prefills for real. With several formats each
+runs in its own process (on the H200 the BF16 engine built after the NVFP4 one in the same
+process spent 0.49-0.62 ms a step outside the graph replay, 0.30 in a process of its own).
+Prints markdown tables and writes JSON.
 """
 
 from __future__ import annotations

@@ -185,13 +185,15 @@ def main() -> None:
     out = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
     up_bytes, down_bytes = SLOTS * w13[0].nbytes, SLOTS * w2[0].nbytes
     cases = layer_cases(w13, w2, choices, out) if args.only == "layer" else []
-    for rows, kw, stages, warps in [] if args.only else [(16, 128, 3, 4), (16, 256, 1, 4), (16, 64, 4, 4), (32, 128, 3, 4),
-                                    (64, 128, 3, 8), (8, 128, 3, 2), (16, 128, 3, 8)]:
+    gate_up_configs = [(16, 128, 3, 4), (16, 256, 1, 4), (16, 64, 4, 4), (32, 128, 3, 4), (64, 128, 3, 8),
+                       (8, 128, 3, 2), (16, 128, 3, 8)]
+    down_configs = [(4, 3, 4, False), (4, 3, 1, False), (8, 4, 2, False), (16, 3, 4, False), (4, 1, 4, True),
+                    (8, 1, 4, True), (16, 1, 4, True), (16, 1, 8, True)]
+    for rows, kw, stages, warps in [] if args.only else gate_up_configs:
         cases.append((f"gate/up read rows={rows} kw={kw} st={stages} w={warps} programs="
                       f"{SLOTS * 2 * I // rows}", up_bytes,
                       [lambda c=c, a=(rows, kw, stages, warps): gate_up(w13, c, out, *a) for c in choices]))
-    for rows, stages, warps, once in [] if args.only else [(4, 3, 4, False), (4, 3, 1, False), (8, 4, 2, False), (16, 3, 4, False),
-                                      (4, 1, 4, True), (8, 1, 4, True), (16, 1, 4, True), (16, 1, 8, True)]:
+    for rows, stages, warps, once in [] if args.only else down_configs:
         cases.append((f"down read rows={rows} st={stages} w={warps} {'all-at-once' if once else 'in-turn'} "
                        f"programs={H // rows}", down_bytes,
                        [lambda c=c, a=(rows, stages, warps, once): down(w2, c, out, *a) for c in choices]))
