@@ -252,7 +252,7 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
                        device=args.device, kernel_backend=args.kernel_backend, block_size=64, max_num_seqs=64,
                        max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
                        kv_cache_memory_fraction=args.kv_fraction, low_latency_max_batch=args.low_latency_max_batch,
-                       async_scheduling=not args.no_async_scheduling)
+                       async_scheduling=not args.no_async_scheduling, warmup=False if args.no_engine_warmup else None)
     engine = LLMEngine(EngineArgs(**engine_args))
     sync()
     build_s = time.perf_counter() - t0
@@ -328,6 +328,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
     parser.add_argument("--ttft", type=int, default=100000, help="prompt length for TTFT (0: skip)")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--no-engine-warmup", action="store_true",
+                        help="the engine skips its start-up warm-up (EngineArgs.warmup false): ttft_first_s "
+                             "then includes compiling the chunk's prefill kernels")
     parser.add_argument("--kv-fraction", type=float, default=0.5)
     parser.add_argument("--max-model-len", type=int, default=262144)
     parser.add_argument("--device", default="cuda")
@@ -353,11 +356,12 @@ def main() -> None:
                         # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_FP4_GEMV_PREFETCH, FLINT_PDL,
                         # FLINT_FP4_MOE_SPLIT_SHARED, FLINT_MOE_DOWN_DENSE, FLINT_FOLD_NORM, FLINT_ROUTER_NORM_WARPS,
                         # FLINT_FP4_X_BLOCK, FLINT_FUSE_QK_NORM_ROPE, FLINT_MOE_ROUTE_IN_EXPERTS,
-                        # FLINT_HEAD_FOLD_NORM, FLINT_FP4_GEMV_F16)
+                        # FLINT_HEAD_FOLD_NORM, FLINT_FP4_GEMV_F16, FLINT_FP4_DEQUANT_MIN_TOKENS)
                         "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS,
                                   "nvfp4_moe_down_words": nvfp4.MOE_DOWN_WORDS,
                                   "nvfp4_gemv_prefetch": nvfp4_linear.GEMV_PREFETCH,
                                   "nvfp4_gemv_f16": nvfp4_linear.GEMV_F16,
+                                  "nvfp4_dequant_min_tokens": nvfp4_linear.DEQUANT_MIN_TOKENS,
                                   "pdl": pdl.ENABLED, "pdl_prefetch_only": pdl.PREFETCH_ONLY,
                                   "nvfp4_moe_split_shared": moe_gemv.SPLIT_SHARED,
                                   "moe_down_dense": moe_gemv.DOWN_DENSE, "fold_norm": ops.FOLD_NORM,

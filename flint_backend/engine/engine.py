@@ -38,8 +38,8 @@ from flint_backend.engine.scheduler import Scheduler
 from flint_backend.engine.sequence import Sequence, SequenceStatus
 
 
-# LLMEngine.warm_up's prompts: max_num_batched_tokens + 17 tokens (a full chunk, then an odd
-# one), and 33 beside it
+# LLMEngine.warm_up's prompts: max_num_batched_tokens + WARMUP_PROMPTS[0] tokens (a full chunk,
+# then an odd one), and WARMUP_PROMPTS[1] tokens beside it
 WARMUP_PROMPTS = (17, 33)
 
 
@@ -107,15 +107,13 @@ class LLMEngine:
         if self.has_work():
             raise RuntimeError("warm_up: the engine has requests; call it before adding any")
         t0 = time.perf_counter()
-        chunk, vocab = self.args.max_num_batched_tokens, self.config.vocab_size
-        room = self.blocks.block_size * self.blocks.num_blocks // 2  # each prompt at most half the pool
-        for i, extra in enumerate(WARMUP_PROMPTS):
-            n = max(1, min(chunk + extra if i == 0 else extra, self.max_model_len - 2, room))
-            self.add_request([1 + j % (vocab - 1) for j in range(n)],
+        long, short = self.args.max_num_batched_tokens + WARMUP_PROMPTS[0], WARMUP_PROMPTS[1]
+        room = min(self.max_model_len - 2, self.blocks.block_size * self.blocks.num_blocks // 2)  # half the pool
+        for i, n in enumerate((long, short)):
+            self.add_request([1 + j % (self.config.vocab_size - 1) for j in range(max(1, min(n, room)))],
                              SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), request_id=f"warmup-{i}")
-        while self.has_work():
+        while self.has_work():  # finished sequences leave the engine (_finish)
             self.step()
-        self._seqs.clear()
         self.metrics = EngineMetrics()
         return time.perf_counter() - t0
 

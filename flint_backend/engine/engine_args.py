@@ -49,7 +49,7 @@ class EngineArgs:
     cpu_threads: int | None = None        # CPU: torch intra-op threads; None -> torch's default
     # run two greedy requests through the engine when it starts (LLMEngine.warm_up), so Triton
     # compiles the prefill kernels then and not during the first requests (a 100K prompt on an
-    # H100: 19.2 s the first time, 6.5 s after; benchmarks/NOTES.md §34). None: on CUDA with the
+    # H100 without it: 19.2 s the first time, 6.5 s after; benchmarks/NOTES.md §34). None: on CUDA with the
     # triton backend (where kernels compile), off elsewhere
     warmup: bool | None = None
 
