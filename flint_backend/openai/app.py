@@ -131,9 +131,9 @@ async def chat_completions(request: Request):
     stream = request.app.state.ensemble.generate(ensemble_request)
     if not body.stream:
         outputs = await until_disconnected(request, collect(stream))
-        return JSONResponse(chat.completion(envelope, outputs, tool_choice))
+        return JSONResponse(chat.completion(envelope, outputs, tool_choice, body.wants_logprobs))
     first = await until_disconnected(request, first_of(stream))
-    return EventStream(chat.chunks(envelope, first, stream, body.include_usage, tool_choice))
+    return EventStream(chat.chunks(envelope, first, stream, body.include_usage, tool_choice, body.wants_logprobs))
 
 
 async def text_completions(request: Request):
@@ -143,10 +143,10 @@ async def text_completions(request: Request):
     streams = [ensemble.generate(r) for r in completions.ensemble_requests(body, envelope.id)]
     if not body.stream:
         outputs = await until_disconnected(request, collect_all(streams))
-        return JSONResponse(completions.completion(envelope, outputs))
+        return JSONResponse(completions.completion(envelope, outputs, body.wants_logprobs))
     merged = completions.merge(streams)
     first = await until_disconnected(request, first_of(merged))
-    return EventStream(completions.chunks(envelope, first, merged, body.include_usage))
+    return EventStream(completions.chunks(envelope, first, merged, body.include_usage, body.wants_logprobs))
 
 
 def model_card(request: Request, name: str) -> dict:

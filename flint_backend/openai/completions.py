@@ -2,7 +2,9 @@
 
 A list of prompts runs as that many concurrent ensemble requests; choice i answers
 prompt i, and usage is their sum. `echo` puts the prompt in front of the text (the
-ensemble's exclude_input_in_output=false).
+ensemble's exclude_input_in_output=false). With `logprobs` = N, each choice's `logprobs` has
+the generated tokens' `tokens`, `token_logprobs`, `top_logprobs` (the top N as {token: logprob})
+and `text_offset` (where each token's text starts in the choice's text).
 """
 
 from __future__ import annotations
@@ -24,11 +26,29 @@ def ensemble_requests(body: CompletionRequest, request_id: str) -> list[Ensemble
             for i, prompt in enumerate(body.prompts())]
 
 
-def completion(envelope: Envelope, outputs: list[list[EnsembleOutput]]) -> dict:
+class TextOffsets:
+    """Where each token's text starts in a choice's text, across its streamed outputs."""
+
+    def __init__(self):
+        self.next = 0
+
+    def logprobs(self, entries: list[dict]) -> dict:
+        """OpenAI's completions `logprobs` of some tokens (the next ones of the choice)."""
+        offsets = []
+        for e in entries:
+            offsets.append(self.next)
+            self.next += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
+
+def completion(envelope: Envelope, outputs: list[list[EnsembleOutput]], logprobs: bool = False) -> dict:
     choices, prompt_tokens, completion_tokens = [], 0, 0
     for i, parts in enumerate(outputs):
         last = parts[-1]
-        choices.append({"index": i, "text": "".join(p.text for p in parts), "logprobs": None,
+        lp = TextOffsets().logprobs([e for p in parts for e in p.logprobs]) if logprobs else None
+        choices.append({"index": i, "text": "".join(p.text for p in parts), "logprobs": lp,
                         "finish_reason": last.finish_reason or "stop"})
         prompt_tokens += last.num_input_tokens
         completion_tokens += last.num_output_tokens
@@ -36,16 +56,19 @@ def completion(envelope: Envelope, outputs: list[list[EnsembleOutput]]) -> dict:
 
 
 async def chunks(envelope: Envelope, first: tuple[int, EnsembleOutput],
-                 rest: AsyncIterator[tuple[int, EnsembleOutput]], include_usage: bool) -> AsyncIterator[str]:
+                 rest: AsyncIterator[tuple[int, EnsembleOutput]], include_usage: bool,
+                 logprobs: bool = False) -> AsyncIterator[str]:
     extra = {"usage": None} if include_usage else {}
     last: dict[int, EnsembleOutput] = {}
+    offsets: dict[int, TextOffsets] = {}
     try:
         item = first
         while item is not None:
             i, output = item
             last[i] = output
-            if output.text or output.finish_reason:
-                choice = {"index": i, "text": output.text, "logprobs": None,
+            if output.text or output.finish_reason or (logprobs and output.logprobs):
+                lp = offsets.setdefault(i, TextOffsets()).logprobs(output.logprobs) if logprobs else None
+                choice = {"index": i, "text": output.text, "logprobs": lp,
                           "finish_reason": output.finish_reason or None}
                 yield sse(envelope.wrap([choice], **extra))
             item = await anext(rest, None)

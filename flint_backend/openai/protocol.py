@@ -2,9 +2,11 @@
 
 Types are checked strictly (no "0.5" for a number); value ranges are the engine's and are
 checked by Triton, whose refusal names the field. Fields this server cannot honour are a
-400 that says so, never silently dropped: n > 1 (one choice per request), logprobs and
-top_logprobs (the ensemble returns no log probabilities), suffix, best_of > 1, token-id
-prompts, response_format other than text. Unknown fields are ignored, as vLLM does.
+400 that says so, never silently dropped: n > 1 (one choice per request), logprobs with echo
+(the prompt's log probabilities are not computed, only the generated tokens'), suffix,
+best_of > 1, token-id prompts, response_format other than text. Unknown fields are ignored,
+as vLLM does. Log probabilities (chat `logprobs` + `top_logprobs`, completions `logprobs`)
+are the ensemble's sampling `logprobs`: the top N of the model's raw distribution, N <= 20.
 vLLM's extensions are accepted: top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, skip_special_tokens, chat_template_kwargs.
 """
@@ -15,6 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Strict
 
+from flint_backend.engine.sampling_params import MAX_LOGPROBS
 from flint_backend.openai.errors import bad_request, unsupported
 
 Number = Annotated[float, Strict()]
@@ -28,7 +31,6 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/com
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "skip_special_tokens",
                    "logit_bias")
-NO_LOGPROBS = "log probabilities are not supported: the flint ensemble does not return them"
 
 
 class StreamOptions(BaseModel):
@@ -91,13 +93,23 @@ class ChatCompletionRequest(GenerationRequest):
 
     def check(self) -> None:
         super().check()
-        if self.logprobs:
-            raise unsupported("logprobs", NO_LOGPROBS)
-        if self.top_logprobs:
-            raise unsupported("top_logprobs", NO_LOGPROBS)
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise bad_request("top_logprobs: expected only with logprobs: true", "top_logprobs")
+            _check_logprobs("top_logprobs", self.top_logprobs)
         if self.response_format is not None and self.response_format.get("type") != "text":
             raise unsupported("response_format", f'expected {{"type": "text"}} (no guided decoding), '
                                                  f"got {self.response_format!r}"[:200])
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
+    def sampling(self, max_tokens: int) -> dict:
+        params = super().sampling(max_tokens)
+        if self.logprobs:
+            params["logprobs"] = self.top_logprobs or 0
+        return params
 
     @property
     def max_tokens_param(self) -> str:
@@ -118,12 +130,25 @@ class CompletionRequest(GenerationRequest):
     def check(self) -> None:
         super().check()
         if self.logprobs is not None:
-            raise unsupported("logprobs", NO_LOGPROBS)
+            _check_logprobs("logprobs", self.logprobs)
+            if self.echo:
+                raise unsupported("logprobs", "expected none with echo: true (the prompt's log probabilities "
+                                              "are not computed, only the generated tokens')")
         if self.suffix:
             raise unsupported("suffix", "expected none: the model has no fill-in-the-middle prompt")
         if self.best_of not in (None, 1):
             raise unsupported("best_of", f"expected 1, got {self.best_of}")
         self.prompts()
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    def sampling(self, max_tokens: int) -> dict:
+        params = super().sampling(max_tokens)
+        if self.logprobs is not None:
+            params["logprobs"] = self.logprobs
+        return params
 
     def prompts(self) -> list[str]:
         """A string or a list of strings; token-id prompts are refused (Triton takes text)."""
@@ -141,3 +166,8 @@ class CompletionRequest(GenerationRequest):
 
     def output_limit(self) -> int:
         return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+
+def _check_logprobs(param: str, value: int) -> None:
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise bad_request(f"{param}: expected an integer in [0, {MAX_LOGPROBS}], got {value}", param)

@@ -59,6 +59,7 @@ class EnsembleOutput:
     finish_reason: str = ""                                # set on the last output
     num_input_tokens: int = 0
     num_output_tokens: int = 0
+    logprobs: list[dict] = field(default_factory=list)    # chat.token_logprobs entries of this output's tokens
 
 
 def _tensor(name: str, value, triton_type: str, dtype) -> grpcclient.InferInput:
@@ -78,10 +79,11 @@ def _count(result, name: str) -> int:
 
 
 def _output(result) -> EnsembleOutput:
-    calls = _text(result, "tool_calls")
+    calls, logprobs = _text(result, "tool_calls"), _text(result, "logprobs")
     return EnsembleOutput(_text(result, "text_output"), _text(result, "reasoning_output"),
                           json.loads(calls) if calls else [], _text(result, "finish_reason"),
-                          _count(result, "num_input_tokens"), _count(result, "num_output_tokens"))
+                          _count(result, "num_input_tokens"), _count(result, "num_output_tokens"),
+                          json.loads(logprobs) if logprobs else [])
 
 
 class TritonEnsemble:

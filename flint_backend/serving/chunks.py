@@ -11,9 +11,9 @@ from flint_backend.serving.postprocess import EngineChunk, TextDelta
 from flint_backend.serving.tensors import Inputs, bytes_tensor, scalar
 
 CHUNK_OUTPUTS = ("request_key", "chunk_index", "token_ids", "finished", "finish_reason", "num_input_tokens",
-                 "num_output_tokens", "error", "output_config")
+                 "num_output_tokens", "error", "output_config", "logprobs")
 TEXT_OUTPUTS = ("text_output", "reasoning_output", "tool_calls", "finish_reason", "num_input_tokens",
-                "num_output_tokens")
+                "num_output_tokens", "logprobs")
 
 
 def chunk_arrays(chunk: EngineChunk) -> dict[str, np.ndarray]:
@@ -27,6 +27,7 @@ def chunk_arrays(chunk: EngineChunk) -> dict[str, np.ndarray]:
         "num_output_tokens": np.array([[chunk.num_output_tokens]], np.uint32),
         "error": bytes_tensor(chunk.error),
         "output_config": bytes_tensor(chunk.config),
+        "logprobs": bytes_tensor(json.dumps(chunk.logprobs) if chunk.logprobs else ""),
     }
 
 
@@ -38,7 +39,8 @@ def chunk_from_arrays(inputs: Inputs) -> EngineChunk:
         finished=bool(scalar(inputs, "finished")), finish_reason=scalar(inputs, "finish_reason") or "",
         num_input_tokens=int(scalar(inputs, "num_input_tokens") or 0),
         num_output_tokens=int(scalar(inputs, "num_output_tokens") or 0),
-        error=scalar(inputs, "error") or "", config=scalar(inputs, "output_config") or "")
+        error=scalar(inputs, "error") or "", config=scalar(inputs, "output_config") or "",
+        logprobs=json.loads(scalar(inputs, "logprobs") or "[]"))
 
 
 def text_arrays(delta: TextDelta) -> dict[str, np.ndarray]:
@@ -49,4 +51,5 @@ def text_arrays(delta: TextDelta) -> dict[str, np.ndarray]:
         "finish_reason": bytes_tensor(delta.finish_reason),
         "num_input_tokens": np.array([[delta.num_input_tokens]], np.uint32),
         "num_output_tokens": np.array([[delta.num_output_tokens]], np.uint32),
+        "logprobs": bytes_tensor(json.dumps(delta.logprobs, ensure_ascii=False)),
     }

@@ -80,9 +80,10 @@ class EngineHost:
                 return
 
     def _chunk(self, request: HostedRequest, out: RequestOutput) -> EngineChunk:
+        logprobs = [[lp.token_logprob, [list(pair) for pair in lp.top]] for lp in out.logprobs if lp is not None]
         chunk = EngineChunk(request.key, request.next_index, list(out.new_token_ids), out.finished,
                             out.finish_reason or "", out.num_prompt_tokens, out.num_output_tokens, out.error or "",
-                            request.config if request.next_index == 0 else "")
+                            request.config if request.next_index == 0 else "", logprobs)
         request.next_index += 1
         return chunk
 

@@ -5,7 +5,10 @@ one `RequestText` per engine request, keyed by the request key the model forward
 applies a request's chunks in index order whatever order they arrive in (a chunk that
 comes early waits for the ones before it). Per request: incremental detokenisation, stop
 strings (the first match ends the output; the caller then aborts the engine request), the
-echoed prompt, and for chat requests the reasoning and tool-call parsers.
+echoed prompt, for chat requests the reasoning and tool-call parsers, and the log probabilities
+of the generated tokens when the request asked for them (sampling `logprobs`), one entry a
+token with its text and bytes (chat.token_logprobs), for every token counted in
+`num_output_tokens`.
 
 Streaming: one `TextDelta` per chunk that adds something, the last one final. Not
 streaming: nothing until the final chunk, then everything in one `TextDelta`.
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from flint_backend.chat.detokenizer import IncrementalDetokenizer
 from flint_backend.chat.output_parser import ChatDelta, ChatOutputParser
 from flint_backend.chat.stop_strings import StopStringMatcher
+from flint_backend.chat.token_logprobs import TokenLogprobEntries
 from flint_backend.chat.tool_parser import ToolCallDelta
 from flint_backend.chat.tool_choice import unmet_tool_choice
 from flint_backend.serving.preprocess import OutputConfig
@@ -38,6 +42,7 @@ class EngineChunk:
     num_output_tokens: int = 0  # generated so far
     error: str = ""
     config: str = ""            # OutputConfig JSON, on index 0
+    logprobs: list = field(default_factory=list)  # per token (logprob, [(id, logprob), ...]); [] if not asked
 
 
 @dataclass
@@ -46,6 +51,7 @@ class TextDelta:
     text: str = ""
     reasoning: str = ""
     tool_calls: list[dict] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)  # token_logprobs entries of this delta's tokens
     finish_reason: str = ""     # set on the final one: "stop", "length", "tool_calls", "abort", "error"
     num_input_tokens: int = 0
     num_output_tokens: int = 0
@@ -55,17 +61,19 @@ class TextDelta:
     note: str = ""              # e.g. an unmet tool_choice, for the log
 
     def is_empty(self) -> bool:
-        return not (self.text or self.reasoning or self.tool_calls or self.final)
+        return not (self.text or self.reasoning or self.tool_calls or self.logprobs or self.final)
 
 
 class RequestText:
-    def __init__(self, tokenizer, config: OutputConfig):
+    def __init__(self, tokenizer, config: OutputConfig, logprob_entries: TokenLogprobEntries | None = None):
         self.config = config
+        self._logprob_entries = logprob_entries or TokenLogprobEntries(tokenizer)
         self._detok = IncrementalDetokenizer(tokenizer, config.prompt_tail, config.skip_special_tokens)
         self._stop = StopStringMatcher(config.stop)
         self._parser = ChatOutputParser(**config.chat) if config.chat else None
         self._echo = config.echo
         self._text: list[str] = []  # plain-text output so far (not streaming)
+        self._logprobs: list[dict] = []  # logprob entries so far (not streaming)
         self.num_output_tokens = 0
 
     @property
@@ -74,12 +82,15 @@ class RequestText:
 
     def apply(self, chunk: EngineChunk) -> TextDelta | None:
         text = self._detok.push(chunk.token_ids) + (self._detok.flush() if chunk.finished else "")
-        if not self._stop.stopped:
-            self.num_output_tokens = chunk.num_output_tokens  # tokens made after a stop are not counted
+        delta = TextDelta(num_input_tokens=chunk.num_input_tokens)
+        if not self._stop.stopped:  # tokens made after a stop are not counted
+            self.num_output_tokens = chunk.num_output_tokens
+            if chunk.logprobs:
+                delta.logprobs = self._logprob_entries.entries(chunk.token_ids, chunk.logprobs)
+        delta.num_output_tokens = self.num_output_tokens
         safe, _ = self._stop.push(text)
         if chunk.finished:
             safe += self._stop.flush()
-        delta = TextDelta(num_input_tokens=chunk.num_input_tokens, num_output_tokens=self.num_output_tokens)
         delta.text, self._echo = self._echo, ""
         if self._parser is None:
             delta.text += safe
@@ -92,6 +103,7 @@ class RequestText:
         if self.config.stream:
             return None if delta.is_empty() else delta
         self._text.append(delta.text)
+        self._logprobs += delta.logprobs
         return self._whole(delta) if chunk.finished else None
 
     def _add(self, delta: TextDelta, part: ChatDelta) -> None:
@@ -112,7 +124,7 @@ class RequestText:
     def _whole(self, last: TextDelta) -> TextDelta:
         whole = TextDelta(finish_reason=last.finish_reason, num_input_tokens=last.num_input_tokens,
                           num_output_tokens=last.num_output_tokens, final=True, error=last.error,
-                          client_error=last.client_error, note=last.note)
+                          client_error=last.client_error, note=last.note, logprobs=self._logprobs)
         if self._parser is None:
             whole.text = "".join(self._text)
             return whole
@@ -154,6 +166,7 @@ class Outcome:
 class Postprocessor:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self._logprob_entries = TokenLogprobEntries(tokenizer)  # token texts cached across requests
         self._entries: dict[str, _Entry] = {}
         self._cancelled: dict[str, None] = {}  # insertion-ordered set
         self._lock = threading.Lock()
@@ -175,7 +188,8 @@ class Postprocessor:
                 ready = entry.early.pop(entry.next_index)
                 entry.next_index += 1
                 if entry.text is None:
-                    entry.text = RequestText(self.tokenizer, OutputConfig.from_json(ready.config or "{}"))
+                    entry.text = RequestText(self.tokenizer, OutputConfig.from_json(ready.config or "{}"),
+                                             self._logprob_entries)
                 delta = entry.text.apply(ready)
                 if delta is not None:
                     outputs.append(delta)
@@ -220,4 +234,5 @@ def _merge(outputs: list[TextDelta]) -> list[TextDelta]:
     merged.text = "".join(o.text for o in outputs)
     merged.reasoning = "".join(o.reasoning for o in outputs)
     merged.tool_calls = [c for o in outputs for c in o.tool_calls]
+    merged.logprobs = [e for o in outputs for e in o.logprobs]
     return [merged]

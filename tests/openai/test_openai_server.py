@@ -154,6 +154,27 @@ def test_streamed_content_equals_the_non_streamed_content_without_thinking(clien
     assert finish == whole.choices[0].finish_reason == "stop"
 
 
+def test_chat_logprobs_have_one_entry_a_generated_token_streamed_or_not(client, tokenizer, chain):
+    kwargs = dict(model="flint", messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=64, logprobs=True,
+                  top_logprobs=2)
+    whole = client.chat.completions.create(**kwargs)
+    content = whole.choices[0].logprobs.content
+    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in chain[1:]]
+    assert [e.token for e in content] == tokens  # reasoning, </think>, the call and the stop token
+    assert len(content) == whole.usage.completion_tokens
+    for e in content:
+        assert e.logprob == pytest.approx(0.0, abs=1e-6)  # the successor model is sure of each token
+        assert bytes(e.bytes).decode("utf-8") == e.token and len(e.top_logprobs) == 2
+        assert (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob)
+        assert e.top_logprobs[1].logprob < -100  # any other token: LOGIT times sqrt(hidden) below
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    streamed = [e for c in chunks for choice in c.choices if choice.logprobs for e in choice.logprobs.content]
+    assert [(e.token, e.logprob, e.bytes) for e in streamed] == [(e.token, e.logprob, e.bytes) for e in content]
+    assert chunks[0].choices[0].logprobs is None  # the role chunk
+    plain = client.chat.completions.create(model="flint", messages=MESSAGES, temperature=0, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+
+
 def test_tool_choice_none_leaves_the_tools_out_of_the_prompt_with_the_exclude_flag(client, tokenizer):
     response = client.chat.completions.create(model="flint", messages=MESSAGES, tools=TOOLS, tool_choice="none",
                                               temperature=0, max_tokens=64)
@@ -212,6 +233,28 @@ def test_completions_stream_and_non_stream_agree(client, tokenizer):
     assert [c.text for c in both.choices] == [whole.choices[0].text] * 2 and both.usage.completion_tokens == 12
 
 
+def test_completions_logprobs_with_text_offsets_streamed_or_not(client, tokenizer, chain):
+    kwargs = dict(model="flint", prompt="Think first.<think>", temperature=0, max_tokens=64, logprobs=2)
+    whole = client.completions.create(**kwargs)  # the successor chain follows the prompt's <think>
+    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in chain[1:]]
+    choice = whole.choices[0]
+    assert choice.text == "".join(tokens[:-1]) and choice.finish_reason == "stop"  # the stop token is not text
+    logprobs = choice.logprobs
+    assert logprobs.tokens == tokens and len(tokens) == whole.usage.completion_tokens
+    assert logprobs.text_offset == [len("".join(tokens[:i])) for i in range(len(tokens))]
+    assert logprobs.token_logprobs == pytest.approx([0.0] * len(tokens), abs=1e-6)
+    assert [next(iter(top)) for top in logprobs.top_logprobs] == tokens
+    assert all(len(top) == 2 and min(top.values()) < -100 for top in logprobs.top_logprobs)
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == tokens
+    assert [o for p in parts for o in p.text_offset] == logprobs.text_offset
+    assert [lp for p in parts for lp in p.token_logprobs] == logprobs.token_logprobs
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(**kwargs, echo=True)
+    assert caught.value.body["param"] == "logprobs"
+
+
 def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list()] == ["flint", "flint-tiny"]
     assert client.models.retrieve("flint-tiny").id == "flint-tiny"
@@ -240,7 +283,8 @@ def test_unknown_model_is_404(client):
 
 @pytest.mark.parametrize("kwargs, param", [
     ({"n": 2}, "n"),
-    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"temperature": -1.0}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),

@@ -39,12 +39,28 @@ def test_sampling_parameters_carry_only_what_was_given():
     assert CompletionRequest(prompt="p").output_limit() == COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
+def test_logprobs_become_the_sampling_logprobs():
+    chat = ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=3)
+    chat.check()
+    assert chat.wants_logprobs and chat.sampling(4) == {"max_tokens": 4, "logprobs": 3}
+    assert ChatCompletionRequest(messages=MESSAGES, logprobs=True).sampling(4) == {"max_tokens": 4, "logprobs": 0}
+    off = ChatCompletionRequest(messages=MESSAGES, logprobs=False)
+    assert not off.wants_logprobs and off.sampling(4) == {"max_tokens": 4}
+    text = CompletionRequest(prompt="p", logprobs=0)
+    text.check()
+    assert text.wants_logprobs and text.sampling(2) == {"max_tokens": 2, "logprobs": 0}
+    assert not CompletionRequest(prompt="p").wants_logprobs
+
+
 @pytest.mark.parametrize("body, param", [
     (ChatCompletionRequest(messages=MESSAGES, n=3), "n"),
     (ChatCompletionRequest(messages=MESSAGES, top_logprobs=2), "top_logprobs"),
     (ChatCompletionRequest(messages=MESSAGES, response_format={"type": "json_object"}), "response_format"),
     (ChatCompletionRequest(messages=MESSAGES, stream_options={"include_usage": True}), "stream_options"),
-    (CompletionRequest(prompt="p", logprobs=0), "logprobs"),
+    (ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=21), "top_logprobs"),
+    (ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=-1), "top_logprobs"),
+    (CompletionRequest(prompt="p", logprobs=21), "logprobs"),
+    (CompletionRequest(prompt="p", logprobs=0, echo=True), "logprobs"),
     (CompletionRequest(prompt="p", suffix="s"), "suffix"),
     (CompletionRequest(prompt="p", best_of=2), "best_of"),
     (CompletionRequest(prompt=[[1, 2]]), "prompt"),
@@ -78,10 +94,12 @@ def test_type_errors_name_the_field(data, path):
      "context_length_exceeded"),
     ("in ensemble 'flint', text_input: expected a non-empty string, got \"\"", 400, "prompt", None),
     ("in ensemble 'flint', messages[1].content: expected a string", 400, "messages[1].content", None),
+    ("in ensemble 'flint', logprobs: got 30, expected an integer in [0, 20]", 400, "top_logprobs", None),
     ("in ensemble 'flint', postprocess: KeyError: 'x'", 500, None, "internal_error"),
     ("Stub process is unhealthy", 500, None, "internal_error"),
 ])
 def test_triton_refusals_map_to_400_naming_the_field_and_the_rest_to_500(message, status, param, code):
-    error = from_triton_error(message, prompt_param="prompt", renamed={"max_tokens": "max_completion_tokens"})
+    error = from_triton_error(message, prompt_param="prompt",
+                              renamed={"max_tokens": "max_completion_tokens", "logprobs": "top_logprobs"})
     assert (error.status, error.param, error.code) == (status, param, code)
     assert error.body()["error"]["message"].startswith(param + ":" if param else "Triton: ")

@@ -12,13 +12,17 @@ CANDIDATE_PROMPTS = ["Hello world", "The quick brown fox", "def main():", "Trito
                      "Once upon a time", "1 2 3 4 5", "Flint is a mixture of experts", "naïve café ünïcode"]
 
 
-def greedy_reference_texts(checkpoint, tokenizer) -> dict[str, tuple[list[int], str]]:
-    """prompt -> (greedy ids, their text) of the fp64 reference, for prompts whose first N_TOKENS
-    greedy steps have no near-tie (an fp32 engine may rightly break those the other way)."""
+def reference_model(checkpoint):
     import flint_backend.reference  # noqa: F401  registers the model with transformers
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64).eval()
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64).eval()
+
+
+def greedy_reference_texts(checkpoint, tokenizer) -> dict[str, tuple[list[int], str]]:
+    """prompt -> (greedy ids, their text) of the fp64 reference, for prompts whose first N_TOKENS
+    greedy steps have no near-tie (an fp32 engine may rightly break those the other way)."""
+    model = reference_model(checkpoint)
     texts = {}
     for prompt in CANDIDATE_PROMPTS:
         ids, out = encode_text_input(tokenizer, prompt), []
@@ -32,3 +36,11 @@ def greedy_reference_texts(checkpoint, tokenizer) -> dict[str, tuple[list[int], 
             texts[prompt] = (out, tokenizer.decode(out, skip_special_tokens=True))
     assert len(texts) >= 4, f"only {len(texts)} near-tie-free prompts"
     return texts
+
+
+def reference_logprobs(checkpoint, tokenizer, prompt: str, ids: list[int]) -> torch.Tensor:
+    """[len(ids), vocab] fp64: the reference's log-softmax before each of `ids` generated after `prompt`."""
+    prompt_ids = encode_text_input(tokenizer, prompt)
+    with torch.no_grad():
+        logits = reference_model(checkpoint)(torch.tensor([prompt_ids + ids])).logits[0]
+    return logits[len(prompt_ids) - 1:-1].log_softmax(-1)

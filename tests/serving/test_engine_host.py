@@ -101,3 +101,24 @@ def test_an_abort_taken_by_another_instance_stops_the_owners_request():
         for host in hosts:
             host.shutdown()
     assert chunk.finish_reason == "abort" and chunk.num_output_tokens < 50
+
+
+def test_chunks_carry_each_tokens_logprobs_through_their_tensors():
+    host = make_host()
+    try:
+        request = host.submit(Sender(), inputs([1, 2, 3], max_tokens=5, temperature=0.0, ignore_eos=True,
+                                               logprobs=3))
+        plain = host.submit(Sender(), inputs([1, 2, 3], max_tokens=5, temperature=0.0, ignore_eos=True))
+        chunks = collect(host, 2)
+    finally:
+        host.shutdown()
+    got = chunks[request.key]
+    tokens = [t for c in got for t in c.token_ids]
+    assert tokens == [t for c in chunks[plain.key] for t in c.token_ids]
+    assert all(c.logprobs == [] for c in chunks[plain.key])
+    for chunk in got:
+        assert len(chunk.logprobs) == len(chunk.token_ids)
+        for token, (logprob, top) in zip(chunk.token_ids, chunk.logprobs):
+            assert len(top) == 3 and top[0] == [token, logprob] and logprob <= 0.0  # greedy: the best token
+            assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+        assert chunk_from_arrays(chunk_arrays(chunk)) == chunk  # floats survive the JSON tensor exactly

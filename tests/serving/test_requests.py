@@ -84,13 +84,21 @@ def test_chat_options_of_a_request_replace_the_repository_flags(tokenizer):
     assert auto.output_config.chat["tool_call_parser"] == "glm47" and auto.output_config.chat["tools"]
 
 
-def chunks_for(tokenizer, text: str, config: OutputConfig, key: str = "k", reason: str = "length"):
+def fake_logprobs(ids: list[int]) -> list:
+    """Engine logprobs for ids (exact binary fractions): the token's, and a top 2 of it and token 1."""
+    return [[-(t % 7) / 8, [[t, -(t % 7) / 8], [1, -5.0]]] for t in ids]
+
+
+def chunks_for(tokenizer, text: str, config: OutputConfig, key: str = "k", reason: str = "length",
+               logprobs: bool = False):
     ids = tokenizer(text, add_special_tokens=False).input_ids
     rng = random.Random(0)
     out, i, index = [], 0, 0
     while i < len(ids):
         n = rng.randint(1, 3)
-        out.append(EngineChunk(key, index, ids[i:i + n], False, "", 3, i + n, config=config.to_json() if index == 0 else ""))
+        out.append(EngineChunk(key, index, ids[i:i + n], False, "", 3, i + n,
+                               config=config.to_json() if index == 0 else "",
+                               logprobs=fake_logprobs(ids[i:i + n]) if logprobs else []))
         i, index = i + n, index + 1
     out.append(EngineChunk(key, index, [], True, reason, 3, len(ids)))
     return out
@@ -107,6 +115,38 @@ def test_chunks_in_any_order_give_the_text_in_order(tokenizer, stream):
     assert "".join(o.text for o in outputs) == "P:" + text
     assert outputs[-1].final and outputs[-1].finish_reason == "length" and post.num_open == 0
     assert len(outputs) == 1 if not stream else len(outputs) >= 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_logprob_entries_follow_their_tokens_in_order(tokenizer, stream):
+    text = "naïve café: 東京 says hello"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    chunks = chunks_for(tokenizer, text, OutputConfig(stream=stream), logprobs=True)
+    post = Postprocessor(tokenizer)
+    order = list(chunks)
+    random.Random(2).shuffle(order)
+    outputs = [o for c in order for o in post.process(c).outputs]
+    entries = [e for o in outputs for e in o.logprobs]
+    assert [e["token_id"] for e in entries] == ids and [e["logprob"] for e in entries] == [-(t % 7) / 8 for t in ids]
+    assert bytes(b for e in entries for b in e["bytes"]).decode("utf-8") == text
+    assert [[t["token_id"] for t in e["top_logprobs"]] for e in entries] == [[t, 1] for t in ids]
+    assert all(e["top_logprobs"][1]["logprob"] == -5.0 for e in entries)
+    if stream:  # each streamed delta carries its own tokens' entries: none is empty
+        assert all(o.logprobs for o in outputs[:-1])
+
+
+def test_logprobs_stop_with_the_counted_tokens_and_are_absent_unless_asked(tokenizer):
+    config = OutputConfig(stream=True, stop=["world"])
+    text = "hello big world and more text after it"
+    post = Postprocessor(tokenizer)
+    outputs = [d for c in chunks_for(tokenizer, text, config, reason="abort", logprobs=True)
+               for d in post.process(c).outputs]
+    entries = [e for d in outputs for e in d.logprobs]
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    assert len(entries) == outputs[-1].num_output_tokens < len(ids)
+    assert [e["token_id"] for e in entries] == ids[:len(entries)]
+    plain = [d for c in chunks_for(tokenizer, text, OutputConfig(stream=True)) for d in post.process(c).outputs]
+    assert all(d.logprobs == [] for d in plain) and "".join(d.text for d in plain) == text
 
 
 def test_stop_string_cuts_the_text_and_asks_for_one_abort(tokenizer):

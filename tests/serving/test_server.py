@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from flint_backend.chat.request import encode_text_input
-from reference_texts import N_TOKENS
+from reference_texts import N_TOKENS, reference_logprobs
 from triton_server import Streams, TritonServer, configured_repository
 
 pytest.importorskip("tritonclient.grpc")
 
 MAX_MODEL_LEN = 512
 OUTPUT_TYPES = {"text_output": "BYTES", "reasoning_output": "BYTES", "tool_calls": "BYTES", "finish_reason": "BYTES",
-                "num_input_tokens": "UINT32", "num_output_tokens": "UINT32"}
+                "num_input_tokens": "UINT32", "num_output_tokens": "UINT32", "logprobs": "BYTES"}
+LOGPROB_TOL = 1e-4  # the fp32 engine against the fp64 reference
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,7 @@ def check_outputs(outputs: list, num_input_tokens: int, final_reason: str, num_o
         texts.append(result.as_numpy("text_output")[0, 0].decode())
         assert result.as_numpy("reasoning_output")[0, 0] == b""
         assert json.loads(result.as_numpy("tool_calls")[0, 0]) == []
+        assert json.loads(result.as_numpy("logprobs")[0, 0]) == []  # not asked for
         assert result.as_numpy("finish_reason")[0, 0].decode() == (final_reason if final else "")
         assert int(result.as_numpy("num_input_tokens")[0, 0]) == num_input_tokens
         count = int(result.as_numpy("num_output_tokens")[0, 0])
@@ -133,6 +135,31 @@ def test_sampling_parameters_json_as_vllm_backend_clients_send_it(server, refere
     assert status == 200 and body["text_output"] == expected
     status, body = server.generate({"text_input": prompt, "sampling_parameters": params, "max_tokens": 3})
     assert status == 200 and body["num_output_tokens"] == 3  # the tensor wins over the JSON
+
+
+def test_logprobs_are_the_references_streamed_or_not(server, tiny_checkpoint, tokenizer, reference_texts):
+    prompt, (ids, expected) = next(iter(reference_texts.items()))
+    reference = reference_logprobs(tiny_checkpoint, tokenizer, prompt, ids)  # [N_TOKENS, vocab]
+    body = request_body(prompt, sampling_parameters=json.dumps({"logprobs": 3}))
+    status, out = server.generate(body)
+    assert status == 200 and out["text_output"] == expected, out
+    entries = json.loads(out["logprobs"])
+    assert [e["token_id"] for e in entries] == ids
+    for step, entry in enumerate(entries):
+        assert entry["logprob"] == pytest.approx(float(reference[step, ids[step]]), abs=LOGPROB_TOL)
+        assert entry["token"] == tokenizer.decode([ids[step]])
+        top = entry["top_logprobs"]
+        assert len(top) == 3 and top[0]["token_id"] == ids[step] and top[0]["logprob"] == entry["logprob"]
+        for t in top:
+            assert t["logprob"] == pytest.approx(float(reference[step, t["token_id"]]), abs=LOGPROB_TOL)
+        third_best = float(reference[step].topk(3).values[2])
+        assert top[2]["logprob"] == pytest.approx(third_best, abs=LOGPROB_TOL)  # the top 3, not any 3
+    events = server.generate_stream({**body, "stream": True})
+    streamed = [e for event in events for e in json.loads(event["logprobs"])]
+    assert [e["token_id"] for e in streamed] == ids
+    assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in entries], abs=1e-6)
+    status, out = server.generate(request_body(prompt, sampling_parameters=json.dumps({"logprobs": 21})))
+    assert status == 400 and "logprobs" in out["error"], out
 
 
 @pytest.mark.parametrize("body, field", [
