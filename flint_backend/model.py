@@ -135,10 +135,23 @@ class FlintModel:
     @torch.no_grad()
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
         """-> logits [S, V] fp32 of the tokens in batch.sample_rows."""
+        x, residual = self.hidden_states(batch, kv)
+        return self._head(x, residual, batch)
+
+    @torch.no_grad()
+    def hidden_states(self, batch: StepBatch, kv: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (x, residual) [N, H] of every token of the step, before the final RMSNorm; forward()
+        applies the head to the rows of batch.sample_rows, logits_of_rows to any rows."""
         x, residual = self._embedding(batch), None  # [N, H]
         for layer in self.layers:
             x, residual = layer.forward(x, residual, batch, kv)
-        return self._head(x, residual, batch)
+        return x, residual
+
+    @torch.no_grad()
+    def logits_of_rows(self, x: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """hidden_states' rows `rows` [R] -> their fp32 logits [R, V]."""
+        return self.ops.norm_logits(x.index_select(0, rows), residual.index_select(0, rows), self.norm,
+                                    self.config.rms_norm_eps, self.lm_head, None)
 
     @torch.no_grad()
     def forward_low_latency(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:

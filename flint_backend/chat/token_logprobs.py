@@ -5,7 +5,8 @@ pairs of the model's raw distribution (engine.sampler.TokenLogprobs). Clients wa
 OpenAI's chat format gives each entry `token` (the token's text), `bytes` (its UTF-8 bytes:
 a byte-level BPE token may hold part of a character, whose bytes are not valid UTF-8 on their
 own and whose text then holds U+FFFD), `logprob` and `top_logprobs` in the same form. The
-entries here are that, plus `token_id`.
+entries here are that, plus `token_id`. Prompt tokens have entries of the same form; the first
+prompt token's `logprob` is None (null): nothing precedes it.
 
 A byte-level BPE token's string (convert_ids_to_tokens) spells its bytes with GPT-2's byte
 alphabet (printable bytes as themselves, the other 68 as the characters from U+0100 on); its
@@ -67,3 +68,9 @@ class TokenLogprobEntries:
             raise ValueError(f"logprobs: {len(logprobs)} entries for {len(token_ids)} tokens")
         return [{**self.entry(t, lp), "top_logprobs": [self.entry(int(i), v) for i, v in top]}
                 for t, (lp, top) in zip(token_ids, logprobs)]
+
+    def prompt_entries(self, prompt_logprobs: list) -> list[dict]:
+        """The engine's prompt logprobs [(id, logprob, top)], the first token's logprob None (nothing
+        precedes it) -> entries, that one with `logprob` None and no top_logprobs."""
+        return [{**self.entry(int(t), 0.0), "logprob": None, "top_logprobs": []} if lp is None else
+                self.entries([int(t)], [(lp, top)])[0] for t, lp, top in prompt_logprobs]

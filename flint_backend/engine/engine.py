@@ -57,6 +57,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     error: str | None = None
+    # with the first token, when asked: (id, logprobs) of each prompt token (the first's logprobs None)
+    prompt_logprobs: list[tuple[int, TokenLogprobs | None]] | None = None
 
 
 def load_model_weights(args: EngineArgs, device: torch.device) -> tuple[FlintConfig, dict[str, torch.Tensor]]:
@@ -246,7 +248,11 @@ class LLMEngine:
             self._finish(seq, "stop")
         elif seq.num_output_tokens >= seq.max_tokens:
             self._finish(seq, "length")
-        return self._output(seq, [token], [logprobs])
+        out = self._output(seq, [token], [logprobs])
+        if p.prompt_logprobs is not None and seq.num_output_tokens == 1:
+            prompt = seq.token_ids[:seq.num_prompt_tokens]
+            out.prompt_logprobs = list(zip(prompt, [None] + seq.prompt_logprobs))
+        return out
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.remove(seq)

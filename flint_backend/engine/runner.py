@@ -9,6 +9,7 @@ from flint_backend.engine.async_step import InFlightStep
 from flint_backend.engine.decode_graphs import DecodeGraphs
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.kv_cache import KVCache, KVCacheSpec
+from flint_backend.engine.prompt_logprobs import add_prompt_logprobs, wanted
 from flint_backend.engine.sampler import SampleResult, Sampler
 from flint_backend.engine.scheduler import ScheduledBatch
 from flint_backend.engine.step_batch import build_step_batch
@@ -81,6 +82,12 @@ class ModelRunner:
         all_decode = all(n == 1 and seq.num_computed + 1 == seq.num_tokens for seq, n in scheduled.entries)
         if self.graphs is not None and all_decode and len(seqs) <= self.graphs.max_batch:
             logits, _ = self.graphs.run(seqs)  # [B, V], every sequence samples
+        elif wanted(scheduled.entries):  # prompt logprobs: the head on the prompt rows too
+            batch = build_step_batch(scheduled.entries, self.kv_spec.block_size, self.config.sliding_window,
+                                     self.device)
+            x, residual = self.model.hidden_states(batch, self.kv)
+            add_prompt_logprobs(scheduled.entries, x, residual, self.model.logits_of_rows)
+            logits, seqs = self.model.logits_of_rows(x, residual, batch.sample_rows), batch.sample_seqs
         else:
             batch = build_step_batch(scheduled.entries, self.kv_spec.block_size, self.config.sliding_window,
                                      self.device)

@@ -30,6 +30,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None  # None -> the model's stop tokens
     ignore_eos: bool = False          # keep going past stop tokens (benchmarks)
     logprobs: int | None = None       # None -> none; N -> the sampled token's and the top-N logprobs
+    prompt_logprobs: int | None = None  # None -> none; N -> each prompt token's (after the first) and the top N
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     def __post_init__(self):
@@ -71,8 +72,10 @@ class SamplingParams:
                 raise SamplingParamsError(f"stop_token_ids: got {self.stop_token_ids!r}, expected a list of token ids")
         if not isinstance(self.ignore_eos, bool):
             raise SamplingParamsError(f"ignore_eos: got {self.ignore_eos!r}, expected true or false")
-        if self.logprobs is not None:
-            _integer(self.logprobs, "logprobs", lo=0, hi=MAX_LOGPROBS, what=f"an integer in [0, {MAX_LOGPROBS}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _integer(getattr(self, name), name, lo=0, hi=MAX_LOGPROBS,
+                         what=f"an integer in [0, {MAX_LOGPROBS}]")
         for token, bias in self.logit_bias.items():
             _integer(token, "logit_bias key", lo=0, what="a token id")
             _number(bias, f"logit_bias[{token}]", lo=-100.0, hi=100.0, what="in [-100, 100]")

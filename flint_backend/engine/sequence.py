@@ -45,6 +45,7 @@ class Sequence:
     last_token_time: float | None = None
     num_preemptions: int = 0
     uid: int = field(default_factory=lambda: next(_uids))  # unique for the process (request ids may repeat)
+    prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt tokens 1, 2, ... computed so far
 
     @property
     def num_tokens(self) -> int:

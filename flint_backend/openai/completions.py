@@ -4,7 +4,9 @@ A list of prompts runs as that many concurrent ensemble requests; choice i answe
 prompt i, and usage is their sum. `echo` puts the prompt in front of the text (the
 ensemble's exclude_input_in_output=false). With `logprobs` = N, each choice's `logprobs` has
 the generated tokens' `tokens`, `token_logprobs`, `top_logprobs` (the top N as {token: logprob})
-and `text_offset` (where each token's text starts in the choice's text).
+and `text_offset` (where each token's text starts in the choice's text); with `echo` too, the
+prompt's tokens come first, the very first with null logprob and top_logprobs (as OpenAI and
+vLLM answer, and lm-eval's loglikelihood requests read).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class TextOffsets:
             offsets.append(self.next)
             self.next += len(e["token"])
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "top_logprobs": [None if e["logprob"] is None else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                                 for e in entries],
                 "text_offset": offsets}
 
 
@@ -47,7 +50,7 @@ def completion(envelope: Envelope, outputs: list[list[EnsembleOutput]], logprobs
     choices, prompt_tokens, completion_tokens = [], 0, 0
     for i, parts in enumerate(outputs):
         last = parts[-1]
-        lp = TextOffsets().logprobs([e for p in parts for e in p.logprobs]) if logprobs else None
+        lp = TextOffsets().logprobs([e for p in parts for e in p.prompt_logprobs + p.logprobs]) if logprobs else None
         choices.append({"index": i, "text": "".join(p.text for p in parts), "logprobs": lp,
                         "finish_reason": last.finish_reason or "stop"})
         prompt_tokens += last.num_input_tokens
@@ -66,8 +69,9 @@ async def chunks(envelope: Envelope, first: tuple[int, EnsembleOutput],
         while item is not None:
             i, output = item
             last[i] = output
-            if output.text or output.finish_reason or (logprobs and output.logprobs):
-                lp = offsets.setdefault(i, TextOffsets()).logprobs(output.logprobs) if logprobs else None
+            entries = output.prompt_logprobs + output.logprobs
+            if output.text or output.finish_reason or (logprobs and entries):
+                lp = offsets.setdefault(i, TextOffsets()).logprobs(entries) if logprobs else None
                 choice = {"index": i, "text": output.text, "logprobs": lp,
                           "finish_reason": output.finish_reason or None}
                 yield sse(envelope.wrap([choice], **extra))

@@ -2,11 +2,11 @@
 
 Types are checked strictly (no "0.5" for a number); value ranges are the engine's and are
 checked by Triton, whose refusal names the field. Fields this server cannot honour are a
-400 that says so, never silently dropped: n > 1 (one choice per request), logprobs with echo
-(the prompt's log probabilities are not computed, only the generated tokens'), suffix,
-best_of > 1, token-id prompts, response_format other than text. Unknown fields are ignored,
-as vLLM does. Log probabilities (chat `logprobs` + `top_logprobs`, completions `logprobs`)
-are the ensemble's sampling `logprobs`: the top N of the model's raw distribution, N <= 20.
+400 that says so, never silently dropped: n > 1 (one choice per request), suffix, best_of > 1,
+token-id prompts, response_format other than text. Unknown fields are ignored, as vLLM does.
+Log probabilities (chat `logprobs` + `top_logprobs`, completions `logprobs`) are the ensemble's
+sampling `logprobs`: the top N of the model's raw distribution, N <= 20; completions with
+`echo` also ask for the prompt's (`prompt_logprobs`), as lm-eval's loglikelihood requests do.
 vLLM's extensions are accepted: top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, skip_special_tokens, chat_template_kwargs.
 """
@@ -131,9 +131,6 @@ class CompletionRequest(GenerationRequest):
         super().check()
         if self.logprobs is not None:
             _check_logprobs("logprobs", self.logprobs)
-            if self.echo:
-                raise unsupported("logprobs", "expected none with echo: true (the prompt's log probabilities "
-                                              "are not computed, only the generated tokens')")
         if self.suffix:
             raise unsupported("suffix", "expected none: the model has no fill-in-the-middle prompt")
         if self.best_of not in (None, 1):
@@ -148,6 +145,8 @@ class CompletionRequest(GenerationRequest):
         params = super().sampling(max_tokens)
         if self.logprobs is not None:
             params["logprobs"] = self.logprobs
+            if self.echo:  # the echoed prompt's tokens get theirs too
+                params["prompt_logprobs"] = self.logprobs
         return params
 
     def prompts(self) -> list[str]:

@@ -60,6 +60,7 @@ class EnsembleOutput:
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     logprobs: list[dict] = field(default_factory=list)    # chat.token_logprobs entries of this output's tokens
+    prompt_logprobs: list[dict] = field(default_factory=list)  # the prompt tokens' entries (first output)
 
 
 def _tensor(name: str, value, triton_type: str, dtype) -> grpcclient.InferInput:
@@ -79,11 +80,11 @@ def _count(result, name: str) -> int:
 
 
 def _output(result) -> EnsembleOutput:
-    calls, logprobs = _text(result, "tool_calls"), _text(result, "logprobs")
+    calls, logprobs, prompt_logprobs = (_text(result, n) for n in ("tool_calls", "logprobs", "prompt_logprobs"))
     return EnsembleOutput(_text(result, "text_output"), _text(result, "reasoning_output"),
                           json.loads(calls) if calls else [], _text(result, "finish_reason"),
                           _count(result, "num_input_tokens"), _count(result, "num_output_tokens"),
-                          json.loads(logprobs) if logprobs else [])
+                          json.loads(logprobs or "[]"), json.loads(prompt_logprobs or "[]"))
 
 
 class TritonEnsemble:

@@ -11,9 +11,9 @@ from flint_backend.serving.postprocess import EngineChunk, TextDelta
 from flint_backend.serving.tensors import Inputs, bytes_tensor, scalar
 
 CHUNK_OUTPUTS = ("request_key", "chunk_index", "token_ids", "finished", "finish_reason", "num_input_tokens",
-                 "num_output_tokens", "error", "output_config", "logprobs")
+                 "num_output_tokens", "error", "output_config", "logprobs", "prompt_logprobs")
 TEXT_OUTPUTS = ("text_output", "reasoning_output", "tool_calls", "finish_reason", "num_input_tokens",
-                "num_output_tokens", "logprobs")
+                "num_output_tokens", "logprobs", "prompt_logprobs")
 
 
 def chunk_arrays(chunk: EngineChunk) -> dict[str, np.ndarray]:
@@ -28,6 +28,7 @@ def chunk_arrays(chunk: EngineChunk) -> dict[str, np.ndarray]:
         "error": bytes_tensor(chunk.error),
         "output_config": bytes_tensor(chunk.config),
         "logprobs": bytes_tensor(json.dumps(chunk.logprobs) if chunk.logprobs else ""),
+        "prompt_logprobs": bytes_tensor(json.dumps(chunk.prompt_logprobs) if chunk.prompt_logprobs else ""),
     }
 
 
@@ -40,7 +41,8 @@ def chunk_from_arrays(inputs: Inputs) -> EngineChunk:
         num_input_tokens=int(scalar(inputs, "num_input_tokens") or 0),
         num_output_tokens=int(scalar(inputs, "num_output_tokens") or 0),
         error=scalar(inputs, "error") or "", config=scalar(inputs, "output_config") or "",
-        logprobs=json.loads(scalar(inputs, "logprobs") or "[]"))
+        logprobs=json.loads(scalar(inputs, "logprobs") or "[]"),
+        prompt_logprobs=json.loads(scalar(inputs, "prompt_logprobs") or "[]"))
 
 
 def text_arrays(delta: TextDelta) -> dict[str, np.ndarray]:
@@ -52,4 +54,5 @@ def text_arrays(delta: TextDelta) -> dict[str, np.ndarray]:
         "num_input_tokens": np.array([[delta.num_input_tokens]], np.uint32),
         "num_output_tokens": np.array([[delta.num_output_tokens]], np.uint32),
         "logprobs": bytes_tensor(json.dumps(delta.logprobs, ensure_ascii=False)),
+        "prompt_logprobs": bytes_tensor(json.dumps(delta.prompt_logprobs, ensure_ascii=False)),
     }

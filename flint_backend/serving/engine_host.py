@@ -81,9 +81,11 @@ class EngineHost:
 
     def _chunk(self, request: HostedRequest, out: RequestOutput) -> EngineChunk:
         logprobs = [[lp.token_logprob, [list(pair) for pair in lp.top]] for lp in out.logprobs if lp is not None]
+        prompt_logprobs = [[token, None, []] if lp is None else [token, lp.token_logprob, [list(p) for p in lp.top]]
+                           for token, lp in out.prompt_logprobs or ()]
         chunk = EngineChunk(request.key, request.next_index, list(out.new_token_ids), out.finished,
                             out.finish_reason or "", out.num_prompt_tokens, out.num_output_tokens, out.error or "",
-                            request.config if request.next_index == 0 else "", logprobs)
+                            request.config if request.next_index == 0 else "", logprobs, prompt_logprobs)
         request.next_index += 1
         return chunk
 
@@ -103,6 +105,7 @@ def _coalesce(items: list[tuple[HostedRequest, RequestOutput]]) -> list[tuple[Ho
         last = merged[id(request)][1]
         last.new_token_ids += out.new_token_ids
         last.logprobs = last.logprobs + out.logprobs
+        last.prompt_logprobs = last.prompt_logprobs or out.prompt_logprobs
         last.finished, last.finish_reason = out.finished, out.finish_reason
         last.num_output_tokens, last.error = out.num_output_tokens, out.error
     return list(merged.values())

@@ -6,7 +6,8 @@ their text, e.g. "0.7"), then the individual tensors (`temperature`, `max_tokens
 TRT-LLM style; `min_length` is another name for `min_tokens`). Stop strings come from
 `stop_words` (TRT-LLM) and `sampling_parameters.stop` (vLLM), together.
 `sampling_parameters.logprobs` = N (vLLM's): each response's `logprobs` output then holds, per
-generated token, its logprob and the top N (serving.postprocess).
+generated token, its logprob and the top N (serving.postprocess); `prompt_logprobs` = N the
+same for the prompt's tokens, in the `prompt_logprobs` output of the first response.
 `chat_options` (JSON, ChatOptions fields) replaces the repository's chat flags for one chat
 request: the OpenAI server sends its own flags with each request this way.
 """
@@ -30,7 +31,7 @@ TENSOR_FIELDS = {
     "min_tokens": "min_tokens", "min_length": "min_tokens", "ignore_eos": "ignore_eos",
 }
 FLOAT_KEYS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-INT_KEYS = ("top_k", "seed", "max_tokens", "min_tokens", "logprobs")
+INT_KEYS = ("top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
 BOOL_KEYS = ("ignore_eos", "skip_special_tokens")
 # sampling_parameters keys besides the typed ones above
 OTHER_KEYS = ("stop", "stop_token_ids", "logit_bias", "n")

@@ -8,7 +8,8 @@ strings (the first match ends the output; the caller then aborts the engine requ
 echoed prompt, for chat requests the reasoning and tool-call parsers, and the log probabilities
 of the generated tokens when the request asked for them (sampling `logprobs`), one entry a
 token with its text and bytes (chat.token_logprobs), for every token counted in
-`num_output_tokens`.
+`num_output_tokens`; the prompt's (sampling `prompt_logprobs`) go out once, with the first
+generated token.
 
 Streaming: one `TextDelta` per chunk that adds something, the last one final. Not
 streaming: nothing until the final chunk, then everything in one `TextDelta`.
@@ -43,6 +44,7 @@ class EngineChunk:
     error: str = ""
     config: str = ""            # OutputConfig JSON, on index 0
     logprobs: list = field(default_factory=list)  # per token (logprob, [(id, logprob), ...]); [] if not asked
+    prompt_logprobs: list = field(default_factory=list)  # per prompt token (id, logprob | None, top), once
 
 
 @dataclass
@@ -52,6 +54,7 @@ class TextDelta:
     reasoning: str = ""
     tool_calls: list[dict] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)  # token_logprobs entries of this delta's tokens
+    prompt_logprobs: list[dict] = field(default_factory=list)  # entries of the prompt's tokens, once
     finish_reason: str = ""     # set on the final one: "stop", "length", "tool_calls", "abort", "error"
     num_input_tokens: int = 0
     num_output_tokens: int = 0
@@ -61,7 +64,8 @@ class TextDelta:
     note: str = ""              # e.g. an unmet tool_choice, for the log
 
     def is_empty(self) -> bool:
-        return not (self.text or self.reasoning or self.tool_calls or self.logprobs or self.final)
+        return not (self.text or self.reasoning or self.tool_calls or self.logprobs or self.prompt_logprobs
+                    or self.final)
 
 
 class RequestText:
@@ -74,6 +78,7 @@ class RequestText:
         self._echo = config.echo
         self._text: list[str] = []  # plain-text output so far (not streaming)
         self._logprobs: list[dict] = []  # logprob entries so far (not streaming)
+        self._prompt_logprobs: list[dict] = []
         self.num_output_tokens = 0
 
     @property
@@ -88,6 +93,8 @@ class RequestText:
             if chunk.logprobs:
                 delta.logprobs = self._logprob_entries.entries(chunk.token_ids, chunk.logprobs)
         delta.num_output_tokens = self.num_output_tokens
+        if chunk.prompt_logprobs:
+            delta.prompt_logprobs = self._logprob_entries.prompt_entries(chunk.prompt_logprobs)
         safe, _ = self._stop.push(text)
         if chunk.finished:
             safe += self._stop.flush()
@@ -104,6 +111,7 @@ class RequestText:
             return None if delta.is_empty() else delta
         self._text.append(delta.text)
         self._logprobs += delta.logprobs
+        self._prompt_logprobs += delta.prompt_logprobs
         return self._whole(delta) if chunk.finished else None
 
     def _add(self, delta: TextDelta, part: ChatDelta) -> None:
@@ -124,7 +132,8 @@ class RequestText:
     def _whole(self, last: TextDelta) -> TextDelta:
         whole = TextDelta(finish_reason=last.finish_reason, num_input_tokens=last.num_input_tokens,
                           num_output_tokens=last.num_output_tokens, final=True, error=last.error,
-                          client_error=last.client_error, note=last.note, logprobs=self._logprobs)
+                          client_error=last.client_error, note=last.note, logprobs=self._logprobs,
+                          prompt_logprobs=self._prompt_logprobs)
         if self._parser is None:
             whole.text = "".join(self._text)
             return whole
@@ -235,4 +244,5 @@ def _merge(outputs: list[TextDelta]) -> list[TextDelta]:
     merged.reasoning = "".join(o.reasoning for o in outputs)
     merged.tool_calls = [c for o in outputs for c in o.tool_calls]
     merged.logprobs = [e for o in outputs for e in o.logprobs]
+    merged.prompt_logprobs = [e for o in outputs for e in o.prompt_logprobs]
     return [merged]

@@ -53,10 +53,14 @@ def chain(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def triton(tiny_checkpoint, chain, tmp_path_factory):
+def successor(tiny_checkpoint, chain, tmp_path_factory):
+    return successor_checkpoint(tiny_checkpoint, tmp_path_factory.mktemp("successor") / "model", chain)
+
+
+@pytest.fixture(scope="module")
+def triton(successor, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai_triton")
-    model = successor_checkpoint(tiny_checkpoint, tmp / "successor", chain)
-    repo = configured_repository(tmp, "--model", str(model), "--device", "cpu", "--dtype", "float32",
+    repo = configured_repository(tmp, "--model", str(successor), "--device", "cpu", "--dtype", "float32",
                                  "--cpu-threads", "1", "--max-model-len", "512", "--max-num-seqs", "8")
     with TritonServer(repo, tmp / "tritonserver.log") as server:
         yield server
@@ -250,9 +254,14 @@ def test_completions_logprobs_with_text_offsets_streamed_or_not(client, tokenize
     assert [t for p in parts for t in p.tokens] == tokens
     assert [o for p in parts for o in p.text_offset] == logprobs.text_offset
     assert [lp for p in parts for lp in p.token_logprobs] == logprobs.token_logprobs
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(**kwargs, echo=True)
-    assert caught.value.body["param"] == "logprobs"
+    echoed = client.completions.create(**{**kwargs, "max_tokens": 1}, echo=True)  # as lm-eval scores a prompt
+    prompt_tokens = [tokenizer.decode([t], skip_special_tokens=False)
+                     for t in encode_text_input(tokenizer, kwargs["prompt"])]
+    logprobs = echoed.choices[0].logprobs
+    assert echoed.choices[0].text == kwargs["prompt"] + tokens[0] and logprobs.tokens == prompt_tokens + tokens[:1]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None  # nothing precedes it
+    assert all(lp < 0 and len(top) == 2 for lp, top in zip(logprobs.token_logprobs[1:-1], logprobs.top_logprobs[1:]))
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
 
 
 def test_models_health_and_metrics(server, client):
@@ -379,3 +388,34 @@ def test_lm_eval_local_chat_completions_runs_a_task(server, tmp_path):
     data = json.loads(results.read_text())
     assert data["results"]["flint_echo"]["exact_match,none"] == 0.0  # the successor model answers with its chain
     assert data["n-samples"]["flint_echo"]["effective"] == 2
+
+
+def test_lm_eval_local_completions_scores_choices_by_the_references_loglikelihoods(server, successor, tokenizer,
+                                                                                 tmp_path):
+    """A multiple-choice task through /v1/completions with echo and logprobs: lm-eval's loglikelihood
+    of every choice equals the fp64 reference's on the served checkpoint."""
+    pytest.importorskip("lm_eval")
+    from reference_texts import reference_logprobs
+
+    env = dict(os.environ, OPENAI_API_KEY=KEY, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               HF_DATASETS_CACHE=str(tmp_path / "datasets"), TOKENIZERS_PARALLELISM="false")
+    command = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
+               f"model=flint,base_url={server.url}/v1/completions,num_concurrent=1,max_retries=1,"
+               f"tokenized_requests=False,tokenizer_backend=huggingface,tokenizer={successor}",
+               "--include_path", "tests/openai/lm_eval_task", "--tasks", "flint_choice", "--log_samples",
+               "--output_path", str(tmp_path / "out")]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (samples,) = (tmp_path / "out").rglob("samples_flint_choice_*.jsonl")
+    docs = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(docs) == 2
+    for sample in docs:
+        doc = sample["doc"]
+        context = f"Question: {doc['question']}\nAnswer:"
+        for choice, ((loglikelihood, _),) in zip(doc["choices"], sample["resps"]):
+            context_ids = tokenizer(context, add_special_tokens=False).input_ids
+            ids = tokenizer(context + " " + choice, add_special_tokens=False).input_ids
+            reference = reference_logprobs(successor, ids)  # [len(ids) - 1, vocab]
+            expected = sum(float(reference[p - 1, ids[p]]) for p in range(len(context_ids), len(ids)))
+            assert len(ids) > len(context_ids) and float(loglikelihood) == pytest.approx(expected, abs=1e-3), \
+                (doc["question"], choice)

@@ -49,6 +49,8 @@ def test_logprobs_become_the_sampling_logprobs():
     text = CompletionRequest(prompt="p", logprobs=0)
     text.check()
     assert text.wants_logprobs and text.sampling(2) == {"max_tokens": 2, "logprobs": 0}
+    echoed = CompletionRequest(prompt="p", logprobs=1, echo=True)
+    assert echoed.sampling(1) == {"max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1}
     assert not CompletionRequest(prompt="p").wants_logprobs
 
 
@@ -60,7 +62,6 @@ def test_logprobs_become_the_sampling_logprobs():
     (ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=21), "top_logprobs"),
     (ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=-1), "top_logprobs"),
     (CompletionRequest(prompt="p", logprobs=21), "logprobs"),
-    (CompletionRequest(prompt="p", logprobs=0, echo=True), "logprobs"),
     (CompletionRequest(prompt="p", suffix="s"), "suffix"),
     (CompletionRequest(prompt="p", best_of=2), "best_of"),
     (CompletionRequest(prompt=[[1, 2]]), "prompt"),

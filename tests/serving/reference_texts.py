@@ -38,9 +38,8 @@ def greedy_reference_texts(checkpoint, tokenizer) -> dict[str, tuple[list[int], 
     return texts
 
 
-def reference_logprobs(checkpoint, tokenizer, prompt: str, ids: list[int]) -> torch.Tensor:
-    """[len(ids), vocab] fp64: the reference's log-softmax before each of `ids` generated after `prompt`."""
-    prompt_ids = encode_text_input(tokenizer, prompt)
+def reference_logprobs(checkpoint, ids: list[int]) -> torch.Tensor:
+    """[len(ids) - 1, vocab] fp64: the reference's log-softmax before each of ids[1:]."""
     with torch.no_grad():
-        logits = reference_model(checkpoint)(torch.tensor([prompt_ids + ids])).logits[0]
-    return logits[len(prompt_ids) - 1:-1].log_softmax(-1)
+        logits = reference_model(checkpoint)(torch.tensor([ids])).logits[0]
+    return logits[:-1].log_softmax(-1)

@@ -137,27 +137,38 @@ def test_sampling_parameters_json_as_vllm_backend_clients_send_it(server, refere
     assert status == 200 and body["num_output_tokens"] == 3  # the tensor wins over the JSON
 
 
-def test_logprobs_are_the_references_streamed_or_not(server, tiny_checkpoint, tokenizer, reference_texts):
-    prompt, (ids, expected) = next(iter(reference_texts.items()))
-    reference = reference_logprobs(tiny_checkpoint, tokenizer, prompt, ids)  # [N_TOKENS, vocab]
-    body = request_body(prompt, sampling_parameters=json.dumps({"logprobs": 3}))
-    status, out = server.generate(body)
-    assert status == 200 and out["text_output"] == expected, out
-    entries = json.loads(out["logprobs"])
+def check_logprob_entries(entries: list[dict], ids: list[int], reference, tokenizer, top_n: int):
+    """Entries of tokens ids, each row of reference [len(ids), vocab] the log-softmax before it."""
     assert [e["token_id"] for e in entries] == ids
     for step, entry in enumerate(entries):
         assert entry["logprob"] == pytest.approx(float(reference[step, ids[step]]), abs=LOGPROB_TOL)
-        assert entry["token"] == tokenizer.decode([ids[step]])
+        assert entry["token"] == tokenizer.decode([ids[step]], skip_special_tokens=False)
         top = entry["top_logprobs"]
-        assert len(top) == 3 and top[0]["token_id"] == ids[step] and top[0]["logprob"] == entry["logprob"]
+        assert len(top) == top_n
         for t in top:
             assert t["logprob"] == pytest.approx(float(reference[step, t["token_id"]]), abs=LOGPROB_TOL)
-        third_best = float(reference[step].topk(3).values[2])
-        assert top[2]["logprob"] == pytest.approx(third_best, abs=LOGPROB_TOL)  # the top 3, not any 3
+        best = reference[step].topk(top_n).values.tolist()
+        assert [t["logprob"] for t in top] == pytest.approx(best, abs=LOGPROB_TOL)  # the top N, not any N
+
+
+def test_logprobs_are_the_references_streamed_or_not(server, tiny_checkpoint, tokenizer, reference_texts):
+    prompt, (ids, expected) = next(iter(reference_texts.items()))
+    prompt_ids = encode_text_input(tokenizer, prompt)
+    reference = reference_logprobs(tiny_checkpoint, prompt_ids + ids)  # [prompt + N_TOKENS - 1, vocab]
+    body = request_body(prompt, sampling_parameters=json.dumps({"logprobs": 3, "prompt_logprobs": 2}))
+    status, out = server.generate(body)
+    assert status == 200 and out["text_output"] == expected, out
+    entries = json.loads(out["logprobs"])
+    check_logprob_entries(entries, ids, reference[len(prompt_ids) - 1:], tokenizer, 3)
+    assert all(e["top_logprobs"][0]["token_id"] == e["token_id"] for e in entries)  # greedy
+    first, *rest = json.loads(out["prompt_logprobs"])
+    assert (first["token_id"], first["logprob"], first["top_logprobs"]) == (prompt_ids[0], None, [])
+    check_logprob_entries(rest, prompt_ids[1:], reference, tokenizer, 2)
     events = server.generate_stream({**body, "stream": True})
     streamed = [e for event in events for e in json.loads(event["logprobs"])]
     assert [e["token_id"] for e in streamed] == ids
     assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in entries], abs=1e-6)
+    assert [json.loads(event["prompt_logprobs"]) != [] for event in events] == [True] + [False] * (len(events) - 1)
     status, out = server.generate(request_body(prompt, sampling_parameters=json.dumps({"logprobs": 21})))
     assert status == 400 and "logprobs" in out["error"], out
 
