@@ -1,8 +1,9 @@
 """POST /v1/completions: raw prompts (no template) -> `text_completion` objects.
 
-A list of prompts runs as that many concurrent ensemble requests; choice i answers
-prompt i, and usage is their sum. `echo` puts the prompt in front of the text (the
-ensemble's exclude_input_in_output=false). With `logprobs` = N, each choice's `logprobs` has
+A prompt is text or token ids (the ensemble's `input_ids`). A list of prompts runs as that
+many concurrent ensemble requests; choice i answers prompt i, and usage is their sum. `echo`
+puts the prompt (token ids: their text) in front of the text (the ensemble's
+exclude_input_in_output=false). With `logprobs` = N, each choice's `logprobs` has
 the generated tokens' `tokens`, `token_logprobs`, `top_logprobs` (the top N as {token: logprob})
 and `text_offset` (where each token's text starts in the choice's text); with `echo` too, the
 prompt's tokens come first, the very first with null logprob and top_logprobs (as OpenAI and
@@ -23,7 +24,8 @@ from flint_backend.openai.triton import EnsembleOutput, EnsembleRequest
 def ensemble_requests(body: CompletionRequest, request_id: str) -> list[EnsembleRequest]:
     body.check()
     sampling = body.sampling(body.output_limit())
-    return [EnsembleRequest(f"{request_id}-{i}", sampling, text_input=prompt, stream=bool(body.stream),
+    return [EnsembleRequest(f"{request_id}-{i}", sampling, text_input=prompt if isinstance(prompt, str) else None,
+                            input_ids=None if isinstance(prompt, str) else prompt, stream=bool(body.stream),
                             echo=bool(body.echo), prompt_param="prompt")
             for i, prompt in enumerate(body.prompts())]
 

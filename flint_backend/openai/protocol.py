@@ -149,22 +149,30 @@ class CompletionRequest(GenerationRequest):
                 params["prompt_logprobs"] = self.logprobs
         return params
 
-    def prompts(self) -> list[str]:
-        """A string or a list of strings; token-id prompts are refused (Triton takes text)."""
-        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
-        if not isinstance(prompts, list) or not prompts:
-            raise bad_request(f"prompt: expected a string or a non-empty list of strings, got {self.prompt!r}"[:200],
-                              "prompt")
+    def prompts(self) -> list[str | list[int]]:
+        """OpenAI's four forms: a string, a list of strings, a list of token ids, or a list of such
+        lists -> one prompt (text or token ids) a choice."""
+        what = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+        if isinstance(self.prompt, str) or _token_ids(self.prompt):
+            prompts = [self.prompt]
+        elif isinstance(self.prompt, list) and self.prompt:
+            prompts = self.prompt
+        else:
+            raise bad_request(f"prompt: expected {what}, got {self.prompt!r}"[:200], "prompt")
         for i, prompt in enumerate(prompts):
-            if not isinstance(prompt, str) or not prompt:
-                what = "token ids are not supported, send text" if isinstance(prompt, (int, list)) else \
-                    f"expected a non-empty string, got {prompt!r}"[:100]
-                raise bad_request(f"prompt[{i}]: {what}" if len(prompts) > 1 or not isinstance(self.prompt, str)
-                                  else f"prompt: {what}", "prompt")
+            if not ((isinstance(prompt, str) and prompt) or _token_ids(prompt)):
+                name = "prompt" if len(prompts) == 1 and prompts[0] is self.prompt else f"prompt[{i}]"
+                raise bad_request(f"{name}: expected a non-empty string or a non-empty list of token ids "
+                                  f"(integers >= 0), got {prompt!r}"[:200], "prompt")
         return prompts
 
     def output_limit(self) -> int:
         return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+
+def _token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
 
 
 def _check_logprobs(param: str, value: int) -> None:

@@ -33,6 +33,7 @@ class EnsembleRequest:
     request_id: str
     sampling: dict
     text_input: str | None = None
+    input_ids: list[int] | None = None        # a prompt as token ids, instead of text_input
     chat: dict = field(default_factory=dict)  # messages, tools, tool_choice, chat_template_kwargs, chat_options
     stream: bool = False
     echo: bool = False
@@ -45,6 +46,10 @@ class EnsembleRequest:
             texts["text_input"] = self.text_input
         texts.update({k: json.dumps(v) for k, v in self.chat.items() if v is not None})
         tensors = [_tensor(name, text.encode(), "BYTES", np.object_) for name, text in texts.items()]
+        if self.input_ids is not None:
+            ids = grpcclient.InferInput("input_ids", [1, len(self.input_ids)], "INT32")
+            ids.set_data_from_numpy(np.array([self.input_ids], dtype=np.int32))
+            tensors.append(ids)
         tensors.append(_tensor("stream", self.stream, "BOOL", np.bool_))
         if self.echo:
             tensors.append(_tensor("exclude_input_in_output", False, "BOOL", np.bool_))

@@ -40,7 +40,8 @@ CHAT_FIELDS = ("messages", "tools", "tool_choice", "chat_template_kwargs")
 
 @dataclass
 class GenerateRequest:
-    text_input: str | None              # a raw prompt, or None for a chat request
+    text_input: str | None              # a raw prompt, or None for a chat request or token ids
+    input_ids: list[int] | None = None  # a prompt as token ids (no template), instead of text_input
     chat: dict = field(default_factory=dict)  # messages, tools, tool_choice, chat_template_kwargs (decoded JSON)
     chat_options: ChatOptions | None = None   # None: the repository's flags
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -52,14 +53,18 @@ class GenerateRequest:
 
 def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> GenerateRequest:
     text_input = scalar(inputs, "text_input")
+    input_ids = _token_ids(inputs)
     chat = {name: load_json_field(name, scalar(inputs, name)) for name in CHAT_FIELDS}
     if text_input is not None and not isinstance(text_input, str):
         raise ChatRequestError("text_input", "a string", describe(text_input))
-    if text_input is not None and chat["messages"] is not None:
-        raise ChatRequestError("text_input", "either text_input or messages, not both", "both")
-    if text_input is None and chat["messages"] is None:
-        raise ChatRequestError("text_input", "a prompt in text_input, or chat messages in messages", "neither")
-    if text_input is not None:
+    prompts = [name for name, given in (("text_input", text_input is not None), ("input_ids", input_ids is not None),
+                                        ("messages", chat["messages"] is not None)) if given]
+    if len(prompts) > 1:
+        raise ChatRequestError(prompts[0], f"either {prompts[0]} or {prompts[1]}, not both", "both")
+    if not prompts:
+        raise ChatRequestError("text_input", "a prompt in text_input (or token ids in input_ids), "
+                                             "or chat messages in messages", "neither")
+    if text_input is not None or input_ids is not None:
         extra = [name for name in CHAT_FIELDS if chat[name] is not None]
         if extra:
             raise ChatRequestError(extra[0], "no value without messages (it applies to chat requests)",
@@ -73,12 +78,26 @@ def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> Gene
         raise ChatRequestError("sampling_parameters.n", "1 (one output per request)", describe(settings.get("n")))
     options = load_json_field("chat_options", scalar(inputs, "chat_options"))
     return GenerateRequest(
-        text_input=text_input, chat={k: v for k, v in chat.items() if v is not None},
+        text_input=text_input, input_ids=input_ids, chat={k: v for k, v in chat.items() if v is not None},
         chat_options=None if options is None else ChatOptions.from_request(options),
         sampling=SamplingParams.from_dict(settings), stop=[s for s in stop if s],
         stream=_flag(inputs, "stream", False),
         exclude_input_in_output=_flag(inputs, "exclude_input_in_output", True),
         skip_special_tokens=skip_special)
+
+
+def _token_ids(inputs: Inputs) -> list[int] | None:
+    """`input_ids` [1, n] (or [n]) of non-negative ids; the engine checks them against the vocabulary."""
+    array = inputs.get("input_ids")
+    if array is None:
+        return None
+    ids = array.reshape(-1).tolist()
+    if not ids:
+        raise ChatRequestError("input_ids", "at least one token id", "none")
+    bad = next((t for t in ids if not isinstance(t, int) or t < 0), None)
+    if bad is not None:
+        raise ChatRequestError("input_ids", "non-negative token ids", describe(bad))
+    return ids
 
 
 def _flag(inputs: Inputs, name: str, default: bool) -> bool:

@@ -1,11 +1,12 @@
 """The flint_tokenizer step: a request's tensors -> prompt ids, the engine's sampling
 parameters, and what the postprocessor needs to turn tokens back into the answer.
 
-A raw `text_input` prompt is encoded as is (no template) and its output is plain text.
+A raw `text_input` prompt is encoded as is (no template) and its output is plain text; so is
+a prompt given as token ids (`input_ids`), echoed as their decoded text.
 A chat request (`messages`, `tools`, ...) is rendered with the GLM-4.7 template and its
 output goes through the reasoning and tool-call parsers the server runs with (the
 repository's flags, or the request's `chat_options`). The prompt
-is echoed in front of the output only for raw prompts with exclude_input_in_output=false.
+is echoed in front of the output only for raw prompts (text or ids) with exclude_input_in_output=false.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class Preprocessor:
             ids = encode_text_input(self.tokenizer, request.text_input)
             if not request.exclude_input_in_output:
                 config.echo = request.text_input
+        elif request.input_ids is not None:
+            ids = request.input_ids
+            if not request.exclude_input_in_output:
+                config.echo = self.tokenizer.decode(ids, skip_special_tokens=False)
         else:
             ids = self._render_chat(request, config)
         config.prompt_tail = ids[-PROMPT_TAIL_TOKENS:]

@@ -235,6 +235,14 @@ def test_completions_stream_and_non_stream_agree(client, tokenizer):
     assert echoed.choices[0].text == "Hello world" + whole.choices[0].text
     both = client.completions.create(**{**kwargs, "prompt": ["Hello world", "Hello world"]})
     assert [c.text for c in both.choices] == [whole.choices[0].text] * 2 and both.usage.completion_tokens == 12
+    ids = encode_text_input(tokenizer, "Hello world")
+    as_ids = client.completions.create(**{**kwargs, "prompt": ids}, echo=True)
+    assert as_ids.choices[0].text == echoed.choices[0].text and as_ids.usage == whole.usage
+    lists = client.completions.create(**{**kwargs, "prompt": [ids, ids[:-1]]})
+    assert lists.choices[0].text == whole.choices[0].text and len(lists.choices) == 2
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(**{**kwargs, "prompt": [1, 10**6]})
+    assert caught.value.body["param"] == "prompt" and "outside the vocabulary" in caught.value.body["message"]
 
 
 def test_completions_logprobs_with_text_offsets_streamed_or_not(client, tokenizer, chain):
@@ -390,10 +398,12 @@ def test_lm_eval_local_chat_completions_runs_a_task(server, tmp_path):
     assert data["n-samples"]["flint_echo"]["effective"] == 2
 
 
+@pytest.mark.parametrize("tokenized", [True, False], ids=["token-ids", "text"])
 def test_lm_eval_local_completions_scores_choices_by_the_references_loglikelihoods(server, successor, tokenizer,
-                                                                                 tmp_path):
-    """A multiple-choice task through /v1/completions with echo and logprobs: lm-eval's loglikelihood
-    of every choice equals the fp64 reference's on the served checkpoint."""
+                                                                                 tokenized, tmp_path):
+    """A multiple-choice task through /v1/completions with echo and logprobs, prompts sent as token
+    ids (lm-eval's default) or text: lm-eval's loglikelihood of every choice equals the fp64
+    reference's on the served checkpoint."""
     pytest.importorskip("lm_eval")
     from reference_texts import reference_logprobs
 
@@ -401,7 +411,7 @@ def test_lm_eval_local_completions_scores_choices_by_the_references_loglikelihoo
                HF_DATASETS_CACHE=str(tmp_path / "datasets"), TOKENIZERS_PARALLELISM="false")
     command = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
                f"model=flint,base_url={server.url}/v1/completions,num_concurrent=1,max_retries=1,"
-               f"tokenized_requests=False,tokenizer_backend=huggingface,tokenizer={successor}",
+               f"tokenized_requests={tokenized},tokenizer_backend=huggingface,tokenizer={successor}",
                "--include_path", "tests/openai/lm_eval_task", "--tasks", "flint_choice", "--log_samples",
                "--output_path", str(tmp_path / "out")]
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)

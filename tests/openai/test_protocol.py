@@ -54,6 +54,16 @@ def test_logprobs_become_the_sampling_logprobs():
     assert not CompletionRequest(prompt="p").wants_logprobs
 
 
+@pytest.mark.parametrize("prompt, expected", [
+    ("Hello", ["Hello"]),
+    (["Hello", "world"], ["Hello", "world"]),
+    ([5, 6, 7], [[5, 6, 7]]),
+    ([[5, 6], [7]], [[5, 6], [7]]),
+])
+def test_completion_prompts_are_text_or_token_ids(prompt, expected):
+    assert CompletionRequest(prompt=prompt).prompts() == expected
+
+
 @pytest.mark.parametrize("body, param", [
     (ChatCompletionRequest(messages=MESSAGES, n=3), "n"),
     (ChatCompletionRequest(messages=MESSAGES, top_logprobs=2), "top_logprobs"),
@@ -64,7 +74,9 @@ def test_logprobs_become_the_sampling_logprobs():
     (CompletionRequest(prompt="p", logprobs=21), "logprobs"),
     (CompletionRequest(prompt="p", suffix="s"), "suffix"),
     (CompletionRequest(prompt="p", best_of=2), "best_of"),
-    (CompletionRequest(prompt=[[1, 2]]), "prompt"),
+    (CompletionRequest(prompt=[[1, -2]]), "prompt"),
+    (CompletionRequest(prompt=[[]]), "prompt"),
+    (CompletionRequest(prompt=["a", 3]), "prompt"),
     (CompletionRequest(prompt=[]), "prompt"),
 ])
 def test_what_the_server_cannot_honour_is_a_400_naming_the_field(body, param):

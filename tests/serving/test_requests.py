@@ -43,6 +43,9 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
 @pytest.mark.parametrize("values, field", [
     ({}, "text_input"),
     ({"text_input": "x", "messages": "[]"}, "not both"),
+    ({"text_input": "x", "input_ids": np.array([1, 2], np.int32)}, "^text_input: expected either text_input or input_ids, not both"),
+    ({"input_ids": np.array([1, -2], np.int32)}, "^input_ids: expected non-negative token ids"),
+    ({"input_ids": np.array([], np.int32)}, "^input_ids: expected at least one token id"),
     ({"text_input": "x", "tools": "[]"}, "tools"),
     ({"text_input": "x", "sampling_parameters": "[1]"}, "sampling_parameters"),
     ({"text_input": "x", "sampling_parameters": '{"top_k": "many"}'}, "sampling_parameters.top_k"),
@@ -58,6 +61,15 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
 def test_bad_inputs_name_the_field(values, field):
     with pytest.raises(ValueError, match=field):
         parse_generate_request(tensors(**values))
+
+
+def test_token_id_prompts_go_to_the_engine_as_given_and_echo_as_their_text(tokenizer):
+    ids = tokenizer("naïve <think>prompt", add_special_tokens=False).input_ids
+    pre = Preprocessor(tokenizer)
+    out = pre({"input_ids": np.array([ids], np.int32), **tensors(exclude_input_in_output=False)})
+    assert out.prompt_ids == ids and out.output_config.echo == "naïve <think>prompt"
+    assert out.output_config.chat is None and out.output_config.prompt_tail == ids[-5:]
+    assert pre({"input_ids": np.array([ids], np.int32)}).output_config.echo == ""
 
 
 def test_chat_request_config_carries_the_parsers(tokenizer):

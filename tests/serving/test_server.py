@@ -94,6 +94,24 @@ def test_exclude_input_in_output_false_echoes_the_prompt_in_both_modes(server, r
     assert "".join(e["text_output"] for e in events) == prompt + expected
 
 
+def test_token_id_prompts_give_the_reference_text(server, tokenizer, reference_texts):
+    prompt, (_, expected) = next(iter(reference_texts.items()))
+    prompt_ids = encode_text_input(tokenizer, prompt)
+    streams = Streams(server.grpc_url)
+    try:
+        body = {k: v for k, v in request_body(prompt, stream=True).items() if k != "text_input"}
+        streams.send("ids", **body, input_ids=prompt_ids)
+        text = check_outputs(streams.wait("ids"), len(prompt_ids), "length", N_TOKENS)
+    finally:
+        streams.close()
+    assert text == expected
+    body = {k: v for k, v in request_body(prompt, exclude_input_in_output=False).items() if k != "text_input"}
+    status, out = server.generate({**body, "input_ids": prompt_ids})
+    assert status == 200 and out["text_output"] == prompt + expected, out
+    status, out = server.generate({**body, "input_ids": [1, 10**6]})
+    assert status == 400 and "prompt: token id 1000000 is outside the vocabulary" in out["error"], out
+
+
 def test_32_concurrent_streams_complete_with_the_reference_text(server, tokenizer, reference_texts):
     prompts = list(reference_texts)
     streams = Streams(server.grpc_url)
