@@ -31,7 +31,7 @@ from flint_backend.openai.metrics import ServerMetrics, scrape
 from flint_backend.openai.protocol import ChatCompletionRequest, CompletionRequest
 from flint_backend.openai.responses import Envelope
 from flint_backend.openai.server_args import ServerArgs
-from flint_backend.openai.triton import TritonEnsemble, collect, collect_all, first_of
+from flint_backend.openai.triton import TritonEnsemble, collect_all, first_of, merge
 
 log = logging.getLogger("flint_backend.openai")
 
@@ -127,13 +127,15 @@ async def chat_completions(request: Request):
     body = await parse_body(request, ChatCompletionRequest)
     kind = "chat.completion.chunk" if body.stream else "chat.completion"
     envelope = Envelope.new("chatcmpl", kind, served_name(request, body.model))
-    ensemble_request, tool_choice = chat.ensemble_request(body, envelope.id, request.app.state.args.chat)
-    stream = request.app.state.ensemble.generate(ensemble_request)
+    requests, tool_choice = chat.ensemble_requests(body, envelope.id, request.app.state.args.chat)
+    streams = [request.app.state.ensemble.generate(r) for r in requests]
     if not body.stream:
-        outputs = await until_disconnected(request, collect(stream))
+        outputs = await until_disconnected(request, collect_all(streams))
         return JSONResponse(chat.completion(envelope, outputs, tool_choice, body.wants_logprobs))
-    first = await until_disconnected(request, first_of(stream))
-    return EventStream(chat.chunks(envelope, first, stream, body.include_usage, tool_choice, body.wants_logprobs))
+    merged = merge(streams)
+    first = await until_disconnected(request, first_of(merged))
+    return EventStream(chat.chunks(envelope, first, merged, len(requests), body.include_usage, tool_choice,
+                                   body.wants_logprobs))
 
 
 async def text_completions(request: Request):
@@ -143,10 +145,11 @@ async def text_completions(request: Request):
     streams = [ensemble.generate(r) for r in completions.ensemble_requests(body, envelope.id)]
     if not body.stream:
         outputs = await until_disconnected(request, collect_all(streams))
-        return JSONResponse(completions.completion(envelope, outputs, body.wants_logprobs))
-    merged = completions.merge(streams)
+        return JSONResponse(completions.completion(envelope, outputs, body.choices, body.wants_logprobs))
+    merged = merge(streams)
     first = await until_disconnected(request, first_of(merged))
-    return EventStream(completions.chunks(envelope, first, merged, body.include_usage, body.wants_logprobs))
+    return EventStream(completions.chunks(envelope, first, merged, body.include_usage, body.choices,
+                                          body.wants_logprobs))
 
 
 def model_card(request: Request, name: str) -> dict:

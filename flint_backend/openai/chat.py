@@ -21,16 +21,16 @@ from flint_backend.chat.request import check_chat_request
 from flint_backend.chat.request_error import ChatRequestError
 from flint_backend.chat.tool_choice import unmet_tool_choice
 from flint_backend.openai.errors import OpenAIError, bad_request
-from flint_backend.openai.protocol import ChatCompletionRequest
+from flint_backend.openai.protocol import ChatCompletionRequest, choice_sampling
 from flint_backend.openai.responses import DONE, Envelope, sse, sse_error, usage
 from flint_backend.openai.triton import EnsembleOutput, EnsembleRequest
 
 log = logging.getLogger("flint_backend.openai")
 
 
-def ensemble_request(body: ChatCompletionRequest, request_id: str,
-                     options: ChatOptions) -> tuple[EnsembleRequest, str | dict]:
-    """The ensemble's request and the effective tool_choice; raises OpenAIError (400)."""
+def ensemble_requests(body: ChatCompletionRequest, request_id: str,
+                      options: ChatOptions) -> tuple[list[EnsembleRequest], str | dict]:
+    """The ensemble's requests (one a choice) and the effective tool_choice; raises OpenAIError (400)."""
     body.check()
     try:
         checked = check_chat_request(body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, options)
@@ -38,9 +38,12 @@ def ensemble_request(body: ChatCompletionRequest, request_id: str,
         raise bad_request(str(error), error.field) from None
     chat = {"messages": body.messages, "tools": body.tools, "tool_choice": body.tool_choice,
             "chat_template_kwargs": body.chat_template_kwargs, "chat_options": options.to_dict()}
-    request = EnsembleRequest(request_id, body.sampling(body.output_limit()), chat=chat, stream=bool(body.stream),
-                              renamed={"max_tokens": body.max_tokens_param, "logprobs": "top_logprobs"})
-    return request, checked.tools.tool_choice
+    sampling, n = body.sampling(body.output_limit()), body.choices
+    requests = [EnsembleRequest(request_id if n == 1 else f"{request_id}-{j}", choice_sampling(sampling, j),
+                                chat=chat, stream=bool(body.stream),
+                                renamed={"max_tokens": body.max_tokens_param, "logprobs": "top_logprobs"})
+                for j in range(n)]
+    return requests, checked.tools.tool_choice
 
 
 def _reasoning(text: str) -> dict:
@@ -56,53 +59,67 @@ def _logprobs(outputs: list[EnsembleOutput]) -> dict:
                         for o in outputs for e in o.logprobs]}
 
 
-def completion(envelope: Envelope, outputs: list[EnsembleOutput], tool_choice, logprobs: bool = False) -> dict:
-    text = "".join(o.text for o in outputs)
-    reasoning = "".join(o.reasoning for o in outputs)
-    calls = [c for o in outputs for c in o.tool_calls]
-    last = outputs[-1]
-    _log_unmet(envelope.id, tool_choice, calls)
-    message = {"role": "assistant", "content": None if calls and not text else text,
-               "reasoning_content": reasoning or None, "reasoning": reasoning or None}
-    if calls:
-        message["tool_calls"] = calls
-    choice = {"index": 0, "message": message, "logprobs": _logprobs(outputs) if logprobs else None,
-              "finish_reason": last.finish_reason or "stop"}
-    return envelope.wrap([choice], usage=usage(last.num_input_tokens, last.num_output_tokens))
+def completion(envelope: Envelope, outputs: list[list[EnsembleOutput]], tool_choice,
+               logprobs: bool = False) -> dict:
+    """outputs: each choice's, in choice order."""
+    choices = []
+    for index, parts in enumerate(outputs):
+        text = "".join(o.text for o in parts)
+        reasoning = "".join(o.reasoning for o in parts)
+        calls = [c for o in parts for c in o.tool_calls]
+        _log_unmet(envelope.id, tool_choice, calls)
+        message = {"role": "assistant", "content": None if calls and not text else text,
+                   "reasoning_content": reasoning or None, "reasoning": reasoning or None}
+        if calls:
+            message["tool_calls"] = calls
+        choices.append({"index": index, "message": message, "logprobs": _logprobs(parts) if logprobs else None,
+                        "finish_reason": parts[-1].finish_reason or "stop"})
+    lasts = [parts[-1] for parts in outputs]
+    return envelope.wrap(choices, usage=usage(lasts[0].num_input_tokens, sum(o.num_output_tokens for o in lasts)))
 
 
-async def chunks(envelope: Envelope, first: EnsembleOutput, rest: AsyncIterator[EnsembleOutput],
-                 include_usage: bool, tool_choice, logprobs: bool = False) -> AsyncIterator[str]:
-    """SSE events: a role delta, content/reasoning/tool-call deltas (with their tokens' logprobs),
-    the finish reason, usage, [DONE]."""
+async def chunks(envelope: Envelope, first: tuple[int, EnsembleOutput],
+                 rest: AsyncIterator[tuple[int, EnsembleOutput]], n: int, include_usage: bool, tool_choice,
+                 logprobs: bool = False) -> AsyncIterator[str]:
+    """SSE events of the merged choices (triton.merge: (choice index, output)): a role delta each,
+    content/reasoning/tool-call deltas (with their tokens' logprobs), each choice's finish reason
+    after its last output, usage, [DONE]."""
     extra = {"usage": None} if include_usage else {}
 
-    def chunk(delta: dict, finish_reason: str | None = None, lp: dict | None = None) -> str:
-        return sse(envelope.wrap([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}],
+    def chunk(index: int, delta: dict, finish_reason: str | None = None, lp: dict | None = None) -> str:
+        return sse(envelope.wrap([{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}],
                                  **extra))
 
-    yield chunk({"role": "assistant", "content": ""})
-    last, calls = first, []
+    for index in range(n):
+        yield chunk(index, {"role": "assistant", "content": ""})
+    last: dict[int, EnsembleOutput] = {}
+    calls: dict[int, list] = {index: [] for index in range(n)}
     try:
-        output = first
-        while output is not None:
+        item = first
+        while item is not None:
+            index, output = item
             delta = {**_reasoning(output.reasoning), **({"content": output.text} if output.text else {})}
             if output.tool_calls:
                 delta["tool_calls"] = output.tool_calls
-                calls += output.tool_calls
+                calls[index] += output.tool_calls
             if delta or (logprobs and output.logprobs):
-                yield chunk(delta, lp=_logprobs([output]) if logprobs else None)
-            last = output
-            output = await anext(rest, None)
+                yield chunk(index, delta, lp=_logprobs([output]) if logprobs else None)
+            if output.finish_reason:
+                _log_unmet(envelope.id, tool_choice, calls[index])
+                yield chunk(index, {}, output.finish_reason)
+            last[index] = output
+            item = await anext(rest, None)
     except OpenAIError as error:
         yield sse_error(error)
         return
     finally:
-        await rest.aclose()  # cancels the Triton stream when the client left mid-way
-    _log_unmet(envelope.id, tool_choice, calls)
-    yield chunk({}, last.finish_reason or "stop")
+        await rest.aclose()  # cancels the Triton streams when the client left mid-way
+    for index in range(n):  # a stream that ended without a finish reason (never, if sound)
+        if not last.get(index, EnsembleOutput()).finish_reason:
+            yield chunk(index, {}, "stop")
     if include_usage:
-        yield sse(envelope.wrap([], usage=usage(last.num_input_tokens, last.num_output_tokens)))
+        lasts = [last.get(index, EnsembleOutput()) for index in range(n)]
+        yield sse(envelope.wrap([], usage=usage(lasts[0].num_input_tokens, sum(o.num_output_tokens for o in lasts))))
     yield DONE
 
 

@@ -12,22 +12,29 @@ vLLM answer, and lm-eval's loglikelihood requests read).
 
 from __future__ import annotations
 
-import asyncio
 from typing import AsyncIterator
 
 from flint_backend.openai.errors import OpenAIError
-from flint_backend.openai.protocol import CompletionRequest
+from flint_backend.openai.protocol import CompletionRequest, choice_sampling
 from flint_backend.openai.responses import DONE, Envelope, sse, sse_error, usage
 from flint_backend.openai.triton import EnsembleOutput, EnsembleRequest
 
 
 def ensemble_requests(body: CompletionRequest, request_id: str) -> list[EnsembleRequest]:
+    """One request a choice: choice p * n + j is prompt p's j-th."""
     body.check()
-    sampling = body.sampling(body.output_limit())
-    return [EnsembleRequest(f"{request_id}-{i}", sampling, text_input=prompt if isinstance(prompt, str) else None,
+    sampling, n = body.sampling(body.output_limit()), body.choices
+    return [EnsembleRequest(f"{request_id}-{p * n + j}", choice_sampling(sampling, j),
+                            text_input=prompt if isinstance(prompt, str) else None,
                             input_ids=None if isinstance(prompt, str) else prompt, stream=bool(body.stream),
                             echo=bool(body.echo), prompt_param="prompt")
-            for i, prompt in enumerate(body.prompts())]
+            for p, prompt in enumerate(body.prompts()) for j in range(n)]
+
+
+def _usage(lasts: list[EnsembleOutput], n: int) -> dict:
+    """Each prompt's tokens once (its n choices share it), every choice's output tokens."""
+    return usage(sum(o.num_input_tokens for i, o in enumerate(lasts) if i % n == 0),
+                 sum(o.num_output_tokens for o in lasts))
 
 
 class TextOffsets:
@@ -48,21 +55,20 @@ class TextOffsets:
                 "text_offset": offsets}
 
 
-def completion(envelope: Envelope, outputs: list[list[EnsembleOutput]], logprobs: bool = False) -> dict:
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+def completion(envelope: Envelope, outputs: list[list[EnsembleOutput]], n: int = 1, logprobs: bool = False) -> dict:
+    """outputs: each choice's, in choice order (ensemble_requests')."""
+    choices = []
     for i, parts in enumerate(outputs):
-        last = parts[-1]
         lp = TextOffsets().logprobs([e for p in parts for e in p.prompt_logprobs + p.logprobs]) if logprobs else None
         choices.append({"index": i, "text": "".join(p.text for p in parts), "logprobs": lp,
-                        "finish_reason": last.finish_reason or "stop"})
-        prompt_tokens += last.num_input_tokens
-        completion_tokens += last.num_output_tokens
-    return envelope.wrap(choices, usage=usage(prompt_tokens, completion_tokens))
+                        "finish_reason": parts[-1].finish_reason or "stop"})
+    return envelope.wrap(choices, usage=_usage([parts[-1] for parts in outputs], n))
 
 
 async def chunks(envelope: Envelope, first: tuple[int, EnsembleOutput],
-                 rest: AsyncIterator[tuple[int, EnsembleOutput]], include_usage: bool,
+                 rest: AsyncIterator[tuple[int, EnsembleOutput]], include_usage: bool, n: int = 1,
                  logprobs: bool = False) -> AsyncIterator[str]:
+    """SSE events of the merged choices (triton.merge: (choice index, output)), usage, [DONE]."""
     extra = {"usage": None} if include_usage else {}
     last: dict[int, EnsembleOutput] = {}
     offsets: dict[int, TextOffsets] = {}
@@ -84,36 +90,5 @@ async def chunks(envelope: Envelope, first: tuple[int, EnsembleOutput],
     finally:
         await rest.aclose()  # cancels the Triton streams when the client left mid-way
     if include_usage:
-        yield sse(envelope.wrap([], usage=usage(sum(o.num_input_tokens for o in last.values()),
-                                                sum(o.num_output_tokens for o in last.values()))))
+        yield sse(envelope.wrap([], usage=_usage([last[i] for i in sorted(last)], n)))
     yield DONE
-
-
-async def merge(streams: list[AsyncIterator[EnsembleOutput]]) -> AsyncIterator[tuple[int, EnsembleOutput]]:
-    """(stream index, output) as they come; the first error ends it, and leaving it early
-    cancels every stream (and so its Triton request)."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, stream: AsyncIterator[EnsembleOutput]) -> None:
-        try:
-            async for output in stream:
-                await queue.put((i, output, None))
-            await queue.put((i, None, None))
-        except Exception as error:  # noqa: BLE001 - handed to the consumer
-            await queue.put((i, None, error))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        open_streams = len(tasks)
-        while open_streams:
-            i, output, error = await queue.get()
-            if error is not None:
-                raise error
-            if output is None:
-                open_streams -= 1
-            else:
-                yield i, output
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

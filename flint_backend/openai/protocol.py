@@ -25,6 +25,7 @@ Integer = Annotated[int, Strict()]
 Flag = Annotated[bool, Strict()]
 Text = Annotated[str, Strict()]
 
+MAX_CHOICES = 64  # n
 UNBOUNDED_MAX_TOKENS = 2**31 - 1  # the engine clamps max_tokens to what is left of the context
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # request field -> sampling_parameters key of the ensemble
@@ -62,10 +63,14 @@ class GenerationRequest(BaseModel):
     user: Text | None = None
 
     def check(self) -> None:
-        if self.n not in (None, 1):
-            raise unsupported("n", f"expected 1 (one choice per request), got {self.n}")
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            raise bad_request(f"n: expected an integer in [1, {MAX_CHOICES}], got {self.n}", "n")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options: expected only with stream: true", "stream_options")
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
 
     @property
     def include_usage(self) -> bool:
@@ -168,6 +173,13 @@ class CompletionRequest(GenerationRequest):
 
     def output_limit(self) -> int:
         return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+
+def choice_sampling(sampling: dict, choice: int) -> dict:
+    """The sampling parameters of choice `choice` of n: a given seed becomes seed + choice."""
+    if choice == 0 or sampling.get("seed") is None:
+        return sampling
+    return {**sampling, "seed": sampling["seed"] + choice}
 
 
 def _token_ids(value) -> bool:

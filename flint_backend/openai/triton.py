@@ -171,3 +171,33 @@ async def first_of(stream: AsyncIterator[T]) -> T:
         return await anext(stream)
     except StopAsyncIteration:
         raise internal_error("Triton answered without outputs") from None
+
+
+async def merge(streams: list[AsyncIterator[EnsembleOutput]]) -> AsyncIterator[tuple[int, EnsembleOutput]]:
+    """(stream index, output) as they come; the first error ends it, and leaving it early
+    cancels every stream (and so its Triton request)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[EnsembleOutput]) -> None:
+        try:
+            async for output in stream:
+                await queue.put((i, output, None))
+            await queue.put((i, None, None))
+        except Exception as error:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, None, error))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        open_streams = len(tasks)
+        while open_streams:
+            i, output, error = await queue.get()
+            if error is not None:
+                raise error
+            if output is None:
+                open_streams -= 1
+            else:
+                yield i, output
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -272,6 +272,41 @@ def test_completions_logprobs_with_text_offsets_streamed_or_not(client, tokenize
     assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
 
 
+def test_completions_n_choices_sample_with_seed_plus_j(client, tokenizer):
+    kwargs = dict(model="flint", prompt="Hello world", temperature=1.0, max_tokens=6, extra_body={"ignore_eos": True})
+    singles = [client.completions.create(**kwargs, seed=7 + j).choices[0].text for j in range(3)]
+    assert len(set(singles)) > 1  # the seeds draw different samples
+    whole = client.completions.create(**kwargs, seed=7, n=3)
+    assert [c.index for c in whole.choices] == [0, 1, 2] and [c.text for c in whole.choices] == singles
+    prompt_tokens = len(encode_text_input(tokenizer, "Hello world"))
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt_tokens, 18)  # the prompt once
+    chunks = list(client.completions.create(**kwargs, seed=7, n=3, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == j) for j in range(3)]
+    assert texts == singles and chunks[-1].usage == whole.usage
+    both = client.completions.create(**{**kwargs, "prompt": ["Hello world", "Once upon"]}, seed=7, n=2)
+    assert [c.text for c in both.choices[:2]] == singles[:2] and len(both.choices) == 4
+    assert both.usage.prompt_tokens == prompt_tokens + len(encode_text_input(tokenizer, "Once upon"))
+
+
+def test_chat_n_choices_each_stream_their_own_deltas(client):
+    kwargs = dict(model="flint", messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=64)
+    one = client.chat.completions.create(**kwargs)
+    two = client.chat.completions.create(**kwargs, n=2)
+    assert [c.index for c in two.choices] == [0, 1]
+    for choice in two.choices:  # greedy: both as the single one
+        assert choice.message.reasoning_content == REASONING and choice.finish_reason == "tool_calls"
+        assert choice.message.tool_calls[0].function.arguments == one.choices[0].message.tool_calls[0].function.arguments
+    assert two.usage.completion_tokens == 2 * one.usage.completion_tokens
+    assert two.usage.prompt_tokens == one.usage.prompt_tokens
+    chunks = list(client.chat.completions.create(**kwargs, n=2, stream=True))
+    for j in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == j]
+        assert mine[0].delta.role == "assistant" and mine[-1].finish_reason == "tool_calls"
+        assert "".join(getattr(c.delta, "reasoning_content", None) or "" for c in mine) == REASONING
+        assert [c.finish_reason for c in mine[:-1]] == [None] * (len(mine) - 1)
+
+
 def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list()] == ["flint", "flint-tiny"]
     assert client.models.retrieve("flint-tiny").id == "flint-tiny"
@@ -299,7 +334,7 @@ def test_unknown_model_is_404(client):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"temperature": -1.0}, "temperature"),

@@ -6,7 +6,7 @@ from pydantic import ValidationError
 from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS
 from flint_backend.openai.errors import OpenAIError, from_triton_error, from_validation_error
 from flint_backend.openai.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, UNBOUNDED_MAX_TOKENS,
-                                           ChatCompletionRequest, CompletionRequest)
+                                           ChatCompletionRequest, CompletionRequest, choice_sampling)
 from flint_backend.openai.server_args import parse_args
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -39,6 +39,14 @@ def test_sampling_parameters_carry_only_what_was_given():
     assert CompletionRequest(prompt="p").output_limit() == COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
+def test_choice_j_samples_with_seed_plus_j():
+    body = CompletionRequest(prompt="p", n=3, seed=7, temperature=1.0)
+    body.check()
+    assert body.choices == 3 and [choice_sampling(body.sampling(4), j)["seed"] for j in range(3)] == [7, 8, 9]
+    unseeded = CompletionRequest(prompt="p", n=2).sampling(4)
+    assert choice_sampling(unseeded, 1) == unseeded and "seed" not in unseeded
+
+
 def test_logprobs_become_the_sampling_logprobs():
     chat = ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=3)
     chat.check()
@@ -65,7 +73,8 @@ def test_completion_prompts_are_text_or_token_ids(prompt, expected):
 
 
 @pytest.mark.parametrize("body, param", [
-    (ChatCompletionRequest(messages=MESSAGES, n=3), "n"),
+    (ChatCompletionRequest(messages=MESSAGES, n=0), "n"),
+    (CompletionRequest(prompt="p", n=65), "n"),
     (ChatCompletionRequest(messages=MESSAGES, top_logprobs=2), "top_logprobs"),
     (ChatCompletionRequest(messages=MESSAGES, response_format={"type": "json_object"}), "response_format"),
     (ChatCompletionRequest(messages=MESSAGES, stream_options={"include_usage": True}), "stream_options"),
