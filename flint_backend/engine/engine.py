@@ -30,6 +30,7 @@ from flint_backend.config import FlintConfig
 from flint_backend.engine.async_step import InFlightStep
 from flint_backend.engine.block_manager import BlockManager
 from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.engine.guided import GuidedSchemaError
 from flint_backend.engine.metrics import EngineMetrics
 from flint_backend.engine.runner import ModelRunner, resolve_device, use_device
 from flint_backend.engine.sampler import TokenLogprobs
@@ -139,6 +140,11 @@ class LLMEngine:
         if len(prompt_ids) >= self.max_model_len:
             raise RequestError(f"prompt: {len(prompt_ids)} tokens do not fit the context of {self.max_model_len} "
                                f"tokens (the prompt plus at least one generated token)")
+        if params.guided_json is not None:
+            try:
+                self.runner.sampler.guided.grammar(params.guided_json)
+            except GuidedSchemaError as error:
+                raise RequestError(str(error)) from None
         room = self.max_model_len - len(prompt_ids)
         stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else self.default_stop_ids
         return Sequence(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flint_backend.config import PRESETS
 from flint_backend.ops import BACKENDS
+from flint_backend.tokenizer import TOKENIZER_DIR
 
 DTYPES = ("bfloat16", "float32")
 
@@ -95,6 +96,13 @@ class EngineArgs:
     @classmethod
     def from_json(cls, path: str | Path) -> "EngineArgs":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def tokenizer_dir(self) -> Path:
+        """`tokenizer`, else the checkpoint directory, else the GGUF's hf_config_path, else ours."""
+        for candidate in (self.tokenizer, self.model, self.hf_config_path):
+            if candidate and Path(candidate).is_dir():
+                return Path(candidate)
+        return TOKENIZER_DIR
 
     def to_dict(self) -> dict:
         return asdict(self)

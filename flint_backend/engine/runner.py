@@ -8,6 +8,7 @@ from flint_backend.config import FlintConfig
 from flint_backend.engine.async_step import InFlightStep
 from flint_backend.engine.decode_graphs import DecodeGraphs
 from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.engine.guided import GuidedDecoding
 from flint_backend.engine.kv_cache import KVCache, KVCacheSpec
 from flint_backend.engine.prompt_logprobs import add_prompt_logprobs, wanted
 from flint_backend.engine.sampler import SampleResult, Sampler
@@ -51,7 +52,8 @@ class ModelRunner:
         self.kv = KVCache(config, self.kv_spec, self.dtype, device)
         # the torch backend keeps the plain-torch sampler; the triton backend samples with the kernel
         fused = self.ops.sample if args.kernel_backend == "triton" else None
-        self.sampler = Sampler(device, seed=args.seed, fused_sample=fused)
+        guided = GuidedDecoding(str(args.tokenizer_dir()), config.vocab_size, frozenset(config.eos_token_id or ()))
+        self.sampler = Sampler(device, seed=args.seed, fused_sample=fused, guided=guided)
         self.graphs = None
         if not args.enforce_eager:
             # captured only where it can be: CUDA, and kernels that never sync with the host

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from flint_backend.engine.guided import GuidedDecoding, is_guided
 from flint_backend.engine.sequence import Sequence
 
 
@@ -41,10 +42,13 @@ def _generator(seed: int, step: int, device: torch.device) -> torch.Generator:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int | None = None, fused_sample: Callable | None = None):
-        """fused_sample: (logits, temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]."""
+    def __init__(self, device: torch.device, seed: int | None = None, fused_sample: Callable | None = None,
+                 guided: GuidedDecoding | None = None):
+        """fused_sample: (logits, temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S];
+        guided: what holds guided requests to their schema (engine.guided; None: none are taken)."""
         self.device = device
         self.fused_sample = fused_sample
+        self.guided = guided
         self.unseeded = torch.Generator(device=device)
         self.seed_source = torch.Generator()  # fused path: a host-side seed per unseeded row and step
         if seed is None:
@@ -57,6 +61,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """logits [S, V] fp32, one row per sequence in `seqs`."""
         tokens = self.sample_tokens(logits, seqs).tolist()
+        if self.guided is not None:
+            self.guided.accept(seqs, tokens)
         logprobs = [None if seq.params.logprobs is None else _logprobs(logits[row], tokens[row], seq.params.logprobs)
                     for row, seq in enumerate(seqs)]
         return SampleResult(tokens, logprobs)
@@ -64,7 +70,7 @@ class Sampler:
     def samples_on_device(self, seq: Sequence) -> bool:
         """Whether `seq`'s next token comes from the device alone, with no host round trip before or
         after the draw (what async scheduling needs): greedy or the fused kernel, no logprobs, no
-        penalties, logit bias or min_tokens suppression."""
+        penalties, logit bias, min_tokens suppression or guided decoding."""
         p = seq.params
         return p.logprobs is None and not _needs_processing(seq) and (p.greedy or self.fused_sample is not None)
 
@@ -72,6 +78,8 @@ class Sampler:
         """logits [S, V] fp32 -> tokens [S] int64 on the logits' device. No host sync when every
         sequence `samples_on_device` (the torch draw and the penalties read values on the host)."""
         processed = self._penalize(logits.clone(), seqs) if any(map(_needs_processing, seqs)) else logits
+        if self.guided is not None and any(map(is_guided, seqs)):
+            self.guided.mask(processed, seqs)  # processed is a copy: guided requests need processing
         if all(seq.params.greedy for seq in seqs):
             return processed.argmax(-1)  # the common decode case: no host->device parameter copies
         if self.fused_sample is not None:
@@ -148,7 +156,7 @@ class Sampler:
 def _needs_processing(seq: Sequence) -> bool:
     p = seq.params
     return bool(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-                or (p.min_tokens and seq.num_sampled < p.min_tokens))
+                or (p.min_tokens and seq.num_sampled < p.min_tokens) or is_guided(seq))
 
 
 def _logprobs(logits: torch.Tensor, token: int, n: int) -> TokenLogprobs:

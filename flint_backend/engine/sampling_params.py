@@ -32,6 +32,8 @@ class SamplingParams:
     logprobs: int | None = None       # None -> none; N -> the sampled token's and the top-N logprobs
     prompt_logprobs: int | None = None  # None -> none; N -> each prompt token's (after the first) and the top N
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    guided_json: dict | None = None   # a JSON schema the output must follow (engine.guided)
+    guided_start_token_id: int | None = None  # the schema applies after this token (None: from the first)
 
     def __post_init__(self):
         self.validate()
@@ -76,6 +78,10 @@ class SamplingParams:
             if getattr(self, name) is not None:
                 _integer(getattr(self, name), name, lo=0, hi=MAX_LOGPROBS,
                          what=f"an integer in [0, {MAX_LOGPROBS}]")
+        if self.guided_json is not None and not isinstance(self.guided_json, dict):
+            raise SamplingParamsError(f"guided_json: got {self.guided_json!r}"[:200] + ", expected a JSON schema object")
+        if self.guided_start_token_id is not None:
+            _integer(self.guided_start_token_id, "guided_start_token_id", lo=0, what="a token id")
         for token, bias in self.logit_bias.items():
             _integer(token, "logit_bias key", lo=0, what="a token id")
             _number(bias, f"logit_bias[{token}]", lo=-100.0, hi=100.0, what="in [-100, 100]")

@@ -2,13 +2,16 @@
 
 Types are checked strictly (no "0.5" for a number); value ranges are the engine's and are
 checked by Triton, whose refusal names the field. Fields this server cannot honour are a
-400 that says so, never silently dropped: n > 1 (one choice per request), suffix, best_of > 1,
-token-id prompts, response_format other than text. Unknown fields are ignored, as vLLM does.
+400 that says so, never silently dropped: suffix, best_of > 1, a response_format type other
+than text, json_object or json_schema (these two become the ensemble's `guided_json`). Unknown
+fields are ignored, as vLLM does. `n` choices run as n concurrent ensemble requests; with a
+`seed`, choice j samples with seed + j, so the choices differ and each is reproducible.
+Completion prompts are text or token ids (the ensemble's `input_ids`).
 Log probabilities (chat `logprobs` + `top_logprobs`, completions `logprobs`) are the ensemble's
 sampling `logprobs`: the top N of the model's raw distribution, N <= 20; completions with
 `echo` also ask for the prompt's (`prompt_logprobs`), as lm-eval's loglikelihood requests do.
 vLLM's extensions are accepted: top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
-stop_token_ids, skip_special_tokens, chat_template_kwargs.
+stop_token_ids, skip_special_tokens, chat_template_kwargs, guided_json.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/com
 # request field -> sampling_parameters key of the ensemble
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-                   "logit_bias")
+                   "logit_bias", "guided_json")
 
 
 class StreamOptions(BaseModel):
@@ -57,6 +60,7 @@ class GenerationRequest(BaseModel):
     ignore_eos: Flag | None = None
     skip_special_tokens: Flag | None = None
     logit_bias: dict[str, Number] | None = None
+    guided_json: dict[str, Any] | None = None  # vLLM's: a JSON schema the output follows
     n: Integer | None = None
     stream: Flag | None = False
     stream_options: StreamOptions | None = None
@@ -102,9 +106,7 @@ class ChatCompletionRequest(GenerationRequest):
             if not self.logprobs:
                 raise bad_request("top_logprobs: expected only with logprobs: true", "top_logprobs")
             _check_logprobs("top_logprobs", self.top_logprobs)
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise unsupported("response_format", f'expected {{"type": "text"}} (no guided decoding), '
-                                                 f"got {self.response_format!r}"[:200])
+        self.response_schema()  # raises on a bad response_format
 
     @property
     def wants_logprobs(self) -> bool:
@@ -114,7 +116,28 @@ class ChatCompletionRequest(GenerationRequest):
         params = super().sampling(max_tokens)
         if self.logprobs:
             params["logprobs"] = self.top_logprobs or 0
+        schema = self.response_schema()
+        if schema is not None:
+            params["guided_json"] = schema
         return params
+
+    def response_schema(self) -> dict | None:
+        """The JSON schema response_format asks for: json_object -> any object, json_schema -> its
+        `json_schema.schema`; text or none -> None. Raises OpenAIError (400) naming the field."""
+        rf = self.response_format
+        if rf is None or rf.get("type") == "text":
+            return None
+        if rf.get("type") == "json_object":
+            return {"type": "object"}
+        if rf.get("type") == "json_schema":
+            spec = rf.get("json_schema")
+            schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise bad_request(f"response_format.json_schema.schema: expected a JSON schema object, "
+                                  f"got {schema!r}"[:200], "response_format.json_schema.schema")
+            return schema
+        raise unsupported("response_format", f'expected type "text", "json_object" or "json_schema", '
+                                             f"got {rf.get('type')!r}"[:200])
 
     @property
     def max_tokens_param(self) -> str:

@@ -5,6 +5,7 @@ Sampling settings come from three places, later ones winning: defaults, the
 their text, e.g. "0.7"), then the individual tensors (`temperature`, `max_tokens`, ...,
 TRT-LLM style; `min_length` is another name for `min_tokens`). Stop strings come from
 `stop_words` (TRT-LLM) and `sampling_parameters.stop` (vLLM), together.
+`sampling_parameters.guided_json` (vLLM's): a JSON schema the output follows (engine.guided).
 `sampling_parameters.logprobs` = N (vLLM's): each response's `logprobs` output then holds, per
 generated token, its logprob and the top N (serving.postprocess); `prompt_logprobs` = N the
 same for the prompt's tokens, in the `prompt_logprobs` output of the first response.
@@ -34,7 +35,7 @@ FLOAT_KEYS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_p
 INT_KEYS = ("top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
 BOOL_KEYS = ("ignore_eos", "skip_special_tokens")
 # sampling_parameters keys besides the typed ones above
-OTHER_KEYS = ("stop", "stop_token_ids", "logit_bias", "n")
+OTHER_KEYS = ("stop", "stop_token_ids", "logit_bias", "n", "guided_json")
 CHAT_FIELDS = ("messages", "tools", "tool_choice", "chat_template_kwargs")
 
 
@@ -157,6 +158,10 @@ def _coerce(key: str, value):
         raise ChatRequestError(path, "a list of token ids", describe(value))
     if key == "logit_bias" and not (isinstance(value, dict) and all(str(k).isdigit() for k in value)):
         raise ChatRequestError(path, 'an object {"token id": bias}', describe(value))
+    if key == "guided_json":  # vllm_backend clients may send the schema as JSON text
+        value = load_json_field(path, value) if isinstance(value, str) else value
+        if not isinstance(value, dict):
+            raise ChatRequestError(path, "a JSON schema (an object, or its JSON text)", describe(value))
     return value
 
 

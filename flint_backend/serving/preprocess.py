@@ -19,6 +19,7 @@ from flint_backend.chat.request import encode_text_input, render_chat_request
 from flint_backend.serving.generate_request import GenerateRequest, parse_generate_request, sampling_json
 from flint_backend.serving.tensors import Inputs
 
+REASONING_END = "</think>"  # with thinking on, guided decoding starts after it
 PROMPT_TAIL_TOKENS = 5  # prompt ids the detokenizer starts from (chat.detokenizer.PROMPT_CONTEXT_TOKENS)
 
 
@@ -76,6 +77,8 @@ class Preprocessor:
         options = request.chat_options or self.options
         rendered = render_chat_request(self.tokenizer, c.get("messages"), c.get("tools"), c.get("tool_choice"),
                                        c.get("chat_template_kwargs"), options)
+        if request.sampling.guided_json is not None and rendered.thinking:  # the schema holds after the reasoning
+            request.sampling.guided_start_token_id = self.tokenizer.convert_tokens_to_ids(REASONING_END)
         config.chat = {"thinking": rendered.thinking, "tools": rendered.tools_for_parser,
                        "tool_choice": rendered.tool_choice, "reasoning_parser": options.reasoning_parser,
                        "tool_call_parser": options.tool_call_parser}

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.engine.engine_args import EngineArgs, EngineArgsError
-from flint_backend.tokenizer import TOKENIZER_DIR
 
 ENGINE_MODEL = "flint_model"
 ENGINE_ARGS_FILE = "engine_args.json"
@@ -42,10 +41,7 @@ def load_engine_args(path: str | Path) -> EngineArgs:
 
 def tokenizer_dir(args: EngineArgs) -> Path:
     """`tokenizer`, else the checkpoint directory, else the GGUF's hf_config_path, else ours."""
-    for candidate in (args.tokenizer, args.model, args.hf_config_path):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return TOKENIZER_DIR
+    return args.tokenizer_dir()
 
 
 def resolve_model_path(name: str, what: str = "--model") -> str:

@@ -179,6 +179,28 @@ def test_chat_logprobs_have_one_entry_a_generated_token_streamed_or_not(client, 
     assert plain.choices[0].logprobs is None
 
 
+def test_response_format_holds_the_content_to_the_schema_after_the_reasoning(client):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    kwargs = dict(model="flint", messages=MESSAGES, temperature=0, max_tokens=64,
+                  response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    whole = client.chat.completions.create(**kwargs)
+    choice = whole.choices[0]
+    assert choice.message.reasoning_content == REASONING  # the reasoning is free, then the schema holds
+    assert set(json.loads(choice.message.content)) == {"answer"} and choice.finish_reason == "stop"
+    _, content, _, finish, _, _ = streamed(client.chat.completions.create(**kwargs, stream=True))
+    assert content == choice.message.content and finish == "stop"
+    no_thinking = client.chat.completions.create(
+        model="flint", messages=MESSAGES, temperature=0, max_tokens=64, response_format={"type": "json_object"},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    # without the format the content is CALL, "<tool_call>..."; an object's first key is any string, in
+    # which this model writes its chain on (so it may not end within 64 tokens)
+    assert no_thinking.choices[0].message.content.startswith('{"')
+    text = client.completions.create(model="flint", prompt="Hello world", temperature=1.0, seed=3, max_tokens=64,
+                                     extra_body={"guided_json": schema})
+    assert set(json.loads(text.choices[0].text)) == {"answer"}
+
+
 def test_tool_choice_none_leaves_the_tools_out_of_the_prompt_with_the_exclude_flag(client, tokenizer):
     response = client.chat.completions.create(model="flint", messages=MESSAGES, tools=TOOLS, tool_choice="none",
                                               temperature=0, max_tokens=64)
@@ -335,6 +357,10 @@ def test_unknown_model_is_404(client):
 
 @pytest.mark.parametrize("kwargs, param", [
     ({"n": 0}, "n"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}}, "guided_json"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"temperature": -1.0}, "temperature"),

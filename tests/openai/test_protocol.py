@@ -39,6 +39,17 @@ def test_sampling_parameters_carry_only_what_was_given():
     assert CompletionRequest(prompt="p").output_limit() == COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
+def test_response_format_becomes_guided_json():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    cases = [({"type": "text"}, None), ({"type": "json_object"}, {"type": "object"}),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}, schema)]
+    for response_format, expected in cases:
+        body = ChatCompletionRequest(messages=MESSAGES, response_format=response_format)
+        body.check()
+        assert body.sampling(4).get("guided_json") == expected
+    assert CompletionRequest(prompt="p", guided_json=schema).sampling(4)["guided_json"] == schema
+
+
 def test_choice_j_samples_with_seed_plus_j():
     body = CompletionRequest(prompt="p", n=3, seed=7, temperature=1.0)
     body.check()
@@ -76,7 +87,7 @@ def test_completion_prompts_are_text_or_token_ids(prompt, expected):
     (ChatCompletionRequest(messages=MESSAGES, n=0), "n"),
     (CompletionRequest(prompt="p", n=65), "n"),
     (ChatCompletionRequest(messages=MESSAGES, top_logprobs=2), "top_logprobs"),
-    (ChatCompletionRequest(messages=MESSAGES, response_format={"type": "json_object"}), "response_format"),
+    (ChatCompletionRequest(messages=MESSAGES, response_format={"type": "yaml"}), "response_format"),
     (ChatCompletionRequest(messages=MESSAGES, stream_options={"include_usage": True}), "stream_options"),
     (ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=21), "top_logprobs"),
     (ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=-1), "top_logprobs"),

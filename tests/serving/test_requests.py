@@ -45,6 +45,8 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
     ({"text_input": "x", "messages": "[]"}, "not both"),
     ({"text_input": "x", "input_ids": np.array([1, 2], np.int32)}, "^text_input: expected either text_input or input_ids, not both"),
     ({"input_ids": np.array([1, -2], np.int32)}, "^input_ids: expected non-negative token ids"),
+    ({"text_input": "x", "sampling_parameters": '{"guided_json": [1]}'}, "^sampling_parameters.guided_json: expected"),
+    ({"text_input": "x", "sampling_parameters": '{"guided_json": "{no"}'}, "^sampling_parameters.guided_json: expected"),
     ({"input_ids": np.array([], np.int32)}, "^input_ids: expected at least one token id"),
     ({"text_input": "x", "tools": "[]"}, "tools"),
     ({"text_input": "x", "sampling_parameters": "[1]"}, "sampling_parameters"),
@@ -70,6 +72,21 @@ def test_token_id_prompts_go_to_the_engine_as_given_and_echo_as_their_text(token
     assert out.prompt_ids == ids and out.output_config.echo == "naïve <think>prompt"
     assert out.output_config.chat is None and out.output_config.prompt_tail == ids[-5:]
     assert pre({"input_ids": np.array([ids], np.int32)}).output_config.echo == ""
+
+
+@pytest.mark.parametrize("schema", [{"type": "object"}, '{"type": "object"}'])
+def test_guided_json_starts_after_the_reasoning_of_a_thinking_chat(tokenizer, schema):
+    sampling = json.dumps({"guided_json": schema})
+    messages = json.dumps([{"role": "user", "content": "hi"}])
+    pre = Preprocessor(tokenizer, ANNOUNCED_OPTIONS)
+    thinking = json.loads(pre(tensors(messages=messages, sampling_parameters=sampling)).sampling_json)
+    assert thinking["guided_json"] == {"type": "object"}
+    assert thinking["guided_start_token_id"] == tokenizer.convert_tokens_to_ids("</think>")
+    off = pre(tensors(messages=messages, sampling_parameters=sampling,
+                      chat_template_kwargs='{"enable_thinking": false}'))
+    raw = pre(tensors(text_input="hi", sampling_parameters=sampling))
+    for out in (off, raw):  # no reasoning first: the schema holds from the first token
+        assert "guided_start_token_id" not in json.loads(out.sampling_json)
 
 
 def test_chat_request_config_carries_the_parsers(tokenizer):
