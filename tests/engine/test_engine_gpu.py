@@ -175,3 +175,44 @@ def test_low_latency_path_is_bf16_close_to_the_regular_path(small, monkeypatch):
         monkeypatch.setattr(nvfp4_linear_module, "GEMV_F16", False)
         rel = relative_l2(" (fp32 GEMV products)")
         assert max(rel) < 0.02, f"{fmt}: low-latency vs regular logits with fp32 GEMV products, relative L2 {rel}"
+
+
+def test_logprobs_prompt_logprobs_and_guided_json_on_the_gpu_path(small):
+    """Requests that sample on the host beside graph-replayed ones: logprobs are the greedy token's
+    and a sorted top 3; prompt logprobs equal the log-softmax of the model's own logits for the
+    prompt's prefixes (bf16-close: other batch shapes); a guided request's output is the schema's
+    JSON and ends on a stop token (xgrammar's bitmask applied to CUDA logits)."""
+    import json
+
+    from flint_backend.tokenizer import load_tokenizer
+
+    fmt, config, weights = small
+    tokenizer = load_tokenizer()
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>")]
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    eng = engine(weights, config)
+    prompt = PROMPTS[1]
+    scored = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3,
+                                                    prompt_logprobs=2))
+    guided = eng.add_request(PROMPTS[0], SamplingParams(temperature=1.0, seed=5, max_tokens=40, guided_json=schema,
+                                                        stop_token_ids=stops))
+    plain = eng.add_request(PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    outputs = []
+    while eng.has_work():
+        outputs += eng.step()
+    mine = [o for o in outputs if o.request_id == scored.request_id]
+    for out in mine:
+        for token, lp in zip(out.new_token_ids, out.logprobs):
+            assert lp.top[0][0] == token and lp.top[0][1] == lp.token_logprob, fmt
+            assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+    prompt_lps = mine[0].prompt_logprobs
+    assert [t for t, _ in prompt_lps] == prompt and prompt_lps[0][1] is None
+    check = engine(weights, config, enforce_eager=True, warmup=False)
+    for p in (1, 40, len(prompt) - 1):
+        (logits,) = last_logits(check, [prompt[:p]])
+        expected = logits.float().log_softmax(-1)[prompt[p]]
+        assert prompt_lps[p][1].token_logprob == pytest.approx(float(expected), abs=5e-2), (fmt, p)
+    assert guided.finish_reason == "stop" and guided.output_ids[-1] in stops
+    assert set(json.loads(tokenizer.decode(guided.output_ids[:-1]))) == {"answer"}, fmt
+    assert len(plain.output_ids) == 6
