@@ -37,7 +37,7 @@ def is_guided(seq: Sequence) -> bool:
 
 
 def _active(seq: Sequence) -> bool:
-    """Whether seq's next token is constrained: guided, and past its start token if it has one."""
+    """Whether seq's constraint has begun: guided, and past its start token if it has one."""
     start = seq.params.guided_start_token_id
     return is_guided(seq) and (start is None or start in seq.output_ids)
 
@@ -81,26 +81,33 @@ class GuidedDecoding:
         """logits [S, V], one row per seq: -inf in place for what each constrained row cannot take."""
         import xgrammar
 
-        rows = [row for row, seq in enumerate(seqs) if _active(seq) and not self._matcher(seq).is_terminated()]
-        if not rows:
+        constrained = [(row, m) for row, seq in enumerate(seqs)
+                       if (m := self._matcher(seq)) is not None and not m.is_terminated()]
+        if not constrained:
             return
-        bitmask = xgrammar.allocate_token_bitmask(len(rows), self._vocab_size)
-        for i, row in enumerate(rows):
-            self._matcher(seqs[row]).fill_next_token_bitmask(bitmask, i)
+        bitmask = xgrammar.allocate_token_bitmask(len(constrained), self._vocab_size)
+        for i, (_, matcher) in enumerate(constrained):
+            matcher.fill_next_token_bitmask(bitmask, i)
+        rows = [row for row, _ in constrained]
         masked = logits[rows]
         xgrammar.apply_token_bitmask_inplace(masked, bitmask.to(logits.device), vocab_size=self._vocab_size)
         logits[rows] = masked
 
     def accept(self, seqs: list[Sequence], tokens: list[int]) -> None:
-        """The tokens sampled for seqs: each constrained one advances its matcher."""
+        """The tokens sampled for seqs (after mask() saw them): each constrained one advances its matcher."""
         for seq, token in zip(seqs, tokens):
-            if (seq in self._matchers or _active(seq)) and not self._matcher(seq).is_terminated():
-                self._matcher(seq).accept_token(token)
+            matcher = self._matchers.get(seq)
+            if matcher is not None and not matcher.is_terminated():
+                matcher.accept_token(token)
 
     def _matcher(self, seq: Sequence):
-        import xgrammar
+        """seq's matcher once its constraint has begun (made then), else None."""
+        if seq not in self._matchers:
+            if not _active(seq):
+                return None
+            import xgrammar
 
-        if seq not in self._matchers:  # the request's own stop tokens end the JSON
+            # the request's own stop tokens end the JSON
             self._matchers[seq] = xgrammar.GrammarMatcher(self.grammar(seq.params.guided_json),
                                                           override_stop_tokens=sorted(seq.stop_ids) or None)
         return self._matchers[seq]

@@ -1,7 +1,8 @@
 """POST /v1/completions: raw prompts (no template) -> `text_completion` objects.
 
-A prompt is text or token ids (the ensemble's `input_ids`). A list of prompts runs as that
-many concurrent ensemble requests; choice i answers prompt i, and usage is their sum. `echo`
+A prompt is text or token ids (the ensemble's `input_ids`). Each prompt runs as `n`
+concurrent ensemble requests (choice p * n + j is prompt p's j-th); usage counts each prompt
+once and every choice's tokens. `echo`
 puts the prompt (token ids: their text) in front of the text (the ensemble's
 exclude_input_in_output=false). With `logprobs` = N, each choice's `logprobs` has
 the generated tokens' `tokens`, `token_logprobs`, `top_logprobs` (the top N as {token: logprob})

@@ -10,6 +10,7 @@ import numpy as np
 from flint_backend.serving.postprocess import EngineChunk, TextDelta
 from flint_backend.serving.tensors import Inputs, bytes_tensor, scalar
 
+# logprobs and prompt_logprobs: only in responses that carry some (_logprob_arrays)
 CHUNK_OUTPUTS = ("request_key", "chunk_index", "token_ids", "finished", "finish_reason", "num_input_tokens",
                  "num_output_tokens", "error", "output_config", "logprobs", "prompt_logprobs")
 TEXT_OUTPUTS = ("text_output", "reasoning_output", "tool_calls", "finish_reason", "num_input_tokens",
@@ -27,8 +28,7 @@ def chunk_arrays(chunk: EngineChunk) -> dict[str, np.ndarray]:
         "num_output_tokens": np.array([[chunk.num_output_tokens]], np.uint32),
         "error": bytes_tensor(chunk.error),
         "output_config": bytes_tensor(chunk.config),
-        "logprobs": bytes_tensor(json.dumps(chunk.logprobs) if chunk.logprobs else ""),
-        "prompt_logprobs": bytes_tensor(json.dumps(chunk.prompt_logprobs) if chunk.prompt_logprobs else ""),
+        **_logprob_arrays(chunk.logprobs, chunk.prompt_logprobs),
     }
 
 
@@ -53,6 +53,13 @@ def text_arrays(delta: TextDelta) -> dict[str, np.ndarray]:
         "finish_reason": bytes_tensor(delta.finish_reason),
         "num_input_tokens": np.array([[delta.num_input_tokens]], np.uint32),
         "num_output_tokens": np.array([[delta.num_output_tokens]], np.uint32),
-        "logprobs": bytes_tensor(json.dumps(delta.logprobs, ensure_ascii=False)),
-        "prompt_logprobs": bytes_tensor(json.dumps(delta.prompt_logprobs, ensure_ascii=False)),
+        **_logprob_arrays(delta.logprobs, delta.prompt_logprobs),
     }
+
+
+def _logprob_arrays(logprobs: list, prompt_logprobs: list) -> dict[str, np.ndarray]:
+    """The optional `logprobs` / `prompt_logprobs` tensors (JSON), only where there are some: a
+    request that did not ask for them gets no extra tensors in its responses (as vllm_backend's
+    additional outputs)."""
+    named = {"logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
+    return {name: bytes_tensor(json.dumps(value, ensure_ascii=False)) for name, value in named.items() if value}

@@ -69,9 +69,9 @@ class TextDelta:
 
 
 class RequestText:
-    def __init__(self, tokenizer, config: OutputConfig, logprob_entries: TokenLogprobEntries | None = None):
+    def __init__(self, tokenizer, config: OutputConfig, logprob_entries: TokenLogprobEntries):
         self.config = config
-        self._logprob_entries = logprob_entries or TokenLogprobEntries(tokenizer)
+        self._logprob_entries = logprob_entries  # the postprocessor's: token texts cached across requests
         self._detok = IncrementalDetokenizer(tokenizer, config.prompt_tail, config.skip_special_tokens)
         self._stop = StopStringMatcher(config.stop)
         self._parser = ChatOutputParser(**config.chat) if config.chat else None

@@ -42,8 +42,8 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                chunk = chunk_from_arrays({n: pb_utils.get_input_tensor_by_name(request, n).as_numpy()
-                                           for n in self.input_names})
+                tensors = {n: pb_utils.get_input_tensor_by_name(request, n) for n in self.input_names}
+                chunk = chunk_from_arrays({n: t.as_numpy() for n, t in tensors.items() if t is not None})
             except Exception as error:
                 self._fail(sender, error)
                 continue
