@@ -3,8 +3,16 @@
 
     python scripts/report_results.py RESULTS.json [MORE.json ...] [--out-dir benchmarks]
 
-Each input is one `scripts/bench.py --out` file (one or more weight formats); the outputs keep
-every input's GPU, date, commit and command next to its numbers.
+Each input is one `scripts/bench.py --out` file (one or more weight formats), kept as
+benchmarks/<gpu>/<date>-<commit>-bench*.json (gpu: h100 or h200, from the file's meta.gpu); the
+outputs keep every input's GPU, date, commit and command next to its numbers. The plot draws the
+last input of each format as "latest" and every input, in the order given, as the history (so the
+run to show as latest goes last). benchmarks/results.* are made by
+
+    python scripts/report_results.py benchmarks/h100/2026-12-05-b923e06-bench-nvfp4.json \
+        benchmarks/h200/2026-12-05-bce6bfe-bench-ttft-throughput.json \
+        benchmarks/h200/2026-12-05-bce6bfe-bench-nvfp4-repeat[12].json \
+        benchmarks/h200/2026-12-05-bce6bfe-bench.json
 """
 
 from __future__ import annotations
@@ -46,6 +54,18 @@ def step_period_ms(run: dict, d: dict) -> float:
     return d["ms_per_token"] if n is None else d["ms_per_token"] * n / (n - 1)
 
 
+def gpu_name(run: dict) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100': the card, as the plot's ticks name it."""
+    return run["meta"]["gpu"].removeprefix("NVIDIA ").split()[0]
+
+
+def seconds(ttft) -> str:
+    """bench.py's ttft_s: {prompt tokens: s} ("6.15 s at 100000 tokens"), a number, or None."""
+    if isinstance(ttft, dict):
+        return ", ".join(f"{s} s at {tokens} tokens" for tokens, s in ttft.items()) or "none"
+    return "none" if ttft is None else f"{ttft} s"
+
+
 def markdown(runs: list[dict]) -> str:
     lines = ["# End-to-end decode on one GPU (scripts/bench.py)", "",
              "Batch-1 decode, full-size flint-40b with random weights built on the GPU, CUDA graphs on;",
@@ -76,8 +96,8 @@ def markdown(runs: list[dict]) -> str:
             lines += ["", f"ms/token above counts a token made before the clock ({n} steps): the step period "
                       f"was ms/token x {n}/{n - 1} = {periods} ms."]
         lines += ["", f"weights {run['weight_bytes_per_token'] / 1e9:.2f} GB read per token; peak GPU memory "
-                  f"{run.get('peak_gpu_gib')} GiB; TTFT {run.get('ttft_s')} s"
-                  + (f" (the first such prompt, compiling its kernels: {run['ttft_first_s']} s)"
+                  f"{run.get('peak_gpu_gib')} GiB; TTFT {seconds(run.get('ttft_s'))}"
+                  + (f" (the first such prompt, compiling its kernels: {seconds(run['ttft_first_s'])})"
                      if run.get("ttft_first_s") else "") + f"; build {run['build_s']} s", ""]
         if run.get("throughput"):
             lines += ["| streams | prompt | output | output tok/s (whole run) | decode tok/s | ms/step |",
@@ -127,16 +147,17 @@ def plot(runs: list[dict], path: Path) -> None:
                      "o-", color=colors[fmt], label=f"{fmt} measured (step period)")
         if fmt in TARGETS:
             history.axhline(TARGETS[fmt], color=colors[fmt], linestyle=":", label=f"{fmt} target ({TARGETS[fmt]} ms)")
-    first = {}  # (commit, day) -> the index of its first run: one tick each
+    first = {}  # (commit, day, GPU) -> the index of its first run: one tick each
     for i, run in enumerate(runs):
-        first.setdefault((run["meta"]["commit"], run["meta"]["date"][:10]), i)
-    history.set_xticks(list(first.values()), [f"{c}\n{d[5:]}" for c, d in first], fontsize=6, rotation=60)
+        first.setdefault((run["meta"]["commit"], run["meta"]["date"][:10], gpu_name(run)), i)
+    history.set_xticks(list(first.values()), [f"{c}\n{d[5:]}\n{g}" for c, d, g in first], fontsize=6, rotation=60)
     history.set_ylim(bottom=0)
     history.set_ylabel("step period ms at the longest context")
-    history.set_title("every run (commit, date)", fontsize=9)
+    history.set_title("every run (commit, date, GPU)", fontsize=9)
     history.legend(fontsize=7, loc="lower left")
     dates = " to ".join(dict.fromkeys(run["meta"]["date"][:10] for run in (runs[0], runs[-1])))
-    fig.suptitle(f"flint-40b batch-1 decode, {m['gpu']}, {dates}", fontsize=10)
+    gpus = ", ".join(dict.fromkeys(run["meta"]["gpu"] for run in runs))
+    fig.suptitle(f"flint-40b batch-1 decode, {gpus}, {dates} (latest: {m['gpu']})", fontsize=10)
     fig.text(0.01, 0.01, f"latest command: {m['command']}", fontsize=6, color="dimgray")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=120)
