@@ -3,7 +3,7 @@
 # Build (both architectures of the image):
 #   docker buildx build --platform linux/amd64,linux/arm64 -t flint-triton .
 # Serve a checkpoint from the mounted Hugging Face cache, with the announcement's flags
-# (arguments are scripts/configure_repository.py's, as `make serve` passes them):
+# (arguments are flint_backend.serving.configure's, as `make serve` passes them):
 #   docker run --gpus all --ipc=host -p 8000:8000 -p 8001:8001 -p 8002:8002 \
 #     -v ~/.cache/huggingface:/root/.cache/huggingface flint-triton \
 #     RecursiveSI/flint-nvfp4-gguf --hf-config-path RecursiveSI/flint --tokenizer RecursiveSI/flint \

@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 CKPT   ?= checkpoints/flint-tiny
-# more scripts/configure_repository.py flags, e.g. SERVE_ARGS="--device cuda --kernel-backend triton
+# more flint_backend.serving.configure flags, e.g. SERVE_ARGS="--device cuda --kernel-backend triton
 #   --enable-auto-tool-choice --tool-call-parser glm47 --reasoning-parser glm47"
 SERVE_ARGS ?=
 HTTP_PORT ?= 8000
@@ -46,7 +46,7 @@ $(SERVE_STAMP): $(STAMP)
 	touch $(SERVE_STAMP)
 
 serve: $(SERVE_STAMP) checkpoint
-	$(PY) scripts/configure_repository.py --model $(CKPT) $(SERVE_ARGS)
+	$(PY) -m flint_backend.serving.configure --model $(CKPT) $(SERVE_ARGS)
 	$(PY) -m flint_backend.serving.launch --model-repository model_repository \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
@@ -55,7 +55,7 @@ $(OPENAI_STAMP): $(SERVE_STAMP)
 	touch $(OPENAI_STAMP)
 
 serve-openai: $(OPENAI_STAMP) checkpoint
-	$(PY) scripts/configure_repository.py --model $(CKPT) $(CHAT_FLAGS) $(SERVE_ARGS)
+	$(PY) -m flint_backend.serving.configure --model $(CKPT) $(CHAT_FLAGS) $(SERVE_ARGS)
 	PYTHON=$(PY) HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
 		scripts/serve_openai.sh --port $(OPENAI_PORT) $(CHAT_FLAGS) $(OPENAI_ARGS)
 

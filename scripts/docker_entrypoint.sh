@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The image's entrypoint: `MODEL [flags]` -> configure the model repository, start tritonserver.
-# The same two steps as `make serve` (scripts/configure_repository.py, then the launcher).
+# The same two steps as `make serve` (python -m flint_backend.serving.configure, then the launcher).
 # TRITONSERVER_ARGS: more tritonserver flags, e.g. "--exit-timeout-secs=100" (let streams in
 # flight finish after SIGTERM, as a Kubernetes pod that is scaled down needs).
 set -euo pipefail
 cd /opt/flint
 if [ "${1:-}" = "--help" ] || [ $# -eq 0 ]; then
-  python3 scripts/configure_repository.py --help
+  python3 -m flint_backend.serving.configure --help
   exit 0
 fi
-python3 scripts/configure_repository.py "$@"
+python3 -m flint_backend.serving.configure "$@"
 read -r -a EXTRA <<< "${TRITONSERVER_ARGS:-}"
 exec python3 -m flint_backend.serving.launch --model-repository model_repository \
   --http-port "${HTTP_PORT:-8000}" --grpc-port "${GRPC_PORT:-8001}" --metrics-port "${METRICS_PORT:-8002}" \

@@ -4,6 +4,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+# JSON results as benchmarks/<gpu>/ keeps them: <date>-<commit>-<what>.json (FLINT_COMMIT where the tree has no .git)
+STAMP=$(date -u +%F)-${FLINT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo nocommit)}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
@@ -19,9 +21,9 @@ case "$what" in
             timeout -s INT -k 20 "${TEST_TIMEOUT:-480}" python3 -m pytest -m gpu -v -rfE -p no:cacheprovider \
               --durations=10 "$@" tests/kernels tests/engine > "$OUT/gpu_tests.log" 2>&1
             grep -E "FAILED|ERROR|^E  " "$OUT/gpu_tests.log" | head -40; tail -15 "$OUT/gpu_tests.log" ;;
-  kernels)  timeout "${BENCH_TIMEOUT:-400}" python3 scripts/bench_kernels.py --out "$OUT/kernels-h200.json" "$@" 2>&1 | tee "$OUT/bench_kernels.log" | tail -60 ;;
-  ops)      python3 scripts/bench_decode_ops.py --out "$OUT/decode-ops-h200.json" "$@" 2>&1 | tee "$OUT/ops.log" | tail -30 ;;
-  bench)    python3 scripts/bench.py --out "$OUT/results.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+  kernels)  timeout "${BENCH_TIMEOUT:-400}" python3 scripts/bench_kernels.py --out "$OUT/$STAMP-kernels.json" "$@" 2>&1 | tee "$OUT/bench_kernels.log" | tail -60 ;;
+  ops)      python3 scripts/bench_decode_ops.py --out "$OUT/$STAMP-decode-ops.json" "$@" 2>&1 | tee "$OUT/ops.log" | tail -30 ;;
+  bench)    python3 scripts/bench.py --out "$OUT/$STAMP-bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
   # Paired graph replays of one batch-1 decode step and their per-kernel critical path, main's
   # defaults first: timeline FORMATS CONTEXT [VARIANT...], each VARIANT module.ATTR=value[,...]
   # (scripts/bench_step_timeline.py --variant), e.g.
@@ -30,7 +32,7 @@ case "$what" in
             variants=(); for v in "$@"; do variants+=(--variant "$v"); done
             # TIMELINE_ARGS: more flags, e.g. "--layers 28" (flint-40b's first 28 layers: BF16 on an H100)
             python3 -m scripts.bench_step_timeline --formats "$formats" --context "$context" "${variants[@]}" ${TIMELINE_ARGS:-} \
-              --out "$OUT/timeline.json" 2>&1 | tee "$OUT/timeline.log" | grep -E "replay|^\| \*\*|^###" | tail -40 ;;
+              --out "$OUT/$STAMP-timeline.json" 2>&1 | tee "$OUT/timeline.log" | grep -E "replay|^\| \*\*|^###" | tail -40 ;;
   # Nsight Compute on the kernels of one replayed batch-1 decode step (flint-40b, random weights):
   # ncu [FORMAT [CONTEXT [SKIP [COUNT]]]], FORMAT nvfp4 (default) or bf16, CONTEXT 100000. SKIP
   # and COUNT pick kernels of the profiled replay in launch order: 15 and 16 are layers 2 (sliding,
@@ -46,7 +48,7 @@ case "$what" in
               --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
               --section SchedulerStats --section MemoryWorkloadAnalysis -f -o "$OUT/ncu-step" \
               python3 -m scripts.bench_step_timeline --formats "${1:-nvfp4}" --context "${2:-100000}" --ncu \
-                --out "$OUT/ncu-step-meta.json" > "$OUT/ncu-run.log" 2>&1
+                --out "$OUT/$STAMP-ncu-step-meta.json" > "$OUT/ncu-run.log" 2>&1
             tail -5 "$OUT/ncu-run.log"
             "$ncu" --import "$OUT/ncu-step.ncu-rep" --page details > "$OUT/ncu-step.txt" 2>&1
             grep -E "^  [_a-zA-Z].*\(|Duration  " "$OUT/ncu-step.txt" | head -80 ;;

@@ -20,7 +20,8 @@
 # model on the GPU at a time), serves the
 # same repository and streams the same greedy request through tritonserver (flint_model with token
 # ids, and the flint ensemble with text), and compares the served tokens and text with the engine's.
-# Prints a table per case and a summary, writes $OUT/gpu_serve_check.json (or build/gpu_serve_check/),
+# Prints a table per case and a summary, writes $OUT/<date>-<commit>-serve-check.json (the name
+# benchmarks/<gpu>/ keeps it by; without $OUT, under build/gpu_serve_check/),
 # the run's log and each server's log. A case is skipped when fewer than 150 s are left before
 # --deadline-s; a failed case does not stop the next. Exit status 1 if a case failed, was skipped,
 # or served other tokens.
@@ -45,6 +46,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 RESULTS=${OUT:-build/gpu_serve_check}
+SUMMARY=$RESULTS/$(date -u +%F)-${FLINT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo nocommit)}-serve-check.json
 WORK=build/gpu_serve_check_work
 mkdir -p "$RESULTS" "$WORK"
 exec > >(tee "$RESULTS/gpu_serve_check.log") 2>&1
@@ -66,7 +68,7 @@ if [ "$DEVICE" != cpu ]; then
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
   BASE_MIB=$(gpu_used_mib)
 fi
-rm -f "$RESULTS/gpu_serve_check.json"
+rm -f "$SUMMARY"
 
 gpu_memory_free() {  # wait (up to 120 s) until the GPU is back to within 2 GiB of its use at the start
   [ "$DEVICE" = cpu ] && return 0
@@ -97,7 +99,7 @@ run_case() {  # SPEC, in a subshell of its own (set -e holds; the EXIT trap stop
   esac
   step "$name: configure $repo ($DEVICE, $BACKEND kernels, ${weights[*]})"
   rm -rf "$repo" && cp -r model_repository "$repo"
-  "$VPY" scripts/configure_repository.py --repository "$repo" "${weights[@]}" --device "$DEVICE" \
+  "$VPY" -m flint_backend.serving.configure --repository "$repo" "${weights[@]}" --device "$DEVICE" \
     --dtype bfloat16 --kernel-backend "$BACKEND" --max-num-seqs "$SEQS" --max-model-len "$MAXLEN" \
     --block-size 64 --num-kv-blocks $((SEQS * (MAXLEN / 64)))
 
@@ -119,7 +121,7 @@ run_case() {  # SPEC, in a subshell of its own (set -e holds; the EXIT trap stop
   "$VPY" scripts/gpu_serve_check.py client --url 127.0.0.1:18000 --metrics-url 127.0.0.1:18002 \
     --engine "$WORK/$name.engine.json" --runs "$RUNS" --out "$WORK/$name.client.json"
   "$VPY" scripts/gpu_serve_check.py report "$WORK/$name.engine.json" "$WORK/$name.client.json" --case "$name" \
-    --into "$RESULTS/gpu_serve_check.json"
+    --into "$SUMMARY"
 }
 
 FAILED=
@@ -136,6 +138,6 @@ for spec in "${SPECS[@]}"; do
 done
 
 step "summary"
-[ -f "$RESULTS/gpu_serve_check.json" ] && "$VPY" scripts/gpu_serve_check.py summary "$RESULTS/gpu_serve_check.json" || true
+[ -f "$SUMMARY" ] && "$VPY" scripts/gpu_serve_check.py summary "$SUMMARY" || true
 [ -z "$FAILED" ] || { echo "failed:$FAILED"; exit 1; }
 echo "all cases served the engine's tokens"

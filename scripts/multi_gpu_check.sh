@@ -62,7 +62,7 @@ serve_and_load() {  # LABEL GPU_LIST
   step "$label: flint_model on GPUs $gpus"
   rm -rf "$repo" && cp -r model_repository "$repo"
   # max-num-seqs = STREAMS: one engine alone can batch every stream
-  "$VPY" scripts/configure_repository.py --repository "$repo" --model "$CKPT" --gpus "$gpus" --dtype bfloat16 \
+  "$VPY" -m flint_backend.serving.configure --repository "$repo" --model "$CKPT" --gpus "$gpus" --dtype bfloat16 \
     --kernel-backend "$BACKEND" --max-num-seqs "$STREAMS" --max-model-len 4096 --kv-cache-memory-fraction 0.5
   "$VPY" -m flint_backend.serving.launch --model-repository "$repo" --http-port 18000 --grpc-port 18001 \
     --metrics-port 18002 -- --exit-timeout-secs=10 > "$RESULTS/tritonserver_$label.log" 2>&1 &

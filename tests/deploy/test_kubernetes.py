@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from flint_backend.serving.configure import build_parser, engine_instance_group
 from flint_backend.serving.metrics import GAUGES
-from scripts.configure_repository import build_parser, engine_instance_group
 
 yaml = pytest.importorskip("yaml")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -82,7 +82,7 @@ def env(c: dict) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("name", DEPLOYMENTS)
-def test_args_are_configure_repository_flags_with_one_engine_per_gpu_of_the_pod(name, monkeypatch):
+def test_args_are_configure_flags_with_one_engine_per_gpu_of_the_pod(name, monkeypatch):
     import torch
 
     c = container(DEPLOYMENTS[name])

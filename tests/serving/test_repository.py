@@ -10,8 +10,8 @@ import pytest
 
 from flint_backend.serving import launch
 from flint_backend.serving.chunks import CHUNK_OUTPUTS, TEXT_OUTPUTS
+from flint_backend.serving.configure import main as configure
 from flint_backend.serving.generate_request import CHAT_FIELDS, TENSOR_FIELDS
-from scripts.configure_repository import main as configure
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = ROOT / "model_repository"
@@ -196,7 +196,7 @@ def test_dockerfile_lints_and_serves_as_make_serve_does():
     assert run.returncode == 0, run.stdout + run.stderr
     entry = (ROOT / "scripts" / "docker_entrypoint.sh").read_text()
     make_serve = (ROOT / "Makefile").read_text().split("\nserve:")[1].split("\n\n")[0]
-    for step in ("scripts/configure_repository.py", "-m flint_backend.serving.launch --model-repository model_repository"):
+    for step in ("-m flint_backend.serving.configure ", "-m flint_backend.serving.launch --model-repository model_repository"):
         assert step in entry and step in make_serve.replace("\\\n\t\t", "")
     assert "/opt/flint/scripts/docker_entrypoint.sh" in (ROOT / "Dockerfile").read_text()
 

@@ -14,6 +14,7 @@ from reference_texts import N_TOKENS, reference_logprobs
 from triton_server import Streams, TritonServer, configured_repository
 
 pytest.importorskip("tritonclient.grpc")
+pytestmark = pytest.mark.server
 
 MAX_MODEL_LEN = 512
 OUTPUT_TYPES = {"text_output": "BYTES", "reasoning_output": "BYTES", "tool_calls": "BYTES", "finish_reason": "BYTES",
@@ -242,12 +243,10 @@ def test_cancelled_streams_free_the_kv_cache(server):
             streams.send(f"c{i}", text_input=f"Cancel me {i}", max_tokens=400, ignore_eos=True, stream=True,
                          temperature=1.0, seed=i)
         deadline = time.monotonic() + 60
+        # once every stream has a token, all 50 run in the engine: cancel at once (however fast the CPU)
         while not all(s.results.get(f"c{i}") for i, s in enumerate(clients)):
             assert time.monotonic() < deadline, "streams did not start"
             time.sleep(0.05)
-        while server.metric("flint:kv_cache_usage_perc") == 0:  # published every 0.5 s
-            assert time.monotonic() < deadline, "KV usage never rose"
-            time.sleep(0.1)
     finally:
         for streams in clients:
             streams.close(cancel=True)
@@ -257,7 +256,7 @@ def test_cancelled_streams_free_the_kv_cache(server):
         assert time.monotonic() < deadline, [l for l in server.metrics().splitlines()
                                              if l.startswith(("flint:kv", "flint:num_req", "flint:request_success"))]
         time.sleep(0.25)
-    assert server.metric("flint:generation_tokens_total") - before_tokens < 50 * 400 / 2  # stopped mid-way
+    assert 50 <= server.metric("flint:generation_tokens_total") - before_tokens < 50 * 400 / 2  # stopped mid-way
     status, out = server.generate({"text_input": "Hello world", "max_tokens": 2})
     assert status == 200 and out["num_output_tokens"] == 2
 

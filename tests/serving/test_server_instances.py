@@ -1,4 +1,4 @@
-"""Two KIND_CPU instances of flint_model in one tritonserver (configure_repository --instances 2):
+"""Two KIND_CPU instances of flint_model in one tritonserver (configure --instances 2):
 Triton spreads the requests over both engines (seen per instance on /metrics), every text equals
 the fp64 reference's, and aborts taken by either instance stop the owner's request."""
 
@@ -16,6 +16,7 @@ from reference_texts import N_TOKENS
 from triton_server import Streams, TritonServer, configured_repository
 
 pytest.importorskip("tritonclient.grpc")
+pytestmark = pytest.mark.server
 
 MAX_MODEL_LEN = 512
 INSTANCES = 2

@@ -14,6 +14,7 @@ from successor_checkpoint import successor_checkpoint
 from triton_server import TritonServer, configured_repository
 
 pytest.importorskip("tritonclient")
+pytestmark = pytest.mark.server
 
 REASONING = "Let me check."
 CALL = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"

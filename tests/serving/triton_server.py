@@ -30,7 +30,7 @@ def free_port() -> int:
 
 
 def configured_repository(dest: Path, *flags: str) -> Path:
-    from scripts.configure_repository import main as configure
+    from flint_backend.serving.configure import main as configure
 
     repo = dest / "model_repository"
     shutil.copytree(PROJECT_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))

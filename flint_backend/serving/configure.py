@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Configure the model repository from a vLLM-style command line (the announcement's flags).
 
-    python scripts/configure_repository.py [MODEL] [--model PATH|ORG/NAME] [--hf-config-path P] [--tokenizer P]
+    python -m flint_backend.serving.configure [MODEL] [--model PATH|ORG/NAME] [--hf-config-path P] [--tokenizer P]
         [--preset flint-40b [--seed S] [--quantization nvfp4]]     (no MODEL: random weights)
         [--enable-auto-tool-choice] [--tool-call-parser glm47] [--reasoning-parser glm47]
         [--exclude-tools-when-tool-choice-none] [--default-max-tokens N]
@@ -35,10 +34,10 @@ from pathlib import Path
 
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.engine.engine_args import EngineArgs
+from flint_backend.serving.launch import PROJECT_ROOT
 from flint_backend.serving.repository import (ENGINE_MODEL, PATH_KEYS, engine_args_path, instance_group,
                                               resolve_model_path, set_instance_group)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_CONFIG = Path("flint_tokenizer") / "config.pbtxt"
 ENGINE_CONFIG = Path(ENGINE_MODEL) / "config.pbtxt"
 ALIASES = {"gpu_memory_utilization": "kv_cache_memory_fraction"}
@@ -47,8 +46,8 @@ CHAT_FLAGS = ("enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m flint_backend.serving.configure", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("model_positional", nargs="?", metavar="MODEL", help="same as --model")
     parser.add_argument("--repository", type=Path, default=PROJECT_ROOT / "model_repository")
     for f in fields(EngineArgs):
@@ -91,7 +90,7 @@ def engine_args(args: argparse.Namespace, json_dir: Path) -> EngineArgs:
     given = {f.name: getattr(args, f.name) for f in fields(EngineArgs) if getattr(args, f.name) is not None}
     if args.model_positional:
         if "model" in given:
-            sys.exit("configure_repository: give the model once (MODEL or --model)")
+            sys.exit("configure: give the model once (MODEL or --model)")
         given["model"] = args.model_positional
     for key in PATH_KEYS:
         if key in given:
@@ -159,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         group = engine_instance_group(args, engine.device)
         engine_config = set_instance_group((args.repository / ENGINE_CONFIG).read_text(), group)
     except (ValueError, FileNotFoundError) as error:
-        sys.exit(f"configure_repository: {error}")
+        sys.exit(f"configure: {error}")
     json_path.write_text(json.dumps(engine.to_dict(), indent=2) + "\n")
     config_path.write_text(pbtxt)
     (args.repository / ENGINE_CONFIG).write_text(engine_config)
