@@ -16,9 +16,9 @@ import math
 import torch
 
 from flint_backend.config import FlintConfig
-from flint_backend.engine.kv_cache import KVCache
-from flint_backend.engine.step_batch import StepBatch
+from flint_backend.kv_cache import KVCache
 from flint_backend.ops import Ops
+from flint_backend.step_batch import StepBatch
 
 
 def rope_cos_sin_cache(max_positions: int, head_dim: int, theta: float, device) -> torch.Tensor:
@@ -152,30 +152,6 @@ class FlintModel:
         """hidden_states' rows `rows` [R] -> their fp32 logits [R, V]."""
         return self.ops.norm_logits(x.index_select(0, rows), residual.index_select(0, rows), self.norm,
                                     self.config.rms_norm_eps, self.lm_head, None)
-
-    @torch.no_grad()
-    def forward_low_latency(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:
-        """The same function for an all-decode step of a few tokens, in fewer, fatter kernels per
-        layer: [residual + norm + QKV + Q/K norm + RoPE + KV write], attention, o_proj,
-        [residual + norm + router + top-k], [gate/up of the chosen and shared experts],
-        [down + combine]. (The regular path folds the norms too; this one also folds Q/K norm,
-        RoPE and the KV write into the QKV launch: benchmarks/NOTES.md.)"""
-        c, ops = self.config, self.ops
-        x, residual = self._embedding(batch), None  # [N, H]
-        for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            k_cache, v_cache = kv.layer(attn.layer)
-            slots = batch.full_slots if attn.is_full else batch.ring_slots
-            q, k, v, residual = ops.norm_qkv_rope(
-                x, residual, layer.input_norm, c.rms_norm_eps, attn.qkv_proj, attn.q_norm, attn.k_norm,
-                batch.positions, attn.cos_sin, c.num_attention_heads, c.num_key_value_heads, k_cache, v_cache, slots)
-            out = ops.attention(
-                q, k, v, batch.query_start_loc, batch.context_lens, k_cache, v_cache, attn.sinks, attn.sm_scale,
-                attn.window, block_tables=batch.block_tables if attn.is_full else None,
-                ring_rows=None if attn.is_full else batch.ring_rows, decode_only=True, max_query_len=1)
-            x = ops.linear(out.reshape(out.shape[0], -1), attn.o_proj)
-            x, residual = mlp.forward(x, residual, layer.post_norm)
-        return self._head(x, residual, batch)
 
     def _embedding(self, batch: StepBatch) -> torch.Tensor:
         if batch.prev_rows is None:

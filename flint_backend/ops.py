@@ -1,5 +1,5 @@
 """The op table the fast model calls through: "torch" (plain PyTorch, any device) or "triton"
-(our kernels; on the CPU they run under TRITON_INTERPRET=1). Choosing one is a config value.
+(our kernels; on the CPU they run in Triton's interpreter). Choosing one is a config value.
 
 Each kernel file in `flint_kernels/` holds the Triton launcher and a `*_torch` twin with the same
 signature; the torch table is made of those twins, so both tables compute the same function.
@@ -9,7 +9,6 @@ Weights of linears and experts are dense tensors or NVFP4Weight (W4A16, weights/
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,59 +23,24 @@ from flint_kernels import embedding as embedding_k
 from flint_kernels import greedy as greedy_k
 from flint_kernels import moe as moe_k
 from flint_kernels import moe_gemv as moe_gemv_k
-from flint_kernels import norm_qkv_rope as norm_qkv_k
 from flint_kernels import nvfp4_linear as nvfp4_k
 from flint_kernels import qk_norm_rope as qk_k
 from flint_kernels import rms_norm as rms_k
 from flint_kernels import router as router_k
 from flint_kernels import sampling as sampling_k
 from flint_kernels import swiglu as swiglu_k
+from flint_kernels import tuning
 
 BACKENDS = ("torch", "triton")
-# The residual add + RMSNorm folded into the GEMV or router after it at decode sizes (one launch
-# fewer, twice a layer). FLINT_FOLD_NORM (a benchmark knob): "1" (the default) into all, "dense"
-# into the router and the BF16 GEMVs only, "0" into none. H200, batch-1 decode at 100K
-# (benchmarks/NOTES.md §12): NVFP4 2.642 ms/token with none, 2.636 "dense", 2.549 all; BF16 3.085
-# before, 2.974 with all.
-FOLD_MODES = ("0", "1", "dense")
-FOLD_NORM = os.environ.get("FLINT_FOLD_NORM", "1")
-if FOLD_NORM not in FOLD_MODES:
-    raise ValueError(f"FLINT_FOLD_NORM: got {FOLD_NORM!r}, expected one of {FOLD_MODES}")
-# Decode steps: FLINT_FUSE_QK_NORM_ROPE=1 does the Q/K norm, RoPE and cache write inside the
-# decode-attention launches (decode_attention_qkv: a launch fewer a layer); 0 (the default):
-# qk_norm_rope, then decode_attention. Measured on the H200 (benchmarks/NOTES.md §13), the fused
-# launches lose: NVFP4 100K graph replay 2.570 ms unfused, 2.695 fused (BF16 3.034, 3.168): the
-# qk_norm_rope launch costs ~1.2 us of the step's critical path, the norms moved into the split
-# and reduce programs ~3.6 us (their per-head reductions and partner loads before the first tile).
-FUSE_QK_NORM_ROPE = os.environ.get("FLINT_FUSE_QK_NORM_ROPE", "0")
-if FUSE_QK_NORM_ROPE not in ("0", "1"):
-    raise ValueError(f"FLINT_FUSE_QK_NORM_ROPE: got {FUSE_QK_NORM_ROPE!r}, expected '0' or '1'")
-# Decode steps with an NVFP4 o_proj: the decode-attention reduce in 4 warps a program, not
-# decode_attention.REDUCE_WARPS (8). The o_proj launch prefetches its weights under the reduce
-# (PDL); with 4.7 MB of NVFP4 weights the reduce's own time shows, with 16 MB of BF16 the
-# prefetch sets the pace. H200, batch-1 decode at 100K, graph replay (benchmarks/NOTES.md §22):
-# NVFP4 2.222 -> 2.209 and 2.227 -> 2.208 ms (reduce 3.0 -> 2.5 us sliding, 4.0 -> 3.4 full; o_proj
-# +0.3 us sliding), BF16 2.800 -> 2.817 ms (so BF16 keeps 8); 2 warps lose in both (2.263, 2.867).
-NVFP4_REDUCE_WARPS = 4
-
-# Decode steps: the MoE top-k picked inside the expert launches from the router's logits
-# (router.rms_norm_router_logits, moe.fused_moe_routed), so the router launch ends at its
-# logits' store instead of an arrival counter and a one-program top-k tail;
-# FLINT_MOE_ROUTE_IN_EXPERTS=0: the router picks (rms_norm_router_topk, then fused_moe). Read at
-# each call (a benchmark knob).
-MOE_ROUTE_IN_EXPERTS = os.environ.get("FLINT_MOE_ROUTE_IN_EXPERTS", "1") == "1"
-# Decode steps: the final RMSNorm folded into the LM head's GEMV (every one of its ~19K programs
-# then reads the whole row for the rstd: a launch fewer for ~0.4 GB of L2 reads). Read at each
-# call (a benchmark knob; benchmarks/NOTES.md §24).
-HEAD_FOLD_NORM = os.environ.get("FLINT_HEAD_FOLD_NORM", "1") == "1"
-# NVFP4 decode steps of the dense MLP (layers 0-1 of flint-40b): the SwiGLU applied by the down
-# projection's GEMV to the gate_up row it loads (swiglu.silu_mul_at), not by a silu_mul launch
-# between them: one launch and one store/load round trip fewer a layer, the same bits; 0.93 + 9.63
-# -> 9.73 us and 0.96 + 9.60 -> 8.99 us of the H200's critical path (layers 0, 1), replay 2.1127
-# -> 2.1119 ms at 100K. The BF16 down folded the same way was slower (1.18 + 16.16 -> 23.20 us a
-# layer: each of its programs took the SwiGLU of all 10240 columns; branch
-# exp/decode-knobs-measured-slower, benchmarks/NOTES.md §27). Read at each call (a benchmark knob).
-SILU_IN_DOWN = os.environ.get("FLINT_SILU_IN_DOWN", "1") == "1"
+# At decode sizes the triton table folds neighbouring launches (each measured faster on the H200,
+# batch-1 decode at 100K; docs/performance.md): the residual add + RMSNorm into the GEMV or router
+# after it (2026-12-03: NVFP4 2.642 -> 2.549 ms a token, BF16 3.085 -> 2.974); the MoE top-k into
+# the expert launches (router.rms_norm_router_logits, moe.fused_moe_routed: 2026-12-03, NVFP4 2.563
+# -> 2.473, BF16 3.005 -> 2.922); the NVFP4 dense MLP's SwiGLU into its down GEMV
+# (swiglu.silu_mul_at: 2026-12-05, 10.56 -> 9.73 us a layer of the critical path; the BF16 down
+# folded the same way was slower, 17.3 -> 23.2 us: each of its programs took the SwiGLU of all
+# 10240 columns); the final RMSNorm into the LM head (tuning.HEAD_FOLD_NORM). This fused regular
+# path is the low-latency path.
 
 
 @dataclass(frozen=True)
@@ -110,8 +74,14 @@ class Ops:
     norm_moe: Callable        # (x, residual | None, norm_w, eps, router_w, bias, top_k, scaling, renorm,
     #                              w13, w2, shared_w13, shared_w2) -> (MoE(rms_norm(..)), residual + x)
     sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
-    # the low-latency decode path (a few tokens): fatter kernels that fuse their neighbours
-    norm_qkv_rope: Callable   # (x, residual, norm_w, eps, qkv_w, q_w, k_w, pos, cos_sin, Hq, Hk, kc, vc, slots)
+    # a decode step's greedy tokens in packed int64 argmax slots (greedy.py), as norm_logits leaves them
+    greedy_slots: Callable    # (n, device) -> [n] int64 slots, empty (before a head's argmax)
+    pack_tokens: Callable     # (tokens [S] int64) -> [S] slots holding those tokens (sampled rows)
+    slot_tokens: Callable     # (slots [S] int64) -> token ids [S] int64
+
+
+def greedy_slots(n: int, device: torch.device) -> torch.Tensor:
+    return torch.full((n,), greedy_k.EMPTY, dtype=torch.int64, device=device)
 
 
 def cache_write_torch(k, v, k_cache, v_cache, slots):
@@ -156,9 +126,9 @@ def silu_linear_torch(gate_up: torch.Tensor, w) -> torch.Tensor:
 
 
 def silu_linear_triton(gate_up: torch.Tensor, w) -> torch.Tensor:
-    """NVFP4 decode batches (SILU_IN_DOWN): the SwiGLU folded into the linear's GEMV (one
-    launch); else silu_mul, then linear."""
-    if (SILU_IN_DOWN and isinstance(w, NVFP4Weight) and gate_up.dim() == 2 and gate_up.stride(-1) == 1
+    """NVFP4 decode batches: the SwiGLU folded into the linear's GEMV (one launch); else
+    silu_mul, then linear."""
+    if (isinstance(w, NVFP4Weight) and gate_up.dim() == 2 and gate_up.stride(-1) == 1
             and gate_up.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS):
         return nvfp4_k.silu_nvfp4_linear(gate_up, w)
     return linear_triton(swiglu_k.silu_mul(gate_up), w)
@@ -187,7 +157,7 @@ def norm_logits_triton(x, residual, norm_w, eps, w, greedy=None):
     """Decode batches of a dense head: the LM head's GEMV picks the greedy tokens, and with
     HEAD_FOLD_NORM folds the final RMSNorm too (one launch); else rms_norm, logits, torch's argmax."""
     dense = not isinstance(w, NVFP4Weight)
-    if (HEAD_FOLD_NORM and dense and dense_gemv_k.uses_dense_gemv(x, w) and _foldable(x, residual)
+    if (tuning.HEAD_FOLD_NORM and dense and dense_gemv_k.uses_dense_gemv(x, w) and _foldable(x, residual)
             and x.shape[1] <= rms_k.MAX_HIDDEN):
         return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w, out_dtype=torch.float32,
                                                 greedy=greedy)[0]
@@ -206,14 +176,14 @@ def norm_linear_torch(x, residual, norm_w, eps, w):
 
 
 def _foldable(x, residual) -> bool:
-    return FOLD_NORM != "0" and x.is_contiguous() and (
+    return x.is_contiguous() and (
         residual is None or (residual.dtype == x.dtype and residual.is_contiguous()))
 
 
 def norm_linear_triton(x, residual, norm_w, eps, w):
     """Decode batches: the RMSNorm folded into the GEMV (one launch); else rms_norm, then linear."""
     if _foldable(x, residual) and x.shape[1] <= rms_k.MAX_HIDDEN:
-        if isinstance(w, NVFP4Weight) and x.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS and FOLD_NORM == "1":
+        if isinstance(w, NVFP4Weight) and x.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS:
             return nvfp4_k.rms_norm_nvfp4_linear(x, residual, norm_w, eps, w)
         if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(x, w):
             return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w)
@@ -244,9 +214,9 @@ def norm_moe_torch(x, residual, norm_w, eps, router_w, bias, top_k, scaling, ren
 
 def norm_moe_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
                     shared_w2):
-    """Decode batches (MOE_ROUTE_IN_EXPERTS): the router launch stores logits and the expert
-    launches pick the top-k; else norm_router (its top-k in the router launch), then moe."""
-    if (MOE_ROUTE_IN_EXPERTS and _foldable(x, residual) and router_k.folds_norm(x, router_w)
+    """Decode batches: the router launch stores logits and the expert launches pick the top-k;
+    else norm_router (its top-k in the router launch), then moe."""
+    if (_foldable(x, residual) and router_k.folds_norm(x, router_w)
             and x.shape[0] <= moe_k.SMALL_BATCH_TOKENS and moe_gemv_k.routes_in_experts(w2, shared_w2, top_k)):
         h, logits, residual, routing = router_k.rms_norm_router_logits(x, residual, norm_w, eps, router_w)
         return moe_k.fused_moe_routed(h, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13,
@@ -274,25 +244,23 @@ def _attention_triton(q, k, v, query_start_loc, context_lens, k_cache, v_cache, 
 
 def _decode_attention_o_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
                               context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None):
-    from flint_kernels.decode_attention import decode_attention_qkv_torch
-    out = decode_attention_qkv_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
-                                     context_lens, sinks, sm_scale, window, block_tables, ring_rows)
+    from flint_kernels.decode_attention import decode_attention_torch
+    q, k, v = qk_k.qk_norm_rope_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
+    out = decode_attention_torch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                                 block_tables=block_tables, ring_rows=ring_rows)
     return linear_torch(out.reshape(out.shape[0], -1), o_w)
 
 
 def _decode_attention_o_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
                                context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None):
-    from flint_kernels.decode_attention import decode_attention, decode_attention_qkv
+    """qk_norm_rope (writing the cache), decode_attention, o_proj; the reduce in
+    tuning.NVFP4_REDUCE_WARPS warps before an NVFP4 o_proj."""
+    from flint_kernels.decode_attention import decode_attention
 
-    reduce_warps = NVFP4_REDUCE_WARPS if isinstance(o_w, NVFP4Weight) else None
-    if FUSE_QK_NORM_ROPE == "1":
-        out = decode_attention_qkv(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
-                                   context_lens, sinks, sm_scale, window, block_tables, ring_rows,
-                                   reduce_warps=reduce_warps)
-    else:
-        q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
-        out = decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                               block_tables=block_tables, ring_rows=ring_rows, reduce_warps=reduce_warps)
+    reduce_warps = tuning.NVFP4_REDUCE_WARPS if isinstance(o_w, NVFP4Weight) else None
+    q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
+    out = decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
+                           block_tables=block_tables, ring_rows=ring_rows, reduce_warps=reduce_warps)
     return linear_triton(out.reshape(out.shape[0], -1), o_w)  # [N, H]
 
 
@@ -316,8 +284,10 @@ TORCH_OPS = Ops(
     router=router_k.router_topk_torch,
     moe=moe_k.fused_moe_torch,
     norm_moe=norm_moe_torch,
-    norm_qkv_rope=norm_qkv_k.norm_qkv_rope_torch,
     sample=sampling_k.sample_torch,
+    greedy_slots=greedy_slots,
+    pack_tokens=greedy_k.pack_token,
+    slot_tokens=greedy_k.token,
 )
 
 
@@ -343,7 +313,9 @@ def triton_ops() -> Ops:
         moe=moe_k.fused_moe,
         norm_moe=norm_moe_triton,
         sample=sampling_k.sample,
-        norm_qkv_rope=norm_qkv_k.norm_qkv_rope,
+        greedy_slots=greedy_slots,  # the slot format is the LM head's, the same in both tables
+        pack_tokens=greedy_k.pack_token,
+        slot_tokens=greedy_k.token,
     )
 
 

@@ -11,62 +11,42 @@ then exits (a launch of one split has no reduce launch).
 
 The grid and scratch depend only on (B, num_splits), never on context lengths, so a captured
 CUDA graph replays for any lengths: splits past a sequence's length exit at once.
-
-`decode_attention_qkv` takes the raw QKV projection instead of q/k/v: both kernels normalise
-and rotate the heads they read themselves (qk_norm_rope.py's semantics, a few KB from L2 per
-program), and split 0 of each KV head writes this step's K/V into the cache, so a decode layer
-needs no qk_norm_rope launch. No program of the launch reads that slot: cached positions are
-[lo, ctx), the new token is at ctx, and a ring holds at least the window. (Measured slower than
-qk_norm_rope then decode_attention on the H200, so the engine uses it only with
-FLINT_FUSE_QK_NORM_ROPE=1: benchmarks/NOTES.md §13.)
-(Merging in the last split to arrive instead of a second launch measured slower on the H200:
-a full layer at 100K 70.5 us vs 61.0, a sliding one 8.36 vs 6.53; benchmarks/NOTES.md §9.)
+(Merging in the last split to arrive instead of a second launch measured slower on the H200,
+2026-12-02: a full layer at 100K 70.5 us vs 61.0, a sliding one 8.36 vs 6.53. The Q/K norm,
+RoPE and cache write inside these two launches measured slower than qk_norm_rope's launch
+before them, 2026-12-03 and 2026-12-04: NVFP4 100K 2.570 -> 2.695 and 2.103 -> 2.249 ms a token.)
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from . import qk_norm_rope as qk_norm_rope_k
 from .attention import attention_torch, check_attention_inputs
-from .split_k import num_sms
 from .pdl import launch_args, pdl_prologue
+from .split_k import num_sms
+from .tuning import INTERPRET
 
 # Triton's interpreter computes bf16 tl.dot wrongly: feed it fp32 there, bf16 on a GPU.
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET
 LOG2E = 1.4426950408889634
 TILE_N = 64            # cached positions per tile
 MAX_SPLITS = 128       # upper bound of the split grid axis (scratch is [B, Hq, splits, D] fp32)
 WAVES = 2              # default splits aim at this many programs per SM
 # K/V tiles in flight per split program (cp.async): paged 3 (72 KB of shared memory, 4 stages take
-# 104 KB), ring 3. Batch-1 decode at 100K on the H200, graph replay: 3 paged stages take a full
-# layer's split 50.8 -> 50.2 us, NVFP4 2.199 -> 2.187 ms, BF16 2.786 -> 2.776 (2: 58 us a full
-# split; benchmarks/NOTES.md §22). Read at each launch.
+# 104 KB), ring 3. Batch-1 decode at 100K on the H200 (2026-12-04), graph replay: 3 paged stages
+# take a full layer's split 50.8 -> 50.2 us, NVFP4 2.199 -> 2.187 ms, BF16 2.786 -> 2.776 (2: 58 us
+# a full split). Read at each launch.
 PAGED_STAGES, RING_STAGES = 3, 3
 SPLIT_WARPS = 4        # warps of a split program (a launch-config knob: scripts/sweep_decode_attention.py)
-# Default splits of a sliding-window layer: None caps them at a tile each; 1 streams the window
-# in one program per KV head, which finishes the output itself, so the reduce launch is skipped
-# (a benchmark knob: NVFP4 100K replay 2.570 -> 2.719 ms on the H200, benchmarks/NOTES.md §13)
-WINDOW_SPLITS: int | None = None
+# A sliding-window layer's default splits are capped at a tile each (one split per KV head, or
+# 2, 3 or 5, measured slower on the H200, 2026-12-03/04: NVFP4 100K 2.570 -> 2.719 ms, and 2.223
+# -> 2.304 / 2.275 / 2.253).
 # splits a reduce program merges per step: on a GPU all of them at batch 1 (one round trip; 8
 # warps hold [128, D] fp32), the interpreter also runs the multi-step loop. A launch's
-# reduce_warps overrides REDUCE_WARPS (the NVFP4 model's decode steps take 4: flint_backend/ops.py)
+# reduce_warps overrides REDUCE_WARPS (the NVFP4 model's decode steps take tuning.NVFP4_REDUCE_WARPS)
 REDUCE_BLOCK_S, REDUCE_WARPS = (16, 4) if INTERPRET else (128, 8)
-# A reduce program loads its first BLOCK_S partials right after its PDL wait, with the new
-# token's q, k and v, instead of after q . k's cross-warp sum: one round trip to L2, not two. A
-# benchmark knob, read at each launch (benchmarks/NOTES.md §19).
-REDUCE_PARTIALS_FIRST = True
-# A reduce program reads the new token's q, k, v and merges them with the sink before its PDL wait
-# (they were written before the split launch, two kernels back: complete once it runs, pdl.py),
-# so only the partials' load and merge follow the wait: the 49 reduces 126.9 -> 111.5 us of the
-# H200's critical path at 100K, NVFP4 replay 2.1119 -> 2.1049 ms, BF16 2.7986 -> 2.7940
-# (benchmarks/NOTES.md §27). A benchmark knob, read at each launch.
-REDUCE_NEW_TOKEN_FIRST = True
 
 
 @triton.jit
@@ -117,20 +97,15 @@ def _decode_split_kernel(
     part_acc_ptr,      # [B, Hq, num_splits, D] fp32: unnormalised sum of p * v
     part_ml_ptr,       # [B, Hq, num_splits, 2] fp32: running max (log2 units), sum of p
     out_ptr,           # [B, Hq, D]
-    q_norm_ptr,        # [D] (FROM_QKV: q/k/v point into the raw qkv rows, normed and rotated here)
-    k_norm_ptr,        # [D]
-    positions_ptr,     # [B] int (FROM_QKV and USE_ROPE)
-    cos_sin_ptr,       # [max_pos, D] fp32: cos | sin (FROM_QKV and USE_ROPE)
-    slots_ptr,         # [B] int64 cache slot of this step's K/V, -1 = no write (FROM_QKV)
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_bt,
-    qk_scale, window, num_splits, eps,
+    qk_scale, window, num_splits,
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    # the step's metadata (context lengths, positions, slots, ring rows, block tables: copied in
-    # by the host, written by no kernel of the step) is read before the PDL wait (pdl.py)
+    # the step's metadata (context lengths, ring rows, block tables: copied in by the host,
+    # written by no kernel of the step) is read before the PDL wait (pdl.py)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -140,8 +115,6 @@ def _decode_split_kernel(
         return
     rows = tl.arange(0, BLOCK_G)  # query heads h*G + rows
     cols = tl.arange(0, D)
-    cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)
-    new_slot = tl.load(slots_ptr + b) if FROM_QKV else -1  # this step's K/V go there (-1: nowhere)
     table = block_tables_ptr + b * stride_bt
     ring_base = 0
     if not PAGED:
@@ -150,17 +123,7 @@ def _decode_split_kernel(
     pos_next = start + tl.arange(0, BLOCK_N)
     block_next = tl.load(table + pos_next // ROWS_PER, mask=PAGED & (pos_next < end), other=0)
     pdl_prologue(PDL)
-    q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, q_norm_ptr, cos_row, eps,
-                    D, FROM_QKV, USE_ROPE)  # [BLOCK_G, D]
-    if FROM_QKV:
-        if s == 0:  # this step's K/V into the cache, once per KV head
-            kv_new = tl.maximum(new_slot, 0) * (HK * D) + h * D + cols[None, :]  # [1, D]
-            one = tl.arange(0, 1)
-            k_new = _load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps,
-                                D, True, USE_ROPE)
-            v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[None, :])
-            tl.store(k_cache_ptr + kv_new, k_new.to(k_cache_ptr.dtype.element_ty), mask=new_slot >= 0)
-            tl.store(v_cache_ptr + kv_new, v_new.to(v_cache_ptr.dtype.element_ty), mask=new_slot >= 0)
+    q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, D)  # [BLOCK_G, D]
     if DOT_FP32:
         q = q.to(tl.float32)
     m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
@@ -198,8 +161,7 @@ def _decode_split_kernel(
         tl.store(part_ml_ptr + (part + s) * 2 + 1, l, mask=head_ok)
         return
     one = tl.arange(0, 1)
-    k_new = tl.reshape(_load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps,
-                                   D, FROM_QKV, USE_ROPE), [D]).to(tl.float32)
+    k_new = tl.reshape(_load_heads(k_ptr + b * stride_kb, h + one, one < 1, stride_kh, D), [D]).to(tl.float32)
     v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols).to(tl.float32)
     out = _finish_one_split(q, m, l, acc, k_new, v_new, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
@@ -207,41 +169,10 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _cos_sin_row(positions_ptr, cos_sin_ptr, b, D: tl.constexpr, USE_ROPE: tl.constexpr):
-    """The cos | sin row [D] of sequence b's position (the table's first row when not rotating)."""
-    if USE_ROPE:
-        return cos_sin_ptr + tl.load(positions_ptr + b).to(tl.int64) * D
-    return cos_sin_ptr
-
-
-@triton.jit
-def _load_heads(ptr, heads, head_ok, stride_h, weight_ptr, cos_row, eps, D: tl.constexpr,
-                NORM_ROPE: tl.constexpr, USE_ROPE: tl.constexpr):
-    """Heads [R, D] at ptr + heads * stride_h (heads [R]): as stored, or (NORM_ROPE) raw
-    projections put through qk_norm_rope.py's per-head RMSNorm (fp32 statistics, rounded after
-    the norm and after the weight) and NeoX RoPE (fp32, rounded), in x's dtype. Rotate-half
-    pairs column c with column (c + D/2) % D, loaded a second time (L1/L2) rather than moved
-    between threads."""
+def _load_heads(ptr, heads, head_ok, stride_h, D: tl.constexpr):
+    """Heads [R, D] at ptr + heads * stride_h (heads [R]), as stored."""
     cols = tl.arange(0, D)
-    offs = heads[:, None] * stride_h
-    x = tl.load(ptr + offs + cols[None, :], mask=head_ok[:, None], other=0.0)
-    if NORM_ROPE:
-        HALF: tl.constexpr = D // 2
-        partner = (cols + HALF) % D
-        xf = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]
-        w = tl.load(weight_ptr + cols).to(x.dtype).to(tl.float32)
-        y = ((xf * rstd).to(x.dtype).to(tl.float32) * w[None, :]).to(x.dtype)
-        if USE_ROPE:
-            xr = tl.load(ptr + offs + partner[None, :], mask=head_ok[:, None], other=0.0).to(tl.float32)
-            wr = tl.load(weight_ptr + partner).to(x.dtype).to(tl.float32)
-            yr = ((xr * rstd).to(x.dtype).to(tl.float32) * wr[None, :]).to(x.dtype).to(tl.float32)
-            cos = tl.load(cos_row + cols % HALF)[None, :]
-            sin = tl.load(cos_row + HALF + cols % HALF)[None, :]
-            # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
-            y = (y.to(tl.float32) * cos + tl.where(cols[None, :] < HALF, -yr, yr) * sin).to(x.dtype)
-        x = y
-    return x
+    return tl.load(ptr + heads[:, None] * stride_h + cols[None, :], mask=head_ok[:, None], other=0.0)
 
 
 @triton.jit
@@ -269,55 +200,35 @@ def _decode_reduce_kernel(
     part_acc_ptr,      # [B, Hq, num_splits, D] fp32
     part_ml_ptr,       # [B, Hq, num_splits, 2] fp32
     out_ptr,           # [B, Hq, D]
-    q_norm_ptr,        # [D] (FROM_QKV, as in the split kernel)
-    k_norm_ptr,        # [D]
-    positions_ptr,     # [B] int
-    cos_sin_ptr,       # [max_pos, D] fp32
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
-    qk_scale, window, num_splits, eps,
+    qk_scale, window, num_splits,
     G: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr, PARTIALS_FIRST: tl.constexpr,
-    NEW_TOKEN_FIRST: tl.constexpr, PDL: tl.constexpr,
+    USE_SINKS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (b, query head): one pass over the splits' partials, BLOCK_S at a time, merged
-    online. Every load is issued without waiting for the context length (partials of splits
-    past the sequence's non-empty ones are loaded, then masked), and (PARTIALS_FIRST) the first
-    BLOCK_S partials with the new token's q, k, v, so with BLOCK_S >= num_splits the program
-    makes one round trip to memory (NEW_TOKEN_FIRST: the new token's q, k, v before the wait,
-    the partials after it). Nothing is stored when one split wrote the output itself."""
+    online. The new token's q, k, v (written before the split launch, which has completed once
+    this program runs: pdl.py) are read and merged with the sink before the PDL wait; after it
+    every load is issued without waiting for the context length (partials of splits past the
+    sequence's non-empty ones are loaded, then masked), the first BLOCK_S partials at once, so
+    with BLOCK_S >= num_splits the program makes one round trip to memory. H200 2026-12-03/05:
+    the partials with q, k, v 2.349 -> 2.330 ms a token (NVFP4 100K), the new token before the
+    wait 2.1119 -> 2.1049. Nothing is stored when one split wrote the output itself."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     hk = hq // G
-    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before
-    cos_row = _cos_sin_row(positions_ptr, cos_sin_ptr, b, D, FROM_QKV and USE_ROPE)  # the wait (pdl.py)
+    _, _, n_splits = _split_range(context_lens_ptr, b, 0, window, num_splits, BLOCK_N)  # metadata: before the wait
     sink = 0.0
     if USE_SINKS:  # a weight: before the wait too
         sink = tl.load(sinks_ptr + hq) * 1.4426950408889634
     cols = tl.arange(0, D)
-    if NEW_TOKEN_FIRST:
-        # q, k and v were written before the split launch (by the kernel before it, or earlier),
-        # which has completed once this program runs (pdl.py): read and merged before the wait
-        m, l, acc = _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh,
-                               stride_vb, stride_vh, q_norm_ptr, k_norm_ptr, cos_row, eps, qk_scale, sink, D,
-                               USE_SINKS, FROM_QKV, USE_ROPE)
+    m, l, acc = _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh,
+                           stride_vb, stride_vh, qk_scale, sink, D, USE_SINKS)
     pdl_prologue(PDL)
     splits = tl.arange(0, BLOCK_S)
     part = (b * tl.num_programs(1) + hq) * num_splits
-    if PARTIALS_FIRST:
-        ms, ls, accs = _partials(part_ml_ptr, part_acc_ptr, part, 0, splits, cols, num_splits, n_splits, D)
-    else:  # loaded in the loop
-        ms = tl.full([BLOCK_S], -1e30, tl.float32)
-        ls = tl.zeros([BLOCK_S], tl.float32)
-        accs = tl.zeros([BLOCK_S, D], tl.float32)
-    if not NEW_TOKEN_FIRST:
-        m, l, acc = _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh,
-                               stride_vb, stride_vh, q_norm_ptr, k_norm_ptr, cos_row, eps, qk_scale, sink, D,
-                               USE_SINKS, FROM_QKV, USE_ROPE)
+    ms, ls, accs = _partials(part_ml_ptr, part_acc_ptr, part, 0, splits, cols, num_splits, n_splits, D)
     for s0 in range(0, num_splits, BLOCK_S):
-        if PARTIALS_FIRST:
-            if s0 > 0:
-                ms, ls, accs = _partials(part_ml_ptr, part_acc_ptr, part, s0, splits, cols, num_splits, n_splits, D)
-        else:
+        if s0 > 0:
             ms, ls, accs = _partials(part_ml_ptr, part_acc_ptr, part, s0, splits, cols, num_splits, n_splits, D)
         m_new = tl.maximum(m, tl.max(ms, axis=0))
         alpha = tl.exp2(m - m_new)
@@ -331,15 +242,12 @@ def _decode_reduce_kernel(
 
 @triton.jit
 def _new_token(q_ptr, k_ptr, v_ptr, b, hq, hk, cols, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb,
-               stride_vh, q_norm_ptr, k_norm_ptr, cos_row, eps, qk_scale, sink, D: tl.constexpr,
-               USE_SINKS: tl.constexpr, FROM_QKV: tl.constexpr, USE_ROPE: tl.constexpr):
+               stride_vh, qk_scale, sink, D: tl.constexpr, USE_SINKS: tl.constexpr):
     """A reduce program's start: the new token (score q . k, p = 1, value v at cols [D]) and the
     sink (a score with no value), merged -> (max in log2 units, sum of p, sum of p * v [D])."""
     one = tl.arange(0, 1)
-    q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, q_norm_ptr, cos_row, eps, D,
-                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
-    k = tl.reshape(_load_heads(k_ptr + b * stride_kb, hk + one, one < 1, stride_kh, k_norm_ptr, cos_row, eps, D,
-                               FROM_QKV, USE_ROPE), [D]).to(tl.float32)
+    q = tl.reshape(_load_heads(q_ptr + b * stride_qb, hq + one, one < 1, stride_qh, D), [D]).to(tl.float32)
+    k = tl.reshape(_load_heads(k_ptr + b * stride_kb, hk + one, one < 1, stride_kh, D), [D]).to(tl.float32)
     v = tl.load(v_ptr + b * stride_vb + hk * stride_vh + cols).to(tl.float32)
     m = tl.sum(q * k, axis=0) * qk_scale  # the new token always sees itself: p = 1 at m
     l = tl.full([], 1.0, tl.float32)
@@ -364,65 +272,35 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     reduce_warps: warps of a reduce program (default REDUCE_WARPS), a launch config."""
     check_attention_inputs("decode_attention", q, k, v, None, context_lens, k_cache, v_cache, sinks,
                            window, block_tables, ring_rows)
-    return _launch("decode_attention", q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                   block_tables, ring_rows, out, num_splits, reduce_warps, None)
+    return _launch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, block_tables, ring_rows, out,
+                   num_splits, reduce_warps)
 
 
-def decode_attention_qkv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                         positions: torch.Tensor, cos_sin: torch.Tensor | None, eps: float,
-                         num_q_heads: int, num_kv_heads: int,
-                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                         context_lens: torch.Tensor, sinks: torch.Tensor | None, sm_scale: float, window: int,
-                         block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
-                         out: torch.Tensor | None = None, num_splits: int | None = None,
-                         reduce_warps: int | None = None) -> torch.Tensor:
-    """qk_norm_rope (writing this step's K/V to the cache) then decode_attention, in the attention
-    launches: qkv [B, (Hq + 2 Hk) D] raw projections -> out [B, Hq, D]. Arguments as in those two."""
-    b, d, writes = qk_norm_rope_k.check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
-                                               num_kv_heads, k_cache, v_cache, slot_mapping,
-                                               "decode_attention_qkv")
-    if not writes:
-        raise ValueError("decode_attention_qkv: k_cache, v_cache and slot_mapping are required")
-    hq, hk = num_q_heads, num_kv_heads
-    q = qkv[:, :hq * d].view(b, hq, d)
-    k = qkv[:, hq * d:(hq + hk) * d].view(b, hk, d)
-    v = qkv[:, (hq + hk) * d:].view(b, hk, d)
-    check_attention_inputs("decode_attention_qkv", q, k, v, None, context_lens, k_cache, v_cache, sinks,
-                           window, block_tables, ring_rows)
-    return _launch("decode_attention_qkv", q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                   block_tables, ring_rows, out, num_splits, reduce_warps,
-                   (q_weight, k_weight, positions, cos_sin, slot_mapping, eps))
-
-
-def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, block_tables,
-            ring_rows, out, num_splits, reduce_warps, from_qkv: tuple | None) -> torch.Tensor:
-    """The split and reduce launches. from_qkv: decode_attention_qkv's (q_weight, k_weight,
-    positions, cos_sin, slot_mapping, eps), q/k/v being views of the raw projections."""
+def _launch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, block_tables, ring_rows, out,
+            num_splits, reduce_warps) -> torch.Tensor:
+    """The split and reduce launches."""
     batch, hq, d = q.shape
     hk = k.shape[1]
     if context_lens.shape != (batch,):
-        raise ValueError(f"{name}: context_lens has shape {tuple(context_lens.shape)}, "
+        raise ValueError(f"decode_attention: context_lens has shape {tuple(context_lens.shape)}, "
                          f"expected ({batch},): one new token per sequence")
     if d & (d - 1) or d < 16:
-        raise ValueError(f"{name}: head_dim {d}, expected a power of two >= 16")
+        raise ValueError(f"decode_attention: head_dim {d}, expected a power of two >= 16")
     if out is None:
         out = torch.empty((batch, hq, d), dtype=q.dtype, device=q.device)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
-        raise ValueError(f"{name}: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} "
+        raise ValueError(f"decode_attention: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} "
                          f"{tuple(q.shape)} with unit stride in D")
     if reduce_warps is not None and reduce_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"{name}: reduce_warps {reduce_warps}, expected a power of two 1..16 or None")
+        raise ValueError(f"decode_attention: reduce_warps {reduce_warps}, expected a power of two 1..16 or None")
     if batch == 0:
         return out
     splits = num_splits or _default_num_splits(batch, hk, window, q.device)
     if not 1 <= splits <= MAX_SPLITS:
-        raise ValueError(f"{name}: num_splits {splits}, expected 1..{MAX_SPLITS}")
+        raise ValueError(f"decode_attention: num_splits {splits}, expected 1..{MAX_SPLITS}")
     part_acc = torch.empty((batch, hq, splits, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, hq, splits, 2), dtype=torch.float32, device=q.device)
     paged = block_tables is not None
-    # the norm/RoPE arguments; without from_qkv, pointers the kernels do not read
-    unused = (part_ml, part_ml, context_lens, None, context_lens, 0.0)
-    q_w, k_w, positions, cos_sin, slots, eps = from_qkv or unused
     common = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, context_lens_ptr=context_lens,
         sinks_ptr=sinks if sinks is not None else part_ml,
@@ -430,13 +308,11 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kb=k.stride(0), stride_kh=k.stride(1),
         stride_vb=v.stride(0), stride_vh=v.stride(1), stride_ob=out.stride(0), stride_oh=out.stride(1),
         qk_scale=sm_scale * LOG2E, window=window, num_splits=splits, G=hq // hk, D=d, BLOCK_N=TILE_N,
-        USE_SINKS=sinks is not None, q_norm_ptr=q_w, k_norm_ptr=k_w, positions_ptr=positions,
-        cos_sin_ptr=cos_sin if cos_sin is not None else part_ml, eps=eps, FROM_QKV=from_qkv is not None,
-        USE_ROPE=cos_sin is not None, **launch_args(q.device))
+        USE_SINKS=sinks is not None, **launch_args(q.device))
     _decode_split_kernel[(batch, hk, splits)](
         k_cache_ptr=k_cache, v_cache_ptr=v_cache,
         block_tables_ptr=block_tables if paged else context_lens,
-        ring_rows_ptr=context_lens if paged else ring_rows, slots_ptr=slots,
+        ring_rows_ptr=context_lens if paged else ring_rows,
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
         PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -444,9 +320,7 @@ def _launch(name: str, q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale,
     )
     if splits > 1:  # else the one split wrote every output itself
         _decode_reduce_kernel[(batch, hq)](
-            BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), PARTIALS_FIRST=REDUCE_PARTIALS_FIRST,
-            NEW_TOKEN_FIRST=REDUCE_NEW_TOKEN_FIRST,
-            **{**common, **launch_args(q.device, prefetches=REDUCE_NEW_TOKEN_FIRST)},  # (q, k, v before the wait)
+            BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)), **common,
             num_warps=reduce_warps or REDUCE_WARPS)
     return out
 
@@ -457,7 +331,7 @@ def _default_num_splits(batch: int, num_kv_heads: int, window: int, device: torc
     bucket of 4 does and gives the same bits; a window caps them at one tile each."""
     splits = triton.cdiv(WAVES * num_sms(torch.device(device)), triton.next_power_of_2(batch) * num_kv_heads)
     if window:
-        splits = min(splits, triton.cdiv(window, TILE_N) if WINDOW_SPLITS is None else WINDOW_SPLITS)
+        splits = min(splits, triton.cdiv(window, TILE_N))
     return max(1, min(MAX_SPLITS, splits))
 
 
@@ -476,17 +350,3 @@ def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out.copy_(result)
     return out
 
-
-def decode_attention_qkv_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                               positions: torch.Tensor, cos_sin: torch.Tensor | None, eps: float,
-                               num_q_heads: int, num_kv_heads: int,
-                               k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                               context_lens: torch.Tensor, sinks: torch.Tensor | None, sm_scale: float,
-                               window: int, block_tables: torch.Tensor | None = None,
-                               ring_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                               num_splits: int | None = None, reduce_warps: int | None = None) -> torch.Tensor:
-    """Same signature and semantics as `decode_attention_qkv`: qk_norm_rope_torch, then attention."""
-    q, k, v = qk_norm_rope_k.qk_norm_rope_torch(qkv, q_weight, k_weight, positions, cos_sin, eps, num_q_heads,
-                                                num_kv_heads, k_cache, v_cache, slot_mapping)
-    return decode_attention_torch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                                  block_tables=block_tables, ring_rows=ring_rows, out=out)

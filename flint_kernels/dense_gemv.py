@@ -15,69 +15,39 @@ from L2.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import tuning
 from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import (check_norm_inputs, folded_norm, maybe_folded_rstd, norm_weight, residual_add, rms_norm_torch,
                        step_activations, steps_rstd)
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
+from .tuning import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_TOKENS = 4
 # Up to this many rows, LM heads included: flint-40b's 151552 x 2048 head (cuBLAS reaches ~4.2 TB/s
-# on it) takes 141.7 us of the replayed NVFP4 step's critical path here, 151.5 with cuBLAS (graph
-# replay 2.564 vs 2.570 ms at 100K; BF16 3.027 vs 3.034; benchmarks/NOTES.md §13): its weight
-# loads start under the final RMSNorm's launch.
+# on it) takes 141.7 us of the replayed NVFP4 step's critical path here, 151.5 with cuBLAS (H200
+# 2026-12-03: 100K replay 2.564 vs 2.570 ms; BF16 3.027 vs 3.034): its weight loads start under
+# the final RMSNorm's launch.
 MAX_ROWS = 1 << 20
 # a step: BLOCK_N rows x 1024 columns (16 KB of bf16 at 8 rows: 32 registers a thread at 4 warps;
 # with two prefetched steps a program takes 127 registers (sm_90), so four share an SM and ~80% of
-# a 5120 x 2048 weight's 640 programs read at once). FLINT_DENSE_GEMV_ROWS / _WARPS: benchmark knobs.
+# a 5120 x 2048 weight's 640 programs read at once). 16 rows / 8 warps measured slower (H200
+# 2026-12-03: BF16 3.299 against 3.282 ms; H100 2026-12-05, 16 rows: +0.027 ms over 28 layers).
 # (the interpreter pays per program: few, large ones there)
-BLOCK_N = 128 if INTERPRET else int(os.environ.get("FLINT_DENSE_GEMV_ROWS", "8"))
-WARPS = 4 if INTERPRET else int(os.environ.get("FLINT_DENSE_GEMV_WARPS", "4"))
+BLOCK_N = 128 if INTERPRET else 8
+WARPS = 4
 BLOCK_K = 128 if INTERPRET else 1024
 STAGES = 3
-# Up to this many steps a split loads before the wait (1..4); MAX_SPLITS caps the K splits where
-# the splits still prefetch (None: two programs an SM and at most two steps a split). One split
-# of four steps for o_proj (K = 4096: 249 registers, two programs an SM, all 256 resident) saves
-# the split-K arrival and reload since X_EARLY loads its four x steps at once: BF16 100K replay
-# 2.838 -> 2.793 ms on the H200 (benchmarks/NOTES.md §19; 3.034 -> 3.094 before X_EARLY, 8 warps).
-PREFETCH_STEPS = 4
-MAX_SPLITS: int | None = 1
-# Rows a program of a launch that MAX_SPLITS left as one split of more than two steps (o_proj:
-# 4 steps in 256 programs of 8 rows, 249 registers, two an SM): 4 gives 512 programs of half the
-# weights each, as nvfp4_linear.GEMV_UNSPLIT_BLOCK_N: BF16 100K replay 2.818 -> 2.809 ms on the
-# H200, the same in three paired runs (benchmarks/NOTES.md §21). None: BLOCK_N. Read at each launch.
-UNSPLIT_BLOCK_N: int | None = 4
-# Rows a program where N >= WIDE_N: the interpreter pays per program, and a tiny model's LM head
-# (8192 rows) took a quarter of an interpreted engine step in programs of BLOCK_N. None on a GPU.
-WIDE_N = 4096
-WIDE_BLOCK_N: int | None = 1024 if INTERPRET else None
-# K splits of a decode GEMV whose K takes more steps than a split prefetches (the dense MLP's
-# down, K = 10240: was 5 splits of 2 prefetched steps, 1280 programs over ~2.4 waves; one split
-# is 256 programs streaming their 10 steps through the pipelined loop, with no split-K arrival).
-# None: as above (the interpreter's default). H200, batch-1 decode at 100K, graph replay
-# (benchmarks/NOTES.md §25): down 19.3-20.0 -> 15.1-16.6 us, BF16 2.779 -> 2.774 and 2.810 ->
-# 2.801 ms (2 splits: 15.8-17.9 us; 10: 18.4-19.7). Read at each launch.
-LONG_K_SPLITS: int | None = None if INTERPRET else 1
-# A prefetching split loads every step's x (and residual) right after its PDL wait, before the
-# row's rstd and the first step's sums: one round trip to L2 instead of one a step (as
-# nvfp4_linear.GEMV_X_EARLY). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
-X_EARLY = True
-# A one-split prefetching launch with the RMSNorm folded (qkv, the dense MLP's gate/up, the LM
-# head: K = 2048 in two steps) sums its row's squares from the x steps X_EARLY loaded (squared
-# and added in-thread across the steps, then one reduction) and stores the updated residual from
-# them, instead of loading the whole row again in another layout: the batch-1 qkv GEMV's sm_90
-# code after its PDL wait 804 -> 756 instructions, barriers unchanged (10) (`compile_kernels.py
-# --counts`); H200, batch-1 decode at 100K, graph replay: BF16 2.771 -> 2.754 ms (NVFP4 2.053 vs
-# 2.055, within noise). A benchmark knob, read at each launch (benchmarks/NOTES.md §29, §31).
-ROW_RSTD_FROM_STEPS = True
+# A split of whole steps (up to tuning.GEMV_PREFETCH_STEPS) loads them before the PDL wait; where
+# all of K fits one such split, the launch is one split (no split-K arrival and reload), then
+# loads every step's x (and residual) right after the wait: one round trip to L2 instead of one
+# a step. With the RMSNorm folded, the row's rstd and updated residual come from those steps
+# (squares added in-thread across them, one reduction) instead of a second load of the row.
 
 
 @triton.jit
@@ -94,7 +64,7 @@ def _dense_gemv_kernel(
     T, N, K, stride_xt, stride_wn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     PREFETCH: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, X_EARLY: tl.constexpr, GREEDY: tl.constexpr,
+    BLOCK_H: tl.constexpr, ROUND_TO_X: tl.constexpr, GREEDY: tl.constexpr,
     ROW_IN_STEPS: tl.constexpr, PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T (as nvfp4_linear's GEMV folds it);
@@ -121,18 +91,17 @@ def _dense_gemv_kernel(
             w3 = tl.load(w_rows + (k_lo + 3 * BLOCK_K + cols)[None, :], mask=row_mask[:, None], other=0.0)
             nw3 = norm_weight(norm_w_ptr, k_lo + 3 * BLOCK_K + cols, cols >= 0, NORM)
         pdl_prologue(PDL)
-        xa0 = None
+        # every step's activations, then the rstd's row: one round trip
+        xa0 = residual_add(x_row, res_row, k_lo + cols, cols >= 0, HAS_RESIDUAL)
         xa1 = None
         xa2 = None
         xa3 = None
-        if X_EARLY:  # every step's activations, then the rstd's row: one round trip
-            xa0 = residual_add(x_row, res_row, k_lo + cols, cols >= 0, HAS_RESIDUAL)
-            if PREFETCH > 1:
-                xa1 = residual_add(x_row, res_row, k_lo + BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
-            if PREFETCH > 2:
-                xa2 = residual_add(x_row, res_row, k_lo + 2 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
-            if PREFETCH > 3:
-                xa3 = residual_add(x_row, res_row, k_lo + 3 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
+        if PREFETCH > 1:
+            xa1 = residual_add(x_row, res_row, k_lo + BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
+        if PREFETCH > 2:
+            xa2 = residual_add(x_row, res_row, k_lo + 2 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
+        if PREFETCH > 3:
+            xa3 = residual_add(x_row, res_row, k_lo + 3 * BLOCK_K + cols, cols >= 0, HAS_RESIDUAL)
         if ROW_IN_STEPS:  # the steps hold the whole row: its rstd and residual from them
             rstd = steps_rstd(res_out_ptr + t * K, cols, BLOCK_K, K, eps, (nb == 0) & (s == 0), PREFETCH,
                               HAS_RESIDUAL, xa0, xa1, xa2, xa3)
@@ -173,12 +142,10 @@ def _dense_gemv_kernel(
 
 
 @triton.jit
-def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, xa=None):
+def _dot_step(w, x_row, res_row, nw, k, rstd, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, xa):
     """[BLOCK_N] fp32 sums of a loaded weight step w [BLOCK_N, BLOCK_K] times the activations at
     columns k (all inside the row): x, or rms_norm(residual + x) with NORM (nw: the loaded norm
-    weight at k). xa: x (residual + x with NORM and HAS_RESIDUAL) at k already loaded."""
-    if xa is None:
-        xa = residual_add(x_row, res_row, k, k >= 0, HAS_RESIDUAL)
+    weight at k). xa: x (residual + x with NORM and HAS_RESIDUAL) at k, already loaded."""
     x = step_activations(xa, nw, rstd, NORM)
     return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
 
@@ -187,7 +154,7 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, num_splits: int | None = None,
                out_dtype: torch.dtype | None = None, greedy: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] (T <= MAX_TOKENS), w [N, K] of x's dtype -> [T, N] in x.dtype (fp32 accumulation).
     num_splits: K splits (default: about two programs per SM, and at most two steps a split;
-    MAX_SPLITS of up to PREFETCH_STEPS steps where that still fits).
+    one split where K is at most tuning.GEMV_PREFETCH_STEPS steps).
     out_dtype torch.float32: the same values (rounded to x.dtype) stored as fp32, i.e.
     dense_gemv(x, w).float() in one launch (the LM head's logits).
     greedy: [T] int64 slots holding greedy.EMPTY (an LM head's): each gets the packed argmax of
@@ -240,24 +207,24 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         num_splits = 1
     block_k = min(BLOCK_K, triton.next_power_of_2(k))
     k_blocks = triton.cdiv(k, block_k)
-    block_n = WIDE_BLOCK_N if WIDE_BLOCK_N and n >= WIDE_N else BLOCK_N
+    wide_rows = tuning.DENSE_GEMV_WIDE_ROWS
+    block_n = wide_rows if wide_rows and n >= tuning.DENSE_GEMV_WIDE_N else BLOCK_N
     tiles = t * triton.cdiv(n, block_n)
     splits = num_splits or max(pick_splits(tiles, k_blocks, x.device), _pow2_at_least(triton.cdiv(k_blocks, 2)))
-    if num_splits is None and LONG_K_SPLITS and k_blocks > PREFETCH_STEPS:
-        splits = min(LONG_K_SPLITS, k_blocks)
-    elif num_splits is None and MAX_SPLITS is not None:
-        fewer = min(splits, MAX_SPLITS)
-        if triton.cdiv(k_blocks, fewer) <= PREFETCH_STEPS:  # only where the splits still prefetch
-            splits = fewer
+    prefetch_steps = tuning.GEMV_PREFETCH_STEPS
+    if num_splits is None and tuning.DENSE_GEMV_LONG_K_SPLITS and k_blocks > prefetch_steps:
+        splits = min(tuning.DENSE_GEMV_LONG_K_SPLITS, k_blocks)
+    elif num_splits is None and k_blocks <= prefetch_steps:
+        splits = 1  # all of K in one prefetching split
     if not 1 <= splits <= k_blocks:
         raise ValueError(f"dense_gemv: num_splits {splits}, expected 1..{k_blocks} for K={k}")
-    if num_splits is None and UNSPLIT_BLOCK_N and splits == 1 and 2 < k_blocks <= PREFETCH_STEPS \
+    if num_splits is None and tuning.DENSE_GEMV_UNSPLIT_ROWS and splits == 1 and 2 < k_blocks <= prefetch_steps \
             and k % block_k == 0:
-        block_n = UNSPLIT_BLOCK_N  # one prefetching split of fewer rows
+        block_n = tuning.DENSE_GEMV_UNSPLIT_ROWS  # one prefetching split of fewer rows
     k_per_split = triton.cdiv(k_blocks, splits) * block_k
     splits = triton.cdiv(k, k_per_split)  # no empty split
     steps = k_per_split // block_k
-    prefetch = steps if k % k_per_split == 0 and steps <= PREFETCH_STEPS else 0
+    prefetch = steps if k % k_per_split == 0 and steps <= prefetch_steps else 0
     part = torch.empty((splits, t, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = arrival_counters(tiles, x.device) if splits > 1 else out
     residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)
@@ -268,11 +235,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, num_splits: int
         T=t, N=n, K=k, stride_xt=x.stride(0), stride_wn=w.stride(0), k_per_split=k_per_split, eps=eps,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=splits, MASK_K=k % block_k != 0, PREFETCH=prefetch,
         STAGES=STAGES, NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype, X_EARLY=X_EARLY,
-        GREEDY=greedy is not None,
+        BLOCK_H=triton.next_power_of_2(k), ROUND_TO_X=out.dtype != x.dtype, GREEDY=greedy is not None,
         # one split whose prefetched steps hold the whole row (prefetch 0: 0 != k)
-        ROW_IN_STEPS=ROW_RSTD_FROM_STEPS and norm is not None and X_EARLY and prefetch * block_k == k,
-        **launch_args(x.device, prefetches=prefetch > 0), num_warps=WARPS)
+        ROW_IN_STEPS=norm is not None and prefetch * block_k == k,
+        **launch_args(x.device), num_warps=WARPS)
 
 
 def _pow2_at_least(n: int) -> int:

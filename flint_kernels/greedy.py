@@ -1,7 +1,7 @@
 """Greedy tokens picked inside the LM head's launch: a packed int64 argmax slot per token.
 
 torch's argmax over a decode step's [S, 151552] fp32 logits is a launch of its own after the CUDA
-graph (8.7 us on the H200, plus a memset and the gaps between them: benchmarks/NOTES.md §24).
+graph (8.7 us on the H200, plus a memset and the gaps between them, 2026-12-04).
 Instead each LM-head program packs the best of its rows into one int64 and does one atomic max
 into the token's slot:
 

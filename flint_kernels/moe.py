@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .moe_gemv import moe_gemv, moe_gemv_routed, routes_in_experts
 from .moe_grouped import moe_grouped
-from .nvfp4 import dequantize_nvfp4, is_nvfp4, weight_shape
+from .nvfp4 import is_nvfp4, weight_shape
 from .router import ROUTING_WORDS, route_from_logits_torch
 
 SMALL_BATCH_TOKENS = 16  # decode batches up to here take the GEMV path (tune on the GPU: bench_kernels.py)
@@ -100,7 +100,7 @@ def _swiglu(x: torch.Tensor, w13, w2) -> torch.Tensor:
 def _linear(x: torch.Tensor, w) -> torch.Tensor:
     """x @ W.T in x.dtype; an NVFP4 W is dequantised exactly and applied in fp32 (W4A16)."""
     if is_nvfp4(w):
-        return F.linear(x.float(), dequantize_nvfp4(w.packed, w.scales, w.scale, torch.float32)).to(x.dtype)
+        return F.linear(x.float(), w.dequantize(torch.float32)).to(x.dtype)
     return x @ w.T
 
 

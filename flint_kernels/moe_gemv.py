@@ -17,86 +17,53 @@ Tokens that chose the same expert each read it (L2 absorbs most re-reads at thes
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from . import nvfp4
-from .nvfp4 import (DOT_3D, fp4_dot_loaded, fp4_dot_words, fp4_scale_unit, fp4_word_columns,
-                    fp4_word_nibbles, fp4_x_block, fp4_x_unit, is_nvfp4, load_by_column, weight_args, weight_tile)
+from . import nvfp4, tuning
+from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_scale_unit, fp4_word_columns, fp4_x_block, fp4_x_unit,
+                    is_nvfp4, weight_args, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .router import ROUTING_COLS, expert_bias, route_from_logits
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
+from .tuning import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # GPU: [rows, k] step tiles of TILE weights (32 fp32 registers a thread at 4 warps), rows shrunk
 # until the grid fills the SMs; the interpreter runs few, large programs (its cost is per op)
 MAX_BLOCK_K, TILE, MIN_ROWS, MAX_ROWS = (256, 1 << 16, 4, 256) if INTERPRET else (512, 4096, 4, 32)
 WAVES = 2
 NUM_STAGES = 3               # weight tiles in flight per program (cp.async through shared memory)
 WARPS = 4                    # per program, both launches (bytes decode)
-# rows a program of each launch, when set: overrides the WAVES heuristic (launch-config knobs that
-# scripts/sweep_fp4_decode.py varies on the GPU)
-GATE_UP_ROWS: int | None = None
-DOWN_ROWS: int | None = None
-# NVFP4 as 32-bit words (nvfp4.MOE_WORDS, MOE_DOWN_WORDS): a thread's x values must serve many
-# rows, since each costs a load and a conversion. gate/up: a step spans WORDS_TILE weights of the
-# 2 x BLOCK_N interleaved rows (1024 of H at 8 rows: two pipelined steps); down: a program loads
-# DOWN_WORDS_ROWS rows of all the token's experts at once (_moe_down_words_kernel). 8 rows (256
-# programs at batch 1, 80 registers): down 4.97 -> 4.17 us a layer on the H200's critical path
-# once gate/up read x first (GATE_UP_X_FIRST), NVFP4 100K replay 2.297 -> 2.275 ms
-# (benchmarks/NOTES.md §20); 16 was the better before it (§18).
+# NVFP4 as 32-bit words (tuning.FP4_MOE_WORDS, FP4_MOE_DOWN_WORDS): a thread's x values must serve
+# many rows, since each costs a load and a conversion. gate/up: a step spans WORDS_TILE weights of
+# the 2 x BLOCK_N interleaved rows (1024 of H at 8 rows: two steps), and where H is one or two
+# whole steps the programs load x as 16-byte blocks right after the PDL wait, before the pick
+# (their word and scale offsets computed before the wait), then every word of their rows at once:
+# x's round trip runs under the logits load and the top-k (H200 2026-12-04: gate/up 8.31 -> 7.47
+# us a layer, NVFP4 100K 2.309 -> 2.276 ms a token; the offsets first 2.109 -> 2.103). Longer H:
+# the pipelined loop with x read by stride-8 loads, which come through cp.async with the weights
+# and hit L1 (blocks there cost a layout conversion a step: 8.39 -> 8.98 us). down: a program
+# loads DOWN_WORDS_ROWS rows of all the token's experts at once (_moe_down_words_kernel), the
+# SwiGLU outputs as 16-byte blocks of a word's 8 values (eight stride-8 loads went one round trip
+# after another: down 5.18 -> 4.32 us a layer, H200 2026-12-03) and the global scales before the
+# wait (4.32 against 4.52 us after the dot). 8 rows (256 programs at batch 1, 80 registers): down
+# 4.97 -> 4.17 us a layer on the H200's critical path, NVFP4 100K 2.297 -> 2.275 ms (2026-12-04).
 WORDS_MAX_K, WORDS_TILE = (256, 1 << 16) if INTERPRET else (2048, 1 << 14)
 DOWN_WORDS_ROWS, DOWN_WORDS_WARPS = (16, 4) if INTERPRET else (8, 8)
-# NVFP4 word gate/up with a shared expert: two launches, the shared expert's then the routed
-# ones', each loading its weights before the PDL wait (the routed launch may: the router that
-# wrote its expert ids is then two kernels back). Off by default: on the H200 the launch it adds
-# cost more than the prefetch saved (NVFP4 100K 2.678 ms/token split, 2.628 in one launch;
-# benchmarks/NOTES.md §12). FLINT_FP4_MOE_SPLIT_SHARED=1: two launches.
-SPLIT_SHARED = os.environ.get("FLINT_FP4_MOE_SPLIT_SHARED", "0") == "1"
 # Dense (BF16) down weights, up to 8 slots of at most DOWN_DENSE_MAX_I: the same one-load launch
 # (_moe_down_dense_kernel), DOWN_DENSE_ROWS rows of every slot a program (4 x 8 x 512 bf16 = 32 KB,
-# 128 registers a thread at 2 warps), loaded before the PDL wait. FLINT_MOE_DOWN_DENSE=0: the
-# per-expert pipelined loop (_moe_down_kernel).
-DOWN_DENSE = os.environ.get("FLINT_MOE_DOWN_DENSE", "1") == "1"
+# 128 registers a thread at 2 warps), loaded before the PDL wait (an expert at a time, through
+# _moe_down_kernel's pipelined loop: H200 2026-12-03, BF16 100K 3.282 -> 3.085 ms a token); more
+# slots or wider experts take that loop.
 DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 # Warps a program of that launch: at 2, the batch-1 launch's 512 programs take 241 registers a
 # thread (no spills) and four fit an SM, one wave on 132 SMs with every weight loaded before the
 # wait; at 4 (157 registers) three fit, 1.29 waves. flint-40b's first 28 layers, BF16 at 100K,
-# H100, paired graph replays: 2.073 -> 2.035 ms, again 2.075 -> 2.035 (the down's critical time
-# 187-195 -> 138-157 us); benchmarks/NOTES.md §32. Read at each launch.
+# H100 2026-12-05, paired graph replays: 2.073 -> 2.035 ms, again 2.075 -> 2.035 (the down's
+# critical time 187-195 -> 138-157 us). Read at each launch.
 DOWN_DENSE_WARPS = WARPS if INTERPRET else 2
-# ROUTE: each gate/up program picks its token's top-k with tl.topk's bitonic network instead of
-# TOP_K rounds of a max (router.route_from_logits; the same picks): gate/up 9.05 -> 8.54 us a
-# layer on the H200's critical path (NVFP4; BF16 11.65 -> 11.30), NVFP4 100K replay 2.475 ->
-# 2.457 ms, BF16 2.929 -> 2.913 (benchmarks/NOTES.md §18). FLINT_MOE_TOPK_SORT=0: the rounds.
-TOPK_SORT = os.environ.get("FLINT_MOE_TOPK_SORT", "1") == "1"
-# NVFP4 words: the down launch reads the token's SwiGLU outputs as 16-byte blocks of a word's 8
-# values with nibble j's column picked in-thread (nvfp4.fp4_dot_loaded's X_BLOCK), instead of
-# eight stride-8 loads, each of which sm_90 code issued only after the previous one's values went
-# through shared memory: down 5.18 -> 4.32 us a layer on the H200's critical path (NVFP4 100K
-# replay, benchmarks/NOTES.md §19). The gate/up launch's stride-8 loads come through cp.async
-# with its weights and hit L1: blocks there cost 8 layout conversions a step (8.39 -> 8.98 us).
-# Benchmark knobs, read at each launch.
-GATE_UP_X_BLOCK = False
-DOWN_X_BLOCK = True
-# NVFP4 words, H one or two whole steps: the gate/up programs load x as blocks of a word's 8
-# values right after the PDL wait, before the expert pick, and then every word of their rows at
-# once (no pipelined loop), so x's round trip runs under the logits load and the top-k instead
-# of after the weights: gate/up 8.31 -> 7.47 us a layer on the H200's critical path, NVFP4 100K
-# replay 2.309 -> 2.276 ms (benchmarks/NOTES.md §20). A benchmark knob, read at each launch.
-GATE_UP_X_FIRST = True
-# With X_FIRST: the offsets of the rows' words and scales computed before the PDL wait (index
-# math), so that after the pick only the expert's base is added: 8 barriers fewer between the
-# pick and the weight loads (sm_90), NVFP4 100K replay 2.109 -> 2.103 ms on the H200
-# (benchmarks/NOTES.md §23). A benchmark knob, read at each launch.
-GATE_UP_OFFSETS_FIRST = True
-# The NVFP4 down launch loads its global scales before the PDL wait (ca5b325), or after its dot
-# (False): 4.32 vs 4.52 us a layer (§19). A benchmark knob, read at each launch.
-DOWN_SCALES_EARLY = True
 # polls of the routing handoff before a down program gives up (never, if sound): it then reads
 # expert 0 (a wrong output, not an out-of-bounds read or a hang)
 SPIN_LIMIT = tl.constexpr(1 << 24)
@@ -105,12 +72,11 @@ SPIN_LIMIT = tl.constexpr(1 << 24)
 @triton.jit
 def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
                   stride_wn, stride_sn, stride_gn, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
-                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
-                  X_BLOCK: tl.constexpr):
+                  FP4: tl.constexpr, NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr):
     """-> gate, up [BLOCK_N] fp32 (global scale applied) of one expert's rows `rows` (< n_rows).
     WORDS: an NVFP4 weight comes as int32 words (nvfp4.fp4_dot_words, PTX: its inline-PTX
-    decode; X_BLOCK: x as blocks of 8), else as bytes. The global scales are loaded before the
-    loop, so their round trip overlaps the weights'."""
+    decode; x by stride-8 loads), else as bytes. The global scales are loaded before the loop,
+    so their round trip overlaps the weights'."""
     row_mask = rows < n_rows
     gate_scale = 1.0
     up_scale = 1.0
@@ -125,7 +91,7 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
         acc = tl.zeros([2 * rows.shape[0], BLOCK_K // 16], tl.float32)
         for k0 in tl.range(0, H, BLOCK_K, num_stages=NUM_STAGES):
             acc += fp4_dot_words(x_row_ptr, w_ptr, scales_ptr, both, both_mask, k0 // 8, H // 8, stride_wn,
-                                 stride_sn, BLOCK_K // 8, MASK_K, PTX, X_BLOCK=X_BLOCK)
+                                 stride_sn, BLOCK_K // 8, MASK_K, PTX)
         gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
     else:
         acc_g = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
@@ -144,16 +110,14 @@ def _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H,
 
 
 @triton.jit
-def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn,
-                        stride_gn, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, PTX: tl.constexpr,
-                        X_BLOCK: tl.constexpr, PDL: tl.constexpr, xa0=None, xa1=None, offs=None):
-    """_gate_up_rows for NVFP4 words whose H is STEPS (1 or 2) whole steps: every word of the
-    interleaved gate/up rows and the global scales are loaded, then the PDL prologue runs, then x
-    is read (or was: xa0, xa1 are the steps' x blocks, _x_blocks, with X_BLOCK). -> gate, up."""
+def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_gn, BLOCK_K: tl.constexpr,
+                        STEPS: tl.constexpr, PTX: tl.constexpr, xa0, xa1, offs):
+    """_gate_up_rows for NVFP4 words whose H is STEPS (1 or 2) whole steps, after the PDL
+    prologue: every word of the interleaved gate/up rows (offs: _gate_up_offsets) and the global
+    scales are loaded at once, then multiplied by x (xa0, xa1: the steps' blocks, _x_blocks).
+    -> gate, up."""
     row_mask = rows < n_rows
     kw: tl.constexpr = BLOCK_K // 8
-    if offs is None:  # the caller did not compute them before its wait
-        offs = _gate_up_offsets(rows, n_rows, stride_wn, stride_sn, kw)
     w_off, s_off, w_mask = offs
     w0 = tl.load(w_ptr + w_off, mask=w_mask, other=0)
     s0 = tl.load(scales_ptr + s_off, mask=w_mask, other=0.0)
@@ -162,10 +126,9 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
         s1 = tl.load(scales_ptr + s_off + kw // 2, mask=w_mask, other=0.0)
     gate_scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
     up_scale = tl.load(scale_ptr + (rows + n_rows) * stride_gn, mask=row_mask, other=0.0)
-    pdl_prologue(PDL)
-    acc = fp4_dot_loaded(x_row_ptr, w0, s0, 0, H // 8, kw, False, PTX, X_BLOCK=X_BLOCK, xa=xa0)
+    acc = fp4_dot_loaded(x_row_ptr, w0, s0, 0, H // 8, kw, False, PTX, X_BLOCK=True, xa=xa0)
     if STEPS > 1:
-        acc += fp4_dot_loaded(x_row_ptr, w1, s1, kw, H // 8, kw, False, PTX, X_BLOCK=X_BLOCK, xa=xa1)
+        acc += fp4_dot_loaded(x_row_ptr, w1, s1, kw, H // 8, kw, False, PTX, X_BLOCK=True, xa=xa1)
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), [rows.shape[0], 2]))
     return gate * gate_scale, up * up_scale  # the global scale, once per output
 
@@ -173,15 +136,14 @@ def _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H
 @triton.jit
 def _gate_up_after_wait(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn, stride_gn,
                         BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
-                        WORDS: tl.constexpr, PTX: tl.constexpr, X_BLOCK: tl.constexpr, X_FIRST: tl.constexpr,
-                        xa0, xa1, offs=None):
+                        WORDS: tl.constexpr, PTX: tl.constexpr, X_FIRST: tl.constexpr, xa0, xa1, offs):
     """gate, up of one expert's rows after the PDL prologue: X_FIRST (1 or 2 word steps): x
     already loaded (xa0, xa1: _x_blocks) and every word loaded at once; else the pipelined loop."""
     if X_FIRST > 0:
-        return _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn,
-                                   stride_gn, BLOCK_K, X_FIRST, PTX, True, False, xa0, xa1, offs)
+        return _gate_up_prefetched(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_gn, BLOCK_K,
+                                   X_FIRST, PTX, xa0, xa1, offs)
     return _gate_up_rows(x_row_ptr, w_ptr, scales_ptr, scale_ptr, rows, n_rows, H, stride_wn, stride_sn, stride_gn,
-                         BLOCK_K, MASK_K, FP4, NUM_STAGES, WORDS, PTX, X_BLOCK)
+                         BLOCK_K, MASK_K, FP4, NUM_STAGES, WORDS, PTX)
 
 
 @triton.jit
@@ -216,14 +178,16 @@ def _x_blocks(x_row_ptr, H, BLOCK_K: tl.constexpr, STEPS: tl.constexpr):
 
 @triton.jit
 def _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K: tl.constexpr, ROUTE: tl.constexpr,
-                 RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr):
+                 RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr):
     """Expert id (int64; 0 for the shared slot k == K) of token t's slot k: the router's ids, or
     (ROUTE) picked from the router's logits and the loaded correction bias (router.expert_bias),
     with all the token's picks (ids [1, 8] int32, router weights [1, 8] fp32; unused without
-    ROUTE). Ids and logits are read past L1."""
+    ROUTE), by tl.topk's bitonic network (the same picks as TOP_K rounds of a max; H200
+    2026-12-03: gate/up 9.05 -> 8.54 us a layer, NVFP4 100K 2.475 -> 2.457 ms a token). Ids and
+    logits are read past L1."""
     if ROUTE:
         ids, mix = route_from_logits(logits_ptr, bias, t + tl.arange(0, 1), tl.full([1], True, tl.int1), E,
-                                     scaling, K, RENORMALIZE, E_POW2, 8, TOPK_SORT)
+                                     scaling, K, RENORMALIZE, E_POW2, 8, True)
         e = tl.sum(tl.where(tl.arange(0, 8)[None, :] == k, ids, 0))
     else:
         e = tl.load(ids_ptr + t * K + k, mask=k < K, other=0, cache_modifier=".cg")
@@ -258,20 +222,17 @@ def _moe_gate_up_kernel(
     H, I, IS, stride_xt, stride_inter, E, scaling,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, W13_FP4: tl.constexpr, S13_FP4: tl.constexpr, NUM_STAGES: tl.constexpr,
-    WORDS: tl.constexpr, PTX: tl.constexpr, X_BLOCK: tl.constexpr, FIRST: tl.constexpr, COUNT: tl.constexpr,
-    PREFETCH: tl.constexpr, X_FIRST: tl.constexpr, OFFSETS_FIRST: tl.constexpr,
-    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, TOPK_SORT: tl.constexpr,
+    WORDS: tl.constexpr, PTX: tl.constexpr, X_FIRST: tl.constexpr,
+    ROUTE: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (slot, BLOCK_N rows) over slots [FIRST, FIRST + COUNT) of each token. PREFETCH
-    (NVFP4 words, 1 or 2 steps spanning H): the expert id and the weight tile are loaded before
-    the PDL prologue, which the launcher allows only when the router's ids are two kernels back
-    (the shared expert's launch in between, pdl.py). ROUTE: a routed program picks its expert
-    from the router's logits itself (route_from_logits), instead of reading the router's ids,
-    and program (t, slot 0, rows 0) hands the token's picks to the down launch (_publish_routing).
-    X_FIRST (NVFP4 words, 1 or 2 steps spanning H): x is loaded right after the PDL prologue,
-    before the pick, then every word of the rows at once (_gate_up_prefetched after the wait)."""
-    slot = (tl.program_id(0) // COUNT) * SLOTS + FIRST + tl.program_id(0) % COUNT
+    """Program (slot, BLOCK_N rows) over the SLOTS slots of each token. ROUTE: a routed program
+    picks its expert from the router's logits itself (route_from_logits), instead of reading the
+    router's ids, and program (t, slot 0, rows 0) hands the token's picks to the down launch
+    (_publish_routing). X_FIRST (NVFP4 words, 1 or 2 steps spanning H): the rows' word and scale
+    offsets are computed before the PDL prologue and x is loaded right after it, before the pick,
+    then every word of the rows at once (_gate_up_prefetched)."""
+    slot = tl.program_id(0)
     nb = tl.program_id(1)
     t = slot // SLOTS
     k = slot % SLOTS
@@ -283,23 +244,8 @@ def _moe_gate_up_kernel(
     bias = 0.0
     if ROUTE:  # the routed slots' correction bias: a weight, loaded before the PDL prologue (pdl.py)
         bias = expert_bias(bias_ptr, tl.where(k < K, E, 0), E_POW2)
-    if PREFETCH > 0:
-        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
-                                   TOPK_SORT)
-        routed = k < K
-        gate, up = _gate_up_prefetched(
-            x_row, tl.where(routed, w13_ptr + e * w13_se, s13_ptr),
-            tl.where(routed, w13_scales_ptr + e * w13_sse, s13_scales_ptr),
-            tl.where(routed, w13_scale_ptr + e * w13_sge, s13_scale_ptr), rows, n_rows, H,
-            tl.where(routed, w13_sn, s13_sn), tl.where(routed, w13_ssn, s13_ssn),
-            tl.where(routed, w13_sgn, s13_sgn), BLOCK_K, PREFETCH, PTX, X_BLOCK, PDL)
-        if ROUTE and k == 0 and nb == 0:  # after the PDL prologue (a store)
-            _publish_routing(routing_ptr, t, ids, mix, K)
-        h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
-        tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
-        return
     offs = None
-    if X_FIRST > 0 and OFFSETS_FIRST:  # the rows' word and scale offsets: index math, before the wait
+    if X_FIRST > 0:  # the rows' word and scale offsets: index math, before the wait
         offs = _gate_up_offsets(rows, n_rows, tl.where(k < K, w13_sn, s13_sn), tl.where(k < K, w13_ssn, s13_ssn),
                                 BLOCK_K // 8)
     pdl_prologue(PDL)
@@ -308,18 +254,16 @@ def _moe_gate_up_kernel(
     if X_FIRST > 0:
         xa0, xa1 = _x_blocks(x_row, H, BLOCK_K, X_FIRST)  # before the pick: it needs no expert id
     if k < K:
-        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2,
-                                   TOPK_SORT)
+        e, ids, mix = _slot_expert(ids_ptr, logits_ptr, bias, t, k, E, scaling, K, ROUTE, RENORMALIZE, E_POW2)
         if ROUTE and k == 0 and nb == 0:
             _publish_routing(routing_ptr, t, ids, mix, K)
         gate, up = _gate_up_after_wait(x_row, w13_ptr + e * w13_se, w13_scales_ptr + e * w13_sse,
                                        w13_scale_ptr + e * w13_sge, rows, n_rows, H, w13_sn, w13_ssn, w13_sgn,
-                                       BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX, X_BLOCK, X_FIRST, xa0, xa1,
-                                       offs)
+                                       BLOCK_K, MASK_K, W13_FP4, NUM_STAGES, WORDS, PTX, X_FIRST, xa0, xa1, offs)
     else:
         gate, up = _gate_up_after_wait(x_row, s13_ptr, s13_scales_ptr, s13_scale_ptr, rows, n_rows, H,
                                        s13_sn, s13_ssn, s13_sgn, BLOCK_K, MASK_K, S13_FP4, NUM_STAGES,
-                                       WORDS, PTX, X_BLOCK, X_FIRST, xa0, xa1, offs)
+                                       WORDS, PTX, X_FIRST, xa0, xa1, offs)
     h = silu_mul_rounded(gate, up, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + slot.to(tl.int64) * stride_inter + rows, h, mask=rows < n_rows)
 
@@ -458,8 +402,7 @@ def _moe_down_words_kernel(
     s2_se, s2_sn, s2_sse, s2_ssn, s2_sge, s2_sgn,
     H, I, IS, stride_inter,
     K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr, KW: tl.constexpr, PTX: tl.constexpr,
-    X_BLOCK: tl.constexpr, SCALES_EARLY: tl.constexpr, ROUTE: tl.constexpr, ACQUIRE_PTX: tl.constexpr,
-    PDL: tl.constexpr,
+    ROUTE: tl.constexpr, ACQUIRE_PTX: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (token, BLOCK_H output dims): the down projection of all the token's SLOTS experts
     in one load of [8 slots, BLOCK_H, KW] words (no per-expert loop: the read is one round trip),
@@ -486,35 +429,18 @@ def _moe_down_words_kernel(
                 mask=live & (g[None, None, :] < n_words[:, None, None] // 2), other=0.0)  # [8, BLOCK_H, KW/2]
     g_ptrs = tl.where(routed, w2_scale_ptr + e * w2_sge, s2_scale_ptr)[:, None] + \
         rows[None, :] * tl.where(routed, w2_sgn, s2_sgn)[:, None]  # [8, BLOCK_H] global scales
-    g_mask = used[:, None] & row_mask[None, :]
-    global_scale = 1.0
-    if SCALES_EARLY:
-        global_scale = tl.load(g_ptrs, mask=g_mask, other=0.0)
+    global_scale = tl.load(g_ptrs, mask=used[:, None] & row_mask[None, :], other=0.0)
     pdl_prologue(PDL)  # the SwiGLU outputs come from the gate/up launch just before
     a_rows = inter_ptr + (t * SLOTS + j) * stride_inter  # [8] row j of the token's SwiGLU outputs
     a_mask = used[:, None] & (kw[None, :] < n_words[:, None])
     n8 = tl.arange(0, 8)
-    if X_BLOCK:  # the word's 8 values in one vector load, nibble n's picked in-thread below
-        a8 = tl.load(a_rows[:, None, None] + kw[None, :, None] * 8 + n8[None, None, :],
-                     mask=a_mask[:, :, None] & (n8 < 8)[None, None, :], other=0.0).to(tl.float32)  # [8, KW, 8]
-    if DOT_3D:  # [8, BLOCK_H, KW, 8] products summed over the word's 8 (nvfp4.DOT_3D)
-        if not X_BLOCK:  # column n of the block from the stride-8 load n
-            a8 = tl.reshape(load_by_column(a_rows[:, None] + kw[None, :] * 8, a_mask), [8, KW, 8]).to(tl.float32)
-        w8 = tl.reshape(fp4_word_columns(words, PTX), [8, BLOCK_H, KW, 8])
-        part = tl.sum(w8 * (a8 * fp4_x_unit(PTX))[:, None, :, :], axis=3)
-    else:
-        nibbles = fp4_word_nibbles(words, PTX)
-        part = tl.zeros([8, BLOCK_H, KW], tl.float32)
-        for n in tl.static_range(8):  # nibble n: k = 8 w + n
-            if X_BLOCK:
-                a = tl.sum(tl.where(n8[None, None, :] == n, a8, 0.0), axis=2)  # [8, KW]
-            else:
-                a = tl.load(a_rows[:, None] + kw[None, :] * 8 + n, mask=a_mask, other=0.0).to(tl.float32)
-            part += nibbles[n] * (a * fp4_x_unit(PTX))[:, None, :]
+    # the word's 8 values in one vector load; [8, BLOCK_H, KW, 8] products summed over the word's 8
+    a8 = tl.load(a_rows[:, None, None] + kw[None, :, None] * 8 + n8[None, None, :],
+                 mask=a_mask[:, :, None] & (n8 < 8)[None, None, :], other=0.0).to(tl.float32)  # [8, KW, 8]
+    w8 = tl.reshape(fp4_word_columns(words, PTX), [8, BLOCK_H, KW, 8])
+    part = tl.sum(w8 * (a8 * fp4_x_unit(PTX))[:, None, :, :], axis=3)
     block = tl.sum(tl.reshape(part, [8, BLOCK_H, KW // 2, 2]), axis=3)  # [8, BLOCK_H, KW/2]
     y = tl.sum(block * (s.to(tl.float32) * fp4_scale_unit(PTX)), axis=2)  # [8, BLOCK_H]
-    if not SCALES_EARLY:
-        global_scale = tl.load(g_ptrs, mask=g_mask, other=0.0)
     y *= global_scale
     _store_combined(y, mix, out_ptr + t * H + rows, row_mask, K, SLOTS)
 
@@ -570,9 +496,9 @@ def routes_in_experts(w2, shared_w2=None, top_k: int = 1) -> bool:
     if top_k + (shared_w2 is not None) > 8:
         return False
     if is_nvfp4(w2) and is_nvfp4(shared2):
-        return nvfp4.MOE_DOWN_WORDS
+        return tuning.FP4_MOE_DOWN_WORDS
     i_max = max(w2.shape[-1], shared2.shape[-1])
-    return DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and i_max <= DOWN_DENSE_MAX_I
+    return not is_nvfp4(w2) and not is_nvfp4(shared2) and i_max <= DOWN_DENSE_MAX_I
 
 
 def moe_gemv_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, routing: torch.Tensor, top_k: int,
@@ -607,59 +533,43 @@ def _moe_gemv(x, k, topk, route, w13, w2, shared_w13, shared_w2):
         logits, bias, handoff, scaling, renormalize = route
         topk_ids = topk_weights = logits  # unread
     routing = dict(logits_ptr=logits, bias_ptr=bias, routing_ptr=handoff, E=logits.shape[1] if route else 1,
-                   scaling=scaling, ROUTE=route is not None, RENORMALIZE=renormalize, TOPK_SORT=TOPK_SORT,
+                   scaling=scaling, ROUTE=route is not None, RENORMALIZE=renormalize,
                    E_POW2=max(16, triton.next_power_of_2(logits.shape[1])) if route else 16)
     down_routing = dict(routing_ptr=handoff, ROUTE=route is not None, ACQUIRE_PTX=not INTERPRET)
     # the NVFP4 decode of each launch (nvfp4.py); word tiles when both weights of a launch are
     # NVFP4 (dense rows would not fit them)
-    words_up, words_down = nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
+    words_up, words_down = tuning.FP4_MOE_WORDS, tuning.FP4_MOE_DOWN_WORDS
     words13 = words_up and is_nvfp4(w13) and is_nvfp4(shared13)
-    def gate_up(first: int, count: int, rows: int, prefetch_ok: bool):
-        """The gate/up launch over slots [first, first + count) of every token."""
-        block_n = GATE_UP_ROWS or _rows_per_program(t * count, rows, x.device)
-        block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
-        if words13:
-            block_k = min(WORDS_MAX_K, WORDS_TILE // (2 * block_n), triton.next_power_of_2(h))
-        steps = h // block_k if h % block_k == 0 else 0
-        prefetch = steps if prefetch_ok and words13 and steps <= 2 else 0
-        x_first = steps if GATE_UP_X_FIRST and not prefetch and words13 and steps <= 2 else 0
-        _moe_gate_up_kernel[(t * count, triton.cdiv(rows, block_n))](
-            x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **routing, **weight_args("w13", w13, words=words_up),
-            **weight_args("s13", shared13, words=words_up),
-            H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
-            K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
-            W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
-            FIRST=first, COUNT=count, PREFETCH=prefetch, X_FIRST=x_first, OFFSETS_FIRST=GATE_UP_OFFSETS_FIRST,
-            **launch_args(x.device, prefetches=prefetch > 0),
-            WORDS=words_up, PTX=nvfp4.ptx_decode(), X_BLOCK=GATE_UP_X_BLOCK, num_warps=WARPS)
-
-    if SPLIT_SHARED and words13 and has_shared:
-        # the shared expert's launch first: it reads nothing the router wrote, and puts the router
-        # two kernels before the routed launch, which then loads its experts before its PDL wait
-        gate_up(k, 1, i_s, True)
-        gate_up(0, k, i, True)
-    else:
-        gate_up(0, slots, i_max, False)
+    block_n = tuning.MOE_GATE_UP_ROWS or _rows_per_program(t * slots, i_max, x.device)
+    block_k = min(MAX_BLOCK_K, TILE // block_n, triton.next_power_of_2(h))
+    if words13:
+        block_k = min(WORDS_MAX_K, WORDS_TILE // (2 * block_n), triton.next_power_of_2(h))
+    steps = h // block_k if h % block_k == 0 else 0
+    _moe_gate_up_kernel[(t * slots, triton.cdiv(i_max, block_n))](
+        x_ptr=x, ids_ptr=topk_ids, inter_ptr=inter, **routing, **weight_args("w13", w13, words=words_up),
+        **weight_args("s13", shared13, words=words_up),
+        H=h, I=i, IS=i_s, stride_xt=x.stride(0), stride_inter=inter.stride(0),
+        K=k, SLOTS=slots, BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=h % block_k != 0,
+        W13_FP4=is_nvfp4(w13), S13_FP4=is_nvfp4(shared13), NUM_STAGES=NUM_STAGES,
+        X_FIRST=steps if words13 and steps <= 2 else 0, **launch_args(x.device),
+        WORDS=words_up, PTX=nvfp4.ptx_decode(), num_warps=WARPS)
     if words_down and is_nvfp4(w2) and is_nvfp4(shared2) and slots <= 8:
         _moe_down_words_kernel[(t, triton.cdiv(h, DOWN_WORDS_ROWS))](
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing,
             **weight_args("w2", w2, words=True), **weight_args("s2", shared2, words=True),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0),
             K=k, SLOTS=slots, BLOCK_H=DOWN_WORDS_ROWS, KW=max(2, triton.next_power_of_2(i_max) // 8),
-            PTX=nvfp4.ptx_decode(), X_BLOCK=DOWN_X_BLOCK, SCALES_EARLY=DOWN_SCALES_EARLY,
-            **launch_args(x.device, prefetches=True),
-            num_warps=DOWN_WORDS_WARPS)
+            PTX=nvfp4.ptx_decode(), **launch_args(x.device), num_warps=DOWN_WORDS_WARPS)
         return out
-    if DOWN_DENSE and not is_nvfp4(w2) and not is_nvfp4(shared2) and slots <= 8 and i_max <= DOWN_DENSE_MAX_I:
+    if not is_nvfp4(w2) and not is_nvfp4(shared2) and slots <= 8 and i_max <= DOWN_DENSE_MAX_I:
         _moe_down_dense_kernel[(t, triton.cdiv(h, DOWN_DENSE_ROWS))](
             inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out, **down_routing, w2_ptr=w2,
             s2_ptr=shared2, w2_se=w2.stride(0), w2_sn=w2.stride(1), s2_sn=shared2.stride(0),
             H=h, I=i, IS=i_s, stride_inter=inter.stride(0), K=k, SLOTS=slots, BLOCK_H=DOWN_DENSE_ROWS,
-            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device, prefetches=True),
-            num_warps=DOWN_DENSE_WARPS)
+            BLOCK_I=triton.next_power_of_2(i_max), **launch_args(x.device), num_warps=DOWN_DENSE_WARPS)
         return out
     assert route is None, "routes_in_experts: the per-expert down loop reads the router's ids"
-    block_h = DOWN_ROWS or _rows_per_program(t, h, x.device)
+    block_h = tuning.MOE_DOWN_ROWS or _rows_per_program(t, h, x.device)
     block_k = min(MAX_BLOCK_K, TILE // block_h, triton.next_power_of_2(i_max))
     _moe_down_kernel[(t, triton.cdiv(h, block_h))](
         inter_ptr=inter, ids_ptr=topk_ids, topk_weights_ptr=topk_weights, out_ptr=out,

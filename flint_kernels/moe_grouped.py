@@ -14,8 +14,6 @@ registers to exact bf16 values before the dot, the global scale applied to the a
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -24,8 +22,8 @@ from .moe_sort import sort_pairs
 from .nvfp4 import is_nvfp4, weight_args, weight_tile
 from .pdl import launch_args, pdl_prologue
 from .swiglu import silu_mul_rounded
+from .tuning import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 COMBINE_BLOCK_H = 64 if INTERPRET else 1024
 

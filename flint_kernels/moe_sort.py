@@ -15,16 +15,14 @@ The cursors live in the cached zero buffer of split_k.py; each program zeroes it
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
 from .split_k import arrival_counters
+from .tuning import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK_P = 64 if INTERPRET else 1024  # pairs per program
 BLOCK_B = 16                         # blocks per step of the block-table loop
 

@@ -1,7 +1,8 @@
-"""NVFP4 weights as the W4A16 kernels read them: the canonical plain-torch dequantisation and the
-Triton tile decoder every W4A16 kernel shares. The layout is documented (and owned) by
-`flint_backend.weights.nvfp4.NVFP4Weight`; kernels take any object with `.packed`, `.scales`
-and `.scale` (duck-typed: kernels know no model package).
+"""NVFP4 weights as the W4A16 kernels read them: the Triton tile decoder every W4A16 kernel
+shares. The format (E2M1 tables, group size, the plain-torch dequantisation) is documented and
+owned by `flint_backend.weights.nvfp4`; kernels take any object with `.packed`, `.scales` and
+`.scale`, and their plain-torch references call its `.dequantize(dtype)` (duck-typed: kernels
+know no model package).
 
     packed  uint8          [..., N, K/2]   low nibble = even k, high nibble = odd k
     scales  float8_e4m3fn  [..., N, K/16]  block scale of k in [16 g, 16 g + 16)
@@ -19,18 +20,15 @@ dequantise-then-matmul by fp32 rounding of the accumulation only.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from . import tuning
 from .rms_norm import norm_weight, residual_add, step_activations
 from .swiglu import silu_mul_at
 
-GROUP = 16  # weights per E4M3 block scale
-E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-E2M1_VALUES = E2M1_MAGNITUDES + (0.0,) + tuple(-m for m in E2M1_MAGNITUDES[1:])  # code -> value
+GROUP = 16  # weights per E4M3 block scale: the decoders' tile unit; check_nvfp4 refuses any other
 # A code's magnitude bits placed in an fp16's exponent/mantissa give E2M1 / 2**14 exactly
 # (subnormals included); the 2**14 is folded into the block scale.
 FP16_E2M1_UNIT = tl.constexpr(16384.0)
@@ -38,17 +36,6 @@ FP16_E2M1_UNIT = tl.constexpr(16384.0)
 
 def is_nvfp4(w) -> bool:
     return all(hasattr(w, name) for name in ("packed", "scales", "scale"))
-
-
-def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, scale: torch.Tensor,
-                     dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """-> W [..., N, K] in `dtype`, computed in fp32 exactly as the layout defines it."""
-    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
-    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2)      # [..., N, K]
-    values = lut[codes.long()].unflatten(-1, (-1, GROUP))                      # [..., N, K/16, 16]
-    blocks = (values * scales.float()[..., None]).flatten(-2)                  # exact
-    per_row = scale.dim() == packed.dim() - 1                                  # [..., N]
-    return (blocks * (scale[..., None] if per_row else scale[..., None, None])).to(dtype)
 
 
 def check_nvfp4(where: str, w) -> tuple[int, int]:
@@ -115,34 +102,17 @@ def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
 # block scale each by 2**63 to cancel it: products stay normal for |x| > 2**-60.
 E2M1_F32_MASK = tl.constexpr(-2118123520)  # 0x81C00000 as an int32
 F32_E2M1_HALF_UNIT = tl.constexpr(9223372036854775808.0)  # 2**63
-# The NVFP4 decode of the batch-1 kernels, read by their launchers at each launch (benchmark knobs;
-# same results): bytes and a nibble join (weight_tile), or 32-bit words (fp4_dot_words), whose
-# codes PTX_DECODE turns to fp16 in inline PTX (never under the interpreter). Measured on the H200
-# at batch 1 with L2-cold weights (scripts/sweep_fp4_decode.py, benchmarks/NOTES.md §10): words for
-# the dense GEMVs (qkv 6.64 us with PTX and 1024-weight steps, 7.75 before) and for the MoE's
-# gate/up launch (6.9 vs 9.05 us) and down launch (all experts in one load: 5.0 vs 9.2 us).
-GEMV_WORDS = os.environ.get("FLINT_FP4_GEMV_WORDS", "1") == "1"   # nvfp4_linear's GEMV
-MOE_WORDS = os.environ.get("FLINT_FP4_MOE_WORDS", "1") == "1"     # moe_gemv's gate/up launch
-MOE_DOWN_WORDS = os.environ.get("FLINT_FP4_MOE_DOWN_WORDS", "1") == "1"  # and its down launch
-PTX_DECODE = os.environ.get("FLINT_FP4_PTX", "1") == "1"
-# nvfp4_linear's prefetching GEMV reads x as one [KW, 8] block of vector loads with an in-thread
-# select per nibble (fp4_dot_loaded's X_BLOCK), as its RMSNorm-folded form does (0.09 ms/token
-# faster than eight stride-8 loads there, benchmarks/NOTES.md §12); FLINT_FP4_X_BLOCK=0: the
-# stride-8 loads (a benchmark knob, read at import).
-X_BLOCK_LOADS = os.environ.get("FLINT_FP4_X_BLOCK", "1") == "1"
-# A step's products as one [.., KW, 8] tensor (the word's 8 weights joined in-thread, x's [KW, 8]
-# block broadcast over the rows) summed over the 8, instead of nibble by nibble: picking x's
-# column j out of the block gives it a layout other than the words' columns, so each of the 8
-# nibbles cost a layout conversion through shared memory (two barriers); broadcasting the whole
-# block costs one. sm_90 compile (scripts/compile_kernels.py --barriers): barriers after the PDL
-# wait 63 -> 7 (o_proj), 33 -> 5 (the norm-folded qkv), 41 -> 25 (MoE gate/up), 20 -> 8 (down);
-# H200, NVFP4 100K graph replay 2.161 -> 2.112 ms (benchmarks/NOTES.md §23). The 8 products are
-# summed as a tree (then the words of a block), not in an FMA chain: the same rounding in every
-# kernel that takes this path. FLINT_FP4_DOT_3D=0: nibble by nibble (a benchmark knob, read at import).
-DOT_3D = tl.constexpr(os.environ.get("FLINT_FP4_DOT_3D", "1") == "1")
+# The NVFP4 decode of the batch-1 kernels (tuning.FP4_GEMV_WORDS, FP4_MOE_WORDS,
+# FP4_MOE_DOWN_WORDS, FP4_PTX; same results either way): bytes and a nibble join (weight_tile),
+# or 32-bit words (fp4_dot_words), whose codes the PTX decode turns to fp16 (never under the
+# interpreter). A word step's products are one [.., KW, 8] tensor (the word's 8 weights joined
+# in-thread, x's [KW, 8] block broadcast over the rows) summed over the 8 as a tree: picking x's
+# column j out of the block nibble by nibble cost a layout conversion through shared memory a
+# nibble (sm_90 barriers after the PDL wait 63 -> 7 in o_proj, 20 -> 8 in the MoE down; H200
+# 2026-12-04, NVFP4 2.161 -> 2.112 ms a token at 100K).
 
 
-# The PTX decode of fp4_dot_words (nvfp4.PTX_DECODE): a word's E2M1 codes become FP8 E4M3
+# The PTX decode of fp4_dot_words (tuning.FP4_PTX): a word's E2M1 codes become FP8 E4M3
 # bytes four at a time (a code's sign to bit 7, its magnitude bits to bits 4..2: E2M1 * 2**-6
 # exactly, E4M3 subnormals included), which the hardware converts to fp16 pairs (sm_89+, one
 # instruction a pair): 7 integer instructions for 8 weights instead of 24. Outputs: the fp16
@@ -253,7 +223,7 @@ def fp4_word_dots_f16(words, p0, p1, p2, p3):
 @triton.jit
 def fp4_word_columns(words, PTX: tl.constexpr):
     """fp4_word_nibbles joined in-thread (by_column): shape(words) + [2, 2, 2], nibble j at
-    column j of its reshape to shape(words) + [8] (nvfp4.DOT_3D)."""
+    column j of its reshape to shape(words) + [8]."""
     n = fp4_word_nibbles(words, PTX)
     return by_column(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7])
 
@@ -359,50 +329,37 @@ def fp4_dot_loaded(x_ptr, words, s, kw0, n_words, KW: tl.constexpr, MASK_K: tl.c
     """The activation half of fp4_dot_words, on what fp4_load_words returned. NORM: the
     activation is rms_norm(residual + x) with the norm weight nw of the step's columns
     (fp4_norm_weight), computed here from the row's rstd (rms_norm.folded_rstd) once for the
-    step's [KW, 8] columns (rms_norm.step_activations), then nibble j's column picked out of each
-    word's 8 (in-thread selects). SILU: the activation is silu(gate) * up of the gate | up row at
+    step's [KW, 8] columns (rms_norm.step_activations), then multiplied by the words' 8 weights
+    joined in-thread. SILU: the activation is silu(gate) * up of the gate | up row at
     x_ptr (also as a block). xa: that block already loaded (fp4_x_block; NORM, X_BLOCK or SILU).
-    F16 (PTX, DOT_3D, x of bf16 values): a word's 8 products formed and summed in fp16 pairs
+    F16 (PTX, x of bf16 values): a word's 8 products formed and summed in fp16 pairs
     inside the decode's PTX (_FP4_WORD_DOT_F16_PTX), then widened: about half the instructions
     a word and row. x converts to fp16 exactly for 2**-14 <= |x| < 65504 (bf16's 8 significant
     bits fit fp16's 11); the products with E2M1 / 64 (2 bits) are exact while above 2**-14 (below,
     fp16 subnormals: an absolute error under 2**-25 each); a half's sum of four rounds to 11 bits;
-    |x| >= 65504 overflows. For activations of bounded scale (nvfp4_linear.GEMV_F16)."""
+    |x| >= 65504 overflows. For activations of bounded scale (tuning.FP4_GEMV_F16)."""
     kw = kw0 + tl.arange(0, KW)
     k_mask = kw < n_words
-    BLOCK_X: tl.constexpr = NORM or X_BLOCK or SILU
-    if BLOCK_X:  # the step's x as one [KW, 8] block (vector loads), a word's 8 values a row
-        j8 = tl.arange(0, 8)[None, :]
+    if NORM or X_BLOCK or SILU:  # the step's x as one [KW, 8] block (vector loads), a word's 8 values a row
         if xa is None:
             xa = fp4_x_block(x_ptr, res_ptr, kw0, n_words, KW, HAS_RESIDUAL, SILU)
         xs = step_activations(xa, nw, rstd, NORM)
-    if DOT_3D:  # [R, KW, 8] products, summed over the word's 8 (DOT_3D above)
-        if not BLOCK_X:  # x read with stride 8, column j of the block from load j
-            xs = tl.reshape(load_by_column(x_ptr + kw * 8, k_mask), [KW, 8])
-        if F16 and PTX:  # x broadcast over the rows first (one conversion), paired per word
-            p0, p1, p2, p3 = fp4_x_pairs(tl.broadcast_to(xs.to(tl.float32)[None, :, :], [words.shape[0], KW, 8]))
-            part = fp4_word_dots_f16(words, p0, p1, p2, p3)
-        else:
-            w8 = tl.reshape(fp4_word_columns(words, PTX), [words.shape[0], KW, 8])
-            part = tl.sum(w8 * (xs.to(tl.float32) * fp4_x_unit(PTX))[None, :, :], axis=2)
+    else:  # x read with stride 8, column j of the block from load j
+        xs = tl.reshape(load_by_column(x_ptr + kw * 8, k_mask), [KW, 8])
+    # [R, KW, 8] products, summed over the word's 8
+    if F16 and PTX:  # x broadcast over the rows first (one conversion), paired per word
+        p0, p1, p2, p3 = fp4_x_pairs(tl.broadcast_to(xs.to(tl.float32)[None, :, :], [words.shape[0], KW, 8]))
+        part = fp4_word_dots_f16(words, p0, p1, p2, p3)
     else:
-        nibbles = fp4_word_nibbles(words, PTX)
-        part = tl.zeros(words.shape, tl.float32)
-        for j in tl.static_range(8):  # nibble by nibble
-            if BLOCK_X:  # column j of the block, picked in-thread
-                x = tl.sum(tl.where(j8 == j, xs, 0.0), axis=1)
-            elif MASK_K:  # x read with stride 8
-                x = tl.load(x_ptr + kw * 8 + j, mask=k_mask, other=0.0)
-            else:
-                x = tl.load(x_ptr + kw * 8 + j)
-            part += nibbles[j] * (x.to(tl.float32) * fp4_x_unit(PTX))[None, :]
+        w8 = tl.reshape(fp4_word_columns(words, PTX), [words.shape[0], KW, 8])
+        part = tl.sum(w8 * (xs.to(tl.float32) * fp4_x_unit(PTX))[None, :, :], axis=2)
     block = tl.sum(tl.reshape(part, [words.shape[0], KW // 2, 2]), axis=2)  # the two words of a block
     return block * (s.to(tl.float32) * fp4_scale_unit(PTX))
 
 
 def ptx_decode() -> bool:
-    """fp4_dot_words' PTX flag for a launch now: PTX_DECODE, off under the interpreter."""
-    return PTX_DECODE and os.environ.get("TRITON_INTERPRET") != "1"
+    """fp4_dot_words' PTX flag for a launch now: tuning.FP4_PTX, off under the interpreter."""
+    return tuning.FP4_PTX and not tuning.INTERPRET
 
 
 def packed_words(w) -> torch.Tensor:

@@ -2,12 +2,12 @@
 
 Two kernels behind one launcher, picked by the token count T:
   T <= GEMV_MAX_TOKENS  GEMV: program (token, BLOCK_N rows, K split) streams its rows once with
-                        FMA (bytes, or 32-bit words: nvfp4.GEMV_WORDS; no tensor cores: a decode
+                        FMA (bytes, or 32-bit words: tuning.FP4_GEMV_WORDS; no tensor cores: a decode
                         token would fill 1 of 16 MMA rows); the
                         token axis varies fastest, so programs sharing a weight tile run together
                         and all but the first read it from L2.
   T >  GEMV_MAX_TOKENS  GEMM: tl.dot tiles (weights dequantised to x's dtype, exactly), grouped
-                        tile order for L2 reuse; from DEQUANT_MIN_TOKENS (prefill chunks) the
+                        tile order for L2 reuse; from FP4_DEQUANT_MIN_TOKENS (prefill chunks) the
                         weight is decoded once by a launch of its own and the tiles load it
                         dense.
 Both split K when the output tiles alone would leave SMs idle (batch-1 projections are
@@ -17,99 +17,49 @@ same launch (split_k.py). The global scale multiplies each output once (nvfp4.py
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import nvfp4
-from .nvfp4 import (check_nvfp4, dequantize_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_norm_weight,
+from . import nvfp4, tuning
+from .nvfp4 import (check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_norm_weight,
                     fp4_x_block, packed_words, scale_strides, weight_tile)
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch, steps_rstd
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 from .swiglu import gate_half, silu_mul_at, silu_mul_torch
+from .tuning import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 GEMV_MAX_TOKENS = 4
 # GEMV step: BLOCK_N rows x BLOCK_K k (8 x 256 NVFP4 = 1 KB packed + 128 B of scales); the
-# interpreter's cost is per op: few, large programs there. 8 rows (qkv: 640 programs) since the
-# products are summed without a conversion a nibble (nvfp4.DOT_3D): NVFP4 100K replay 2.112 ->
-# 2.103 ms on the H200 (16 rows were the better before: benchmarks/NOTES.md §21, §23)
+# interpreter's cost is per op: few, large programs there. 8 rows (qkv: 640 programs) since a
+# word's products are summed without a conversion a nibble (nvfp4.py): H200 2026-12-04, NVFP4
+# 100K replay 2.112 -> 2.103 ms (16 rows were the better before)
 GEMV_BLOCK_N, GEMV_BLOCK_K = (128, 256) if INTERPRET else (8, 256)
 GEMV_STAGES = 4  # tiles in flight per program (cp.async): a GEMV step is only ~2.3 KB
 GEMV_WARPS = 4
 # NVFP4 as 32-bit words: a step spans up to 1024 weights, so a thread holds several of the 16 rows
 # and each x value it loads (and converts) serves several weights (2048: one step for K = 2048,
-# measured 1.6-1.8 us slower for qkv, benchmarks/NOTES.md §10)
+# measured 1.6-1.8 us slower for qkv on the H200)
 GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
-# Splits of one or two word steps load all their weights before waiting for the previous kernel,
-# so with PDL the read overlaps that kernel (pdl.py); FLINT_FP4_GEMV_PREFETCH=0: the pipelined loop
-GEMV_PREFETCH = os.environ.get("FLINT_FP4_GEMV_PREFETCH", "1") == "1"
-# Up to this many word steps a split prefetches (1..4); GEMV_MAX_SPLITS caps the K splits where
-# the splits still prefetch (None: as many as give two programs an SM). Benchmark knobs: one
-# split of four steps for o_proj (K = 4096, GEMV_MAX_SPLITS = 1) saves the split-K round trip but
-# measured slower on the H200 (NVFP4 100K replay 2.570 -> 2.604 ms, benchmarks/NOTES.md §13): its
-# 16-row programs decode twice the weights; GEMV_UNSPLIT_BLOCK_N below halves the rows instead.
-GEMV_PREFETCH_STEPS = 4
-GEMV_MAX_SPLITS: int | None = None
-# Rows a program of a GEMV launch that would split K, when all of K's word steps fit one
-# prefetching split (<= GEMV_PREFETCH_STEPS): that launch then takes one split of this many rows
-# (4 for 16: four times the programs), so no split-K arrival and partial reload, and less decode a
-# program than a split had (o_proj: K = 4096, 4 steps, 512 programs). None: the split. Measured
-# on the H200, NVFP4 100K replay 2.268 -> 2.230 ms (8 rows: 2.235), o_proj ~4.1 -> ~3.3 us
-# (benchmarks/NOTES.md §21). A benchmark knob, read at each launch.
-GEMV_UNSPLIT_BLOCK_N: int | None = 64 if INTERPRET else 4  # (interpreter: few, large programs)
-# A prefetching split (X_BLOCK or the folded RMSNorm) loads every step's x block right after its
-# PDL wait, before the row's rstd and the first step's decode: one round trip to L2 instead of
-# one a step (sm_90 code issued the next step's loads after the previous step's shared-memory
-# conversions). A benchmark knob, read at each launch (benchmarks/NOTES.md §19).
-GEMV_X_EARLY = True
-# A one-split prefetching launch with the RMSNorm folded (qkv, the dense MLP's gate/up) takes its
-# row's rstd and updated residual from the x blocks GEMV_X_EARLY loaded, as
-# dense_gemv.ROW_RSTD_FROM_STEPS: the batch-1 qkv GEMV's sm_90 code after its PDL wait 745 ->
-# 708 instructions, barriers unchanged (11), registers 80 -> 72 (`compile_kernels.py --counts`).
-# H200, batch-1 decode at 100K, graph replay: NVFP4 2.053 vs 2.055 ms, within noise (BF16 2.771 ->
-# 2.754 with dense_gemv's). A benchmark knob, read at each launch (benchmarks/NOTES.md §29, §31).
-GEMV_ROW_RSTD_FROM_STEPS = True
-# Prefetching splits of bf16 activations (the PTX decode): each word's 8 products formed and
-# summed in fp16 pairs (nvfp4.fp4_dot_loaded's F16: exact products, sums of four rounded to
-# fp16's 11 bits; activations of normed or attention-output scale, |x| < 65504), instead of fp32:
-# about half the instructions a word: o_proj 734 -> 612 sm_90 instructions after the PDL wait
-# (`scripts/compile_kernels.py --counts`, test_compile_sm90).
-# FLINT_FP4_GEMV_F16=0: fp32 products (read at import; a benchmark knob, read at each launch).
-# The MoE launches keep fp32 products: with fp16 their down launch measured slower on the H200.
-GEMV_F16 = os.environ.get("FLINT_FP4_GEMV_F16", "1") == "1"
-# Decode GEMVs of the dense MLP (layers 0-1 of flint-40b): rows a program where N >= WIDE_N
-# (gate/up, 20480 rows: 2560 programs of GEMV_BLOCK_N = 8), and the K splits where K takes more
-# word steps than a split prefetches (down, K = 10240: pick_splits gave 2 splits of 5 steps, a
-# pipelined loop; 5 splits are 2 prefetched steps each). None: as for every other GEMV (the
-# interpreter's default: its steps are 256 weights). H200, batch-1 decode at 100K, graph replay
-# (benchmarks/NOTES.md §25): gate/up 13.3 -> 11.8-12.1 us, down 11.0 -> 9.7-9.8 (8 rows and
-# 2 splits before; 4 rows: gate/up 18 us; 1 or 10 splits: down 13 / 11 us). Read at each launch.
-WIDE_N = 16384
-GEMV_WIDE_BLOCK_N: int | None = None if INTERPRET else 16
-GEMV_LONG_K_SPLITS: int | None = None if INTERPRET else 5
+# Splits of whole word steps (up to tuning.GEMV_PREFETCH_STEPS) load all their weights before
+# waiting for the previous kernel, so with PDL the read overlaps that kernel (pdl.py), then every
+# step's x block right after the wait (one round trip to L2, not one a step); a one-split launch
+# with the RMSNorm folded takes its row's rstd and updated residual from those blocks (no second
+# load of the row). Longer splits run the pipelined loop.
 GEMM_BLOCK_K = 32 if INTERPRET else 64
 GROUP_M = 8
-# From this many tokens (a prefill chunk) the GEMM decodes each weight once: a first launch writes
-# the weight's E2M1 x E4M3 values (exact) to an [N, K] scratch in x's dtype, and the tl.dot tiles
-# then load it as a dense matrix, so the decode no longer runs in every one of the T / BLOCK_M
-# row tiles' K loops (64 times at 8192 tokens), and the tiles reach the tensor cores without a
-# register-to-shared conversion of decoded weights. The global scale is still applied to each
-# output once, after the reduction: the same values as the decoding tiles, up to the order of
-# the fp32 accumulation. The scratch costs 2 bytes a weight written and read once (qkv: 12.6 MB,
-# ~6 us at the H200's bandwidth). None: the decoding tiles at every T (a benchmark knob, read at
-# each launch; FLINT_FP4_DEQUANT_MIN_TOKENS, read at import, sets it, 0 for None). The
-# interpreter's tests take small chunks through it.
-DEQUANT_MIN_TOKENS: int | None = int(os.environ.get("FLINT_FP4_DEQUANT_MIN_TOKENS", 32 if INTERPRET else 256)) or None
+# From tuning.FP4_DEQUANT_MIN_TOKENS tokens (a prefill chunk) the GEMM decodes each weight once: a
+# first launch writes the weight's E2M1 x E4M3 values (exact) to an [N, K] scratch in x's dtype,
+# and the tl.dot tiles then load it as a dense matrix, so the decode no longer runs in every one
+# of the T / BLOCK_M row tiles' K loops (64 times at 8192 tokens), and the tiles reach the tensor
+# cores without a register-to-shared conversion of decoded weights. The global scale is still
+# applied to each output once, after the reduction: the same values as the decoding tiles, up to
+# the order of the fp32 accumulation. The scratch costs 2 bytes a weight written and read once
+# (qkv: 12.6 MB, ~6 us at the H200's bandwidth).
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = (32, 64) if INTERPRET else (32, 256)
-# (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: _gemm_tiles's, as
-# the decoding tiles take (a benchmark knob, read at each launch)
-DEQUANT_GEMM_TILES: tuple[int, int, int, int] | None = None
 
 
 @triton.jit
@@ -127,8 +77,8 @@ def _nvfp4_gemv_kernel(
     T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
-    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, X_BLOCK: tl.constexpr,
-    X_EARLY: tl.constexpr, SILU: tl.constexpr, F16: tl.constexpr, ROW_IN_STEPS: tl.constexpr,
+    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
+    SILU: tl.constexpr, F16: tl.constexpr, ROW_IN_STEPS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T: the residual add and RMSNorm
@@ -161,19 +111,17 @@ def _nvfp4_gemv_kernel(
             nw3 = fp4_norm_weight(norm_w_ptr, kw0 + 3 * KW, K // 8, KW, NORM)
         scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
         pdl_prologue(PDL)
-        XA: tl.constexpr = X_EARLY and (NORM or X_BLOCK or SILU)
-        xa0 = None
+        # every step's x block, then the rstd's row: one round trip
+        xa0 = fp4_x_block(x_row, res_row, kw0, K // 8, KW, HAS_RESIDUAL, SILU)
         xa1 = None
         xa2 = None
         xa3 = None
-        if XA:  # every step's x block, then the rstd's row: one round trip
-            xa0 = fp4_x_block(x_row, res_row, kw0, K // 8, KW, HAS_RESIDUAL, SILU)
-            if PREFETCH > 1:
-                xa1 = fp4_x_block(x_row, res_row, kw0 + KW, K // 8, KW, HAS_RESIDUAL, SILU)
-            if PREFETCH > 2:
-                xa2 = fp4_x_block(x_row, res_row, kw0 + 2 * KW, K // 8, KW, HAS_RESIDUAL, SILU)
-            if PREFETCH > 3:
-                xa3 = fp4_x_block(x_row, res_row, kw0 + 3 * KW, K // 8, KW, HAS_RESIDUAL, SILU)
+        if PREFETCH > 1:
+            xa1 = fp4_x_block(x_row, res_row, kw0 + KW, K // 8, KW, HAS_RESIDUAL, SILU)
+        if PREFETCH > 2:
+            xa2 = fp4_x_block(x_row, res_row, kw0 + 2 * KW, K // 8, KW, HAS_RESIDUAL, SILU)
+        if PREFETCH > 3:
+            xa3 = fp4_x_block(x_row, res_row, kw0 + 3 * KW, K // 8, KW, HAS_RESIDUAL, SILU)
         if ROW_IN_STEPS:  # the steps' blocks hold the whole row: its rstd and residual from them
             offs = (kw0 + tl.arange(0, KW))[:, None] * 8 + tl.arange(0, 8)[None, :]
             rstd = steps_rstd(res_out_ptr + t * K, offs, BLOCK_K, K, eps, (nb == 0) & (s == 0), PREFETCH,
@@ -182,16 +130,16 @@ def _nvfp4_gemv_kernel(
             rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
                                      HAS_RESIDUAL, BLOCK_H)
         acc = fp4_dot_loaded(x_row, w0, s0, kw0, K // 8, KW, False, PTX, res_row, nw0, rstd,
-                             NORM, HAS_RESIDUAL, X_BLOCK, xa0, SILU, F16)
+                             NORM, HAS_RESIDUAL, True, xa0, SILU, F16)
         if PREFETCH > 1:
             acc += fp4_dot_loaded(x_row, w1, s1, kw0 + KW, K // 8, KW, False, PTX, res_row, nw1, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa1, SILU, F16)
+                                  NORM, HAS_RESIDUAL, True, xa1, SILU, F16)
         if PREFETCH > 2:
             acc += fp4_dot_loaded(x_row, w2, s2, kw0 + 2 * KW, K // 8, KW, False, PTX, res_row, nw2, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa2, SILU, F16)
+                                  NORM, HAS_RESIDUAL, True, xa2, SILU, F16)
         if PREFETCH > 3:
             acc += fp4_dot_loaded(x_row, w3, s3, kw0 + 3 * KW, K // 8, KW, False, PTX, res_row, nw3, rstd,
-                                  NORM, HAS_RESIDUAL, X_BLOCK, xa3, SILU, F16)
+                                  NORM, HAS_RESIDUAL, True, xa3, SILU, F16)
     elif WORDS:
         pdl_prologue(PDL)
         rstd = maybe_folded_rstd(x_row, res_row, res_out_ptr + t * K, K, eps, (nb == 0) & (s == 0), NORM,
@@ -337,28 +285,26 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
     if t == 0 or n == 0:
         return
     _, stride_gn = scale_strides(w)
-    words = nvfp4.GEMV_WORDS
+    words = tuning.FP4_GEMV_WORDS
     gemv_block_n = GEMV_BLOCK_N
-    if t <= GEMV_MAX_TOKENS and GEMV_WIDE_BLOCK_N and n >= WIDE_N:
-        gemv_block_n = GEMV_WIDE_BLOCK_N
+    if t <= GEMV_MAX_TOKENS and tuning.FP4_GEMV_WIDE_ROWS and n >= tuning.FP4_GEMV_WIDE_N:
+        gemv_block_n = tuning.FP4_GEMV_WIDE_ROWS
     if t <= GEMV_MAX_TOKENS:
         tiles = t * triton.cdiv(n, gemv_block_n)
         block_k = min(GEMV_WORDS_BLOCK_K if words else GEMV_BLOCK_K, triton.next_power_of_2(k))
     else:
-        dequant = DEQUANT_MIN_TOKENS is not None and t >= DEQUANT_MIN_TOKENS
-        block_m, block_n, warps, stages = (dequant and DEQUANT_GEMM_TILES) or _gemm_tiles(t, n)
+        dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS
+        block_m, block_n, warps, stages = (dequant and tuning.FP4_DEQUANT_GEMM_TILES) or _gemm_tiles(t, n)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
     k_blocks = triton.cdiv(k, block_k)
     splits = num_splits or pick_splits(tiles, k_blocks, x.device)
-    if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_LONG_K_SPLITS and words and k_blocks > GEMV_PREFETCH_STEPS:
-        splits = min(GEMV_LONG_K_SPLITS, k_blocks)
-    if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_MAX_SPLITS is not None:
-        fewer = min(splits, GEMV_MAX_SPLITS)
-        if triton.cdiv(k_blocks, fewer) <= GEMV_PREFETCH_STEPS:  # only where the splits still prefetch
-            splits = fewer
-    if num_splits is None and t <= GEMV_MAX_TOKENS and GEMV_UNSPLIT_BLOCK_N and splits > 1 and words \
-            and k % block_k == 0 and k_blocks <= GEMV_PREFETCH_STEPS:
-        splits, gemv_block_n = 1, GEMV_UNSPLIT_BLOCK_N  # one prefetching split of fewer rows
+    prefetch_steps = tuning.GEMV_PREFETCH_STEPS
+    if num_splits is None and t <= GEMV_MAX_TOKENS and tuning.FP4_GEMV_LONG_K_SPLITS and words \
+            and k_blocks > prefetch_steps:
+        splits = min(tuning.FP4_GEMV_LONG_K_SPLITS, k_blocks)
+    if num_splits is None and t <= GEMV_MAX_TOKENS and tuning.FP4_GEMV_UNSPLIT_ROWS and splits > 1 and words \
+            and k % block_k == 0 and k_blocks <= prefetch_steps:
+        splits, gemv_block_n = 1, tuning.FP4_GEMV_UNSPLIT_ROWS  # one prefetching split of fewer rows
     if not 1 <= splits <= k_blocks:
         raise ValueError(f"nvfp4_linear: num_splits {splits}, expected 1..{k_blocks} for K={k}")
     k_per_split = triton.cdiv(k_blocks, splits) * block_k
@@ -373,18 +319,16 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         data = packed_words(w) if words else w.packed
         # whole word steps a split, loaded before the wait for the previous kernel (pdl.py)
         steps = k_per_split // block_k
-        whole = words and k % k_per_split == 0 and steps <= GEMV_PREFETCH_STEPS
-        prefetch = steps if GEMV_PREFETCH and whole else 0
+        prefetch = steps if words and k % k_per_split == 0 and steps <= prefetch_steps else 0
         residual, res_out, norm_w, eps = norm or (None, x, x, 0.0)
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, gemv_block_n), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=gemv_block_n, BLOCK_K=block_k,
             res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
-            X_BLOCK=nvfp4.X_BLOCK_LOADS, X_EARLY=GEMV_X_EARLY, SILU=silu,
-            F16=GEMV_F16 and prefetch > 0 and x.dtype == torch.bfloat16,
+            SILU=silu, F16=tuning.FP4_GEMV_F16 and prefetch > 0 and x.dtype == torch.bfloat16,
             # one split whose prefetched steps hold the whole row (prefetch 0: 0 != k)
-            ROW_IN_STEPS=GEMV_ROW_RSTD_FROM_STEPS and norm is not None and GEMV_X_EARLY and prefetch * block_k == k,
-            **launch_args(x.device, prefetches=prefetch > 0),
+            ROW_IN_STEPS=norm is not None and prefetch * block_k == k,
+            **launch_args(x.device),
             NUM_STAGES=GEMV_STAGES, WORDS=words, PTX=nvfp4.ptx_decode(), PREFETCH=prefetch,
             num_warps=GEMV_WARPS)
     else:
@@ -442,7 +386,7 @@ def nvfp4_linear_torch(x: torch.Tensor, w, num_splits: int | None = None) -> tor
     """Same signature and semantics as `nvfp4_linear`: dequantise (fp32, exact), matmul in fp32,
     round to x.dtype."""
     _check_inputs(x, w)
-    weight = dequantize_nvfp4(w.packed, w.scales, w.scale, torch.float32)
+    weight = w.dequantize(torch.float32)
     return F.linear(x.float(), weight).to(x.dtype)
 
 

@@ -17,7 +17,7 @@ kernels back: a program runs only after every program of the kernel between has 
 wait, i.e. after the router completed), and the step's metadata that the host copies in before
 the step and no kernel writes (context lengths, positions, cache slots, block tables: the
 decode-attention launches). The attention reduce reads more on that ground: the new token's
-q, k, v, written before the split launch (decode_attention.REDUCE_NEW_TOKEN_FIRST). One exception
+q, k, v, written before the split launch (decode_attention._decode_reduce_kernel). One exception
 waits for a flag instead: the routed MoE down launch reads the expert ids the gate/up launch
 just before it publishes (moe_gemv._token_routing: an acquire load, polled until set; every
 gate/up program is resident or done by then, as below). A program runs only after the kernel
@@ -26,41 +26,28 @@ launched without the attribute, e.g. a torch op, waits for the previous kernel t
 usual; one launched after such a kernel starts at its completion.
 
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
-not under the Triton interpreter (it cannot run inline PTX), and FLINT_PDL (read at import) is
-"1" (the default: every kernel launched with the attribute) or "prefetch" (only kernels that
-prefetch weights: the others still run the prologue, so they let their successor start early,
-but start only when their own predecessor has completed); "0" turns it off. Launchers read
-the switches at each launch, so a benchmark can flip them between CUDA graph captures.
+not under the Triton interpreter (it cannot run inline PTX), and tuning.PDL is (FLINT_PDL, on by
+default). Launchers read it at each launch, so a benchmark can flip it between CUDA graph captures.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-MODES = ("0", "1", "prefetch")
-_MODE = os.environ.get("FLINT_PDL", "1")
-if _MODE not in MODES:
-    raise ValueError(f"FLINT_PDL: got {_MODE!r}, expected one of {MODES}")
-# On by default since the weight prefetch: batch-1 NVFP4 decode at 100K on the H200, 3.035
-# ms/token without PDL, 2.831 with it on the prefetching launches only, 2.645 on every launch
-# (benchmarks/NOTES.md §11). Before the prefetch (every kernel waiting first) it lost: graph
-# replay 3.904 ms with PDL, 3.736 without (§9).
-ENABLED = _MODE != "0"
-PREFETCH_ONLY = _MODE == "prefetch"  # the attribute only on launches that prefetch weights
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from . import tuning
+
 # PDL for launches on CPU tensors: scripts/compile_kernels.py sets it to compile what an H200 launches
 ON_HOST = False
 
 
 def enabled(device: torch.device) -> bool:
     """Whether kernels launched on `device` use PDL now."""
-    if not ENABLED or INTERPRET:
+    if not tuning.PDL or tuning.INTERPRET:
         return False
     if device.type != "cuda":
         return ON_HOST
@@ -72,15 +59,11 @@ def _major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def launch_args(device: torch.device, prefetches: bool = False) -> dict:
+def launch_args(device: torch.device) -> dict:
     """Keyword arguments of a launch on `device`: the kernel's PDL constexpr and, when on, the
-    launch option (the interpreter drops it; the JIT takes it as an option, not an argument).
-    prefetches: the kernel loads weights before its prologue (with PREFETCH_ONLY, only such
-    launches get the option)."""
+    launch option (the interpreter drops it; the JIT takes it as an option, not an argument)."""
     if not enabled(device):
         return {"PDL": False}
-    if PREFETCH_ONLY and not prefetches:
-        return {"PDL": True}
     return {"PDL": True, "launch_pdl": True}
 
 

@@ -12,16 +12,14 @@ query_start_loc[b] // BLOCK_Q + b on, found by binary search, so no host sync is
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .attention import attention_torch, check_attention_inputs
 from .pdl import launch_args, pdl_prologue
+from .tuning import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 LOG2E = 1.4426950408889634
 # GPU tiles: 128 rows x 64 keys, D up to 128 (H100/H200 flash-attention shape); interpreter: small

@@ -18,18 +18,17 @@ on N and the head counts, so a captured CUDA graph replays it.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
+from .tuning import INTERPRET
 
 # programs a launch aims for (decode: one head each); prefill widens blocks to whole tokens. The
 # interpreter pays per program, not per head: there one program takes a token's heads (the head
 # blocks themselves are tested at every width: test_qk_norm_rope.py)
-TARGET_PROGRAMS = 1 if os.environ.get("TRITON_INTERPRET") == "1" else 1024
+TARGET_PROGRAMS = 1 if INTERPRET else 1024
 ELEMS_PER_WARP = 512  # [heads, D] elements per warp (16 a thread): one warp per 4 heads of D=128
 
 

@@ -47,20 +47,6 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def residual_norm_tile(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, k0, H, rstd, HAS_RESIDUAL: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    """Prologue of the fused low-latency kernels, columns [k0, k0 + BLOCK_K) of token rows `toks`:
-    -> (rms_norm(residual + x) given the rows' rstd [BLOCK_T, 1], residual + x (rounded like the
-    reference's residual add), their offsets and mask). Call with rstd = 0 to sum squares first."""
-    cols = k0 + tl.arange(0, BLOCK_K)
-    kmask = cols < H
-    m = tmask[:, None] & kmask[None, :]
-    off = toks[:, None] * H + cols[None, :]
-    a = residual_add(x_ptr, res_in_ptr, off, m, HAS_RESIDUAL)
-    return scale_normed(a, norm_w_ptr, cols, kmask, rstd), a, off, m  # weight [BLOCK_K], broadcast
-
-
-@triton.jit
 def residual_add(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr):
     """x at offs, plus the residual stream when HAS_RESIDUAL, rounded to x's dtype like the
     reference's residual add."""
@@ -83,19 +69,6 @@ def normed_by(a, nw, rstd):
     kernel loads it before its PDL wait, as a weight (pdl.py)."""
     dtype = a.dtype
     return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw.to(dtype).to(tl.float32)).to(dtype)
-
-
-@triton.jit
-def residual_rstd(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, H, eps, HAS_RESIDUAL: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    """[BLOCK_T, 1] fp32 reciprocal RMS of the token rows of residual + x over all H columns."""
-    sumsq = tl.zeros([toks.shape[0]], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        _, a, _, _ = residual_norm_tile(x_ptr, res_in_ptr, norm_w_ptr, toks, tmask, k0, H, 0.0, HAS_RESIDUAL,
-                                        BLOCK_K)
-        af = a.to(tl.float32)
-        sumsq += tl.sum(af * af, axis=1)
-    return tl.rsqrt(sumsq / H + eps)[:, None]
 
 
 @triton.jit

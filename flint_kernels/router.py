@@ -16,8 +16,6 @@ and the lowest id among ties; the weights are gathered from the unbiased scores.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -25,8 +23,8 @@ import triton.language as tl
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_row, normed_by, rms_norm_torch
 from .split_k import arrival_counters, last_to_arrive, num_sms
+from .tuning import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 BLOCK_T = 16           # tokens per tl.dot tile (its smallest M); the top-k stage holds [BLOCK_T, E]
 BLOCK_H = 32 if INTERPRET else 128
@@ -35,8 +33,8 @@ GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
 GEMV_TILE = 4096       # [BLOCK_E, H chunk] elements a decode program loads at once (128 a thread)
 GEMV_WARPS = 1         # one warp: the top-k's reductions are shuffles, with no barriers between warps
 # with the RMSNorm folded in, a program also normalises a whole row (2048 values: 64 a thread
-# and 255 registers at one warp); 4 warps share it (FLINT_ROUTER_NORM_WARPS: benchmark knob)
-GEMV_NORM_WARPS = int(os.environ.get("FLINT_ROUTER_NORM_WARPS", "4"))
+# and 255 registers at one warp); 4 warps share it (8: no better, H200 2026-12-03)
+GEMV_NORM_WARPS = 4
 NO_KEY = tl.constexpr(-(2 ** 63 - 1))  # below every expert's key: masked or already chosen
 # the routing handoff of the routed expert launches (moe_gemv.py): per token, expert id + 1 of each
 # of <= 8 slots (0: not written yet), then the 8 router weights' fp32 bits
@@ -327,7 +325,7 @@ def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm, routing=No
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32", ONE_CHUNK=one_chunk,
         NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
-        **launch_args(x.device, prefetches=one_chunk),
+        **launch_args(x.device),
         num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,
     )
     return ids, weights, logits

@@ -24,15 +24,13 @@ draws the same tokens (up to fp32 summation order at a CDF boundary).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
+from .tuning import INTERPRET
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK_V = 1024 if INTERPRET else 4096  # logits per chunk of a pass
 MAX_ROUNDS = 64                       # top-p rejection rounds before falling back to the argmax
 LOG2E = 1.4426950408889634

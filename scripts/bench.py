@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 
-from flint_backend import ops
 from flint_backend.config import FlintConfig
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
@@ -41,7 +40,7 @@ from flint_backend.engine.sampling_params import SamplingParams
 from flint_backend.engine.sequence import SequenceStatus
 from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.weights.nvfp4 import NVFP4Weight
-from flint_kernels import dense_gemv, moe_gemv, nvfp4, nvfp4_linear, pdl, router
+from flint_kernels import tuning
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -184,8 +183,7 @@ def kernel_breakdown(engine: LLMEngine, context: int) -> list[dict]:
     seq = start_at_context(engine, context, 10)
     batch = build_step_batch([(seq, 1)], engine.blocks.block_size, engine.config.sliding_window, engine.device)
     model, kv = engine.runner.model, engine.runner.kv
-    graphs = engine.runner.graphs
-    forward = graphs._forward(1) if graphs is not None else model.forward  # what batch 1 runs
+    forward = model.forward  # what batch 1 runs (the regular path, replayed or eager)
     forward(batch, kv)
     sync()
     cuda = engine.device.type == "cuda"
@@ -251,7 +249,7 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     engine_args = dict(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None, dtype="bfloat16",
                        device=args.device, kernel_backend=args.kernel_backend, block_size=64, max_num_seqs=64,
                        max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
-                       kv_cache_memory_fraction=args.kv_fraction, low_latency_max_batch=args.low_latency_max_batch,
+                       kv_cache_memory_fraction=args.kv_fraction,
                        async_scheduling=not args.no_async_scheduling, warmup=False if args.no_engine_warmup else None)
     engine = LLMEngine(EngineArgs(**engine_args))
     sync()
@@ -335,8 +333,6 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=262144)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--kernel-backend", default="triton")
-    parser.add_argument("--low-latency-max-batch", type=int, default=0,
-                        help="decode batches up to this size take the fused low-latency path (0: the regular one)")
     parser.add_argument("--no-async-scheduling", action="store_true",
                         help="every step synchronous (the engine default launches decode steps ahead)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
@@ -352,27 +348,9 @@ def main() -> None:
                         # runs without this key counted a token made before the clock
                         "clock": "after-first-step", "steps": args.steps,
                         "copy_tb_s": round(bandwidth / 1e12, 3), "torch": torch.__version__,
-                        # the kernel knobs a run's environment can set (FLINT_FP4_GEMV_WORDS,
-                        # FLINT_FP4_MOE_WORDS, FLINT_FP4_MOE_DOWN_WORDS, FLINT_FP4_GEMV_PREFETCH, FLINT_PDL,
-                        # FLINT_FP4_MOE_SPLIT_SHARED, FLINT_MOE_DOWN_DENSE, FLINT_FOLD_NORM, FLINT_ROUTER_NORM_WARPS,
-                        # FLINT_FP4_X_BLOCK, FLINT_FUSE_QK_NORM_ROPE, FLINT_MOE_ROUTE_IN_EXPERTS,
-                        # FLINT_HEAD_FOLD_NORM, FLINT_FP4_GEMV_F16, FLINT_FP4_DEQUANT_MIN_TOKENS)
-                        "knobs": {"nvfp4_gemv_words": nvfp4.GEMV_WORDS, "nvfp4_moe_words": nvfp4.MOE_WORDS,
-                                  "nvfp4_moe_down_words": nvfp4.MOE_DOWN_WORDS,
-                                  "nvfp4_gemv_prefetch": nvfp4_linear.GEMV_PREFETCH,
-                                  "nvfp4_gemv_f16": nvfp4_linear.GEMV_F16,
-                                  "nvfp4_dequant_min_tokens": nvfp4_linear.DEQUANT_MIN_TOKENS,
-                                  "pdl": pdl.ENABLED, "pdl_prefetch_only": pdl.PREFETCH_ONLY,
-                                  "nvfp4_moe_split_shared": moe_gemv.SPLIT_SHARED,
-                                  "moe_down_dense": moe_gemv.DOWN_DENSE, "fold_norm": ops.FOLD_NORM,
-                                  "router_norm_warps": router.GEMV_NORM_WARPS,
-                                  "nvfp4_x_block": nvfp4.X_BLOCK_LOADS,
-                                  "fuse_qk_norm_rope": ops.FUSE_QK_NORM_ROPE,
-                                  "moe_route_in_experts": ops.MOE_ROUTE_IN_EXPERTS,
-                                  "head_fold_norm": ops.HEAD_FOLD_NORM,
-                                  # module knobs (bench_step_timeline.py --variant sets them)
-                                  "row_rstd_from_steps": [dense_gemv.ROW_RSTD_FROM_STEPS,
-                                                          nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS]}},
+                        # every tuning switch as this run had it (the environment sets them:
+                        # flint_kernels/tuning.py)
+                        "tuning": tuning.snapshot()},
                "formats": []}
     formats = args.formats.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)

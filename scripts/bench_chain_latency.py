@@ -4,8 +4,8 @@ decode kernel uses now (flint_kernels/pdl.py) against a release/acquire counter.
 
     python scripts/bench_chain_latency.py [--links 256] [--out benchmarks/chain-latency.json]
 
-A batch-1 decode step is ~395 launches, each waiting for the one before it (benchmarks/NOTES.md
-§13-16: a launch with almost no work, qk_norm_rope, costs ~1.2 us of the step's critical path).
+A batch-1 decode step is ~395 launches, each waiting for the one before it (a launch with almost
+no work, qk_norm_rope, cost ~1.2 us of the step's critical path on the H200, 2026-12-03).
 Each link here is one launch of G programs; program p reads a value that program (7p + 1) % G of
 the previous link wrote and writes it plus one, so every link depends on the one before it, and
 the last link's values are checked against the epoch the host wrote before the replay. Variants:

@@ -5,7 +5,7 @@
     python scripts/bench_decode_ops.py [--context 100000] [--out benchmarks/decode-ops-h200.json]
 
 Prints a markdown table (us per call, GB/s, % of copy bandwidth) and writes JSON. This is the
-diagnostic behind benchmarks/NOTES.md: which op of the decode step is far from its floor.
+diagnostic behind docs/performance.md: which op of the decode step is far from its floor.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from flint_backend.model import rope_cos_sin_cache
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
 from flint_backend.weights.nvfp4 import concat_rows
-from flint_kernels import decode_attention, moe, norm_qkv_rope, nvfp4, nvfp4_linear, qk_norm_rope, rms_norm, router
+from flint_kernels import decode_attention, moe, nvfp4_linear, qk_norm_rope, rms_norm, router, tuning
 
 H, HQ, HK, D, E, I, K, V = 2048, 32, 4, 128, 256, 512, 6, 151552
 REPS = 20
@@ -64,14 +64,19 @@ def copy_bandwidth() -> float:
 
 
 def words(fn, flag: bool):
-    """fn with nvfp4.GEMV_WORDS and MOE_WORDS set to `flag` for its launches (bytes or 32-bit words)."""
+    """fn with tuning.FP4_GEMV_WORDS, FP4_MOE_WORDS and FP4_MOE_DOWN_WORDS set to `flag` for its
+    launches (bytes or 32-bit words)."""
+    names = ("FP4_GEMV_WORDS", "FP4_MOE_WORDS", "FP4_MOE_DOWN_WORDS")
+
     def call():
-        saved = nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
-        nvfp4.GEMV_WORDS = nvfp4.MOE_WORDS = nvfp4.MOE_DOWN_WORDS = flag
+        saved = [getattr(tuning, name) for name in names]
+        for name in names:
+            setattr(tuning, name, flag)
         try:
             return fn()
         finally:
-            nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS = saved
+            for name, value in zip(names, saved):
+                setattr(tuning, name, value)
     return call
 
 
@@ -133,9 +138,6 @@ def cases(context: int):
     pos64 = torch.arange(100, 164, device=dev)
     yield "qk_norm_rope +write N=64", lambda: qk_norm_rope.qk_norm_rope(
         qkv64, dw, dw, pos64, cos_sin, 1e-5, HQ, HK, ring[0], ring[1], pos64), 0
-    for split_note, w in (("bf16", qkv), ("nvfp4", qkv4)):
-        yield f"norm_qkv_rope {split_note} (fused)", lambda w=w: norm_qkv_rope.norm_qkv_rope(
-            x, res, norm_w, 1e-5, w, dw, dw, pos, cos_sin, HQ, HK, ring[0], ring[1], slot), nbytes(w)
     for splits in (None, 32, 128):
         yield f"decode attn full ctx={context} splits={splits or 'default'}", \
             lambda s=splits: decode_attention.decode_attention(q, k, v, paged[0], paged[1], lens, sinks, D ** -0.5,

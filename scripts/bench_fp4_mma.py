@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure first (benchmarks/NOTES.md §16 item 1): an NVFP4 GEMV whose decoded words feed
+"""Measure first: an NVFP4 GEMV whose decoded words feed
 tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulate) against nvfp4_linear's GEMV
 (fp32 FMAs), at batch 1 on the real projection shapes (GPU).
 

@@ -380,10 +380,10 @@ def bench_w4a16(shape, device, smoke):
     a prefill chunk's size (PREFILL_TOKENS; not the LM head, which a prefill applies to its last
     token only) each GEMM also runs as the BF16 matmul of the dequantised weight ("bf16 linear"),
     the rate a BF16 checkpoint's prefill gets, and in nvfp4_linear's other forms: the tiles that
-    decode the weight in their K loop ("decoding tiles", DEQUANT_MIN_TOKENS None) and the decoded
-    weight's GEMM in 128 x 256 tiles (DEQUANT_GEMM_TILES)."""
-    from flint_kernels import nvfp4_linear as nvfp4_linear_module
-    from flint_kernels.nvfp4 import dequantize_nvfp4
+    decode the weight in their K loop ("decoding tiles", tuning.FP4_DEQUANT_MIN_TOKENS None) and the
+    decoded weight's GEMM in 128 x 256 tiles (tuning.FP4_DEQUANT_GEMM_TILES)."""
+    from flint_backend.weights.nvfp4 import dequantize_nvfp4
+    from flint_kernels import tuning
     from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch
     h, q, kv = shape["hidden"], shape["hq"] * shape["d"], shape["hk"] * shape["d"]
     shapes = {"qkv": (q + 2 * kv, h), "o_proj": (h, q), "mlp gate_up": (2 * shape["dense_inter"], h),
@@ -400,12 +400,12 @@ def bench_w4a16(shape, device, smoke):
                 run=lambda x=x, turns=turns: nvfp4_linear(x, turns.next()),
                 reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
                 bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
-            if t == PREFILL_TOKENS:  # the prefill GEMM's other forms (nvfp4_linear's knobs)
-                for label, knob, value in [("decoding tiles", "DEQUANT_MIN_TOKENS", None),
-                                           ("128x256 tiles", "DEQUANT_GEMM_TILES", (128, 256, 8, 3))]:
+            if t == PREFILL_TOKENS:  # the prefill GEMM's other forms (its tuning switches)
+                for label, knob, value in [("decoding tiles", "FP4_DEQUANT_MIN_TOKENS", None),
+                                           ("128x256 tiles", "FP4_DEQUANT_GEMM_TILES", (128, 256, 8, 3))]:
                     cases.append(Case(
                         "w4a16", f"{name} {k}->{n} T={t} {label}",
-                        run=lambda x=x, turns=turns, a=(knob, value): with_knob(nvfp4_linear_module, *a, lambda: (
+                        run=lambda x=x, turns=turns, a=(knob, value): with_knob(tuning, *a, lambda: (
                             nvfp4_linear(x, turns.next()))),
                         reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
                         bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))

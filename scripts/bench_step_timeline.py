@@ -2,14 +2,15 @@
 """Where a replayed batch-1 decode step's time goes, kernel by kernel, on the critical path.
 
     python scripts/bench_step_timeline.py --formats nvfp4,bf16 --context 100000 \
-        --variant flint_backend.ops.FUSE_QK_NORM_ROPE=0 --out benchmarks/timeline.json
+        --variant flint_kernels.tuning.HEAD_FOLD_NORM=0 --out benchmarks/timeline.json
 
 Eager per-kernel sums (bench.py's breakdown) overstate under PDL: a kernel's time includes its
 wait for the one before. Here one CUDA graph of the decode step (bucket 1) is replayed under
 torch.profiler and each kernel is charged end(i) - end(i-1): what the step would lose without
 it (with PDL a kernel cannot complete before its predecessor, so these sum to the step's span).
 Rows group kernels by name. Each --variant sets module attributes (the launchers read their
-knobs at each call) and recaptures the graph, so variants compare in one process; the table
+switches, flint_kernels/tuning.py, at each call) and recaptures the graph, so variants compare
+in one process; the table
 also gives each variant's replay time without the profiler. Prints markdown, writes JSON.
 
 --ncu: no timeline; each variant's graph is replayed once between cudaProfilerStart and Stop, for
@@ -71,7 +72,7 @@ def capture(engine: LLMEngine, seq) -> torch.cuda.CUDAGraph:
     graphs = engine.runner.graphs
     graphs._fill([seq], 1, 0)
     torch.cuda.synchronize()  # the inputs' copy (a side stream)
-    batch, forward = graphs._batch(1, 0), graphs._forward(1)
+    batch, forward = graphs._batch(1, 0), graphs.model.forward
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -23,16 +23,16 @@ a kernel fails unless its PTX waits (griddepcontrol.wait) before its first globa
 atomic when PDL is on (weight loads may come first), and has no griddepcontrol instruction when
 it is off.
 --barriers prints, instead of the table, each kernel's bar.sync count after its PDL wait by
-source line (a layout conversion through shared memory costs two or more: NOTES.md §23).
+source line (a layout conversion through shared memory costs two or more).
 --chains prints, instead of the table, each kernel's SASS after its PDL wait (ACQBULK) reduced to
 its global loads, cp.async copies, barriers, shuffles, stores and atomics, repeats counted
 ("LDG.E.128x2 BARx21 ..."): a load behind a BAR.SYNC waits for the values before it, so each
-such run is one more round trip to memory after the wait (benchmarks/NOTES.md §19).
+such run is one more round trip to memory after the wait.
 --counts prints, instead of the table, each kernel's SASS instructions and BAR.SYNCs from its PDL
-wait on, and the index of its first global atomic (the instruction counts of NOTES.md §27-28).
+wait on, and the index of its first global atomic.
 --waits prints, instead of the table, each kernel's global loads after its PDL wait and the
 scoreboard waits between them ("L9 W L3": 3 loads issued only after one of the first 9 returned),
-from the SASS control bits (benchmarks/NOTES.md §33).
+from the SASS control bits.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ _CHAIN_OPS = ("LDG", "LDGSTS", "BAR.SYNC", "ATOMG", "RED", "STG", "SHFL", "EXIT"
 def barrier_lines(ptx: str) -> str:
     """The PTX's bar.sync instructions after griddepcontrol.wait (all of them without PDL),
     counted by the source line they come from (the `.loc` before each): "12 nvfp4.py:312 ...",
-    most first. A layout conversion through shared memory costs two or more (NOTES.md §23)."""
+    most first. A layout conversion through shared memory costs two or more."""
     files = dict(re.findall(r'\.file\s+(\d+)\s+"([^"]+)"', ptx))
     counts: dict[str, int] = {}
     where, waited = "?", "griddepcontrol.wait" not in ptx
@@ -253,20 +253,9 @@ def launches() -> list[tuple[str, object, object]]:
         ("decode B=1 one split", decode_attention, lambda: decode_attention.decode_attention(
             q[:1], k[:1], v_view[:1], paged, paged, lens[:1], None, scale, 0, block_tables=tables[:1, :1].contiguous(),
             num_splits=1)),
-        # the decode layers' default: Q/K norm, RoPE and the cache write inside the attention launches
-        ("decode_attention_qkv B=1 full", decode_attention, lambda: decode_attention.decode_attention_qkv(
-            qkv[:1], dw, dw, slots[:1], None, 1e-5, hq, hk, paged, paged, slots[:1], lens[:1], sinks, scale, 0,
-            block_tables=tables[:1])),
-        ("decode_attention_qkv B=1 ring", decode_attention, lambda: decode_attention.decode_attention_qkv(
-            qkv[:1], dw, dw, slots[:1], cos_sin, 1e-5, hq, hk, ring, ring, slots[:1], lens[:1], sinks, scale, 513,
-            ring_rows=rows[:1])),
-        ("decode ring B=1 reduce new token after the wait", decode_attention, lambda: with_knob(
-            decode_attention, "REDUCE_NEW_TOKEN_FIRST", False, lambda: decode_attention.decode_attention(
-                q[:1], k[:1], v_view[:1], ring, ring, lens[:1], sinks, scale, 513, ring_rows=rows[:1],
-                reduce_warps=4))),
         ("prefill B=1", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl[:2], lens[:1], ring, ring, None, scale, 513, 4096, ring_rows=rows[:1])),
-    ] + moe_launches() + w4a16_launches() + sampling_launches() + low_latency_launches()
+    ] + moe_launches() + w4a16_launches() + sampling_launches()
 
 
 def nvfp4(*shape, per_row=False):
@@ -303,7 +292,7 @@ def moe_launches() -> list:
     for fmt, fp4 in [("bf16", False), ("nvfp4", True)]:
         cases += [(f"moe small {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv(*args(t, fp4)))
                   for t in (1, 8, 16)]
-        # the top-k picked in the expert launches from the router's logits (ops.MOE_ROUTE_IN_EXPERTS)
+        # the top-k picked in the expert launches from the router's logits (ops.norm_moe at decode sizes)
         cases += [(f"moe small routed {fmt} T={t}", moe_gemv, lambda t=t, fp4=fp4: moe_gemv.moe_gemv_routed(
             args(t, fp4)[0], torch.randn(t, e), bias, torch.zeros(t, router.ROUTING_WORDS, dtype=torch.int32), k, 2.5, True,
             *args(t, fp4)[3:])) for t in (1, 8)]
@@ -365,11 +354,6 @@ def w4a16_launches() -> list:
                           lambda x=x, w=w: lin.rms_norm_nvfp4_linear(x, x.clone(), hw, 1e-5, w)))
             cases.append((f"dense_gemv + rms_norm {name} T={t}", gemv,
                           lambda x=x, dense=dense: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense)))
-    # the BF16 qkv with the row's rstd from a second load of it (dense_gemv.ROW_RSTD_FROM_STEPS flipped)
-    x, dense = torch.randn(1, 2048, dtype=bf16), torch.randn(*shapes["qkv"], dtype=bf16)
-    cases.append(("dense_gemv + rms_norm qkv T=1 other rstd", gemv, lambda: with_knob(
-        gemv, "ROW_RSTD_FROM_STEPS", not gemv.ROW_RSTD_FROM_STEPS,
-        lambda: gemv.rms_norm_dense_gemv(x, x.clone(), hw, 1e-5, dense))))
     # the NVFP4 dense MLP's SwiGLU folded into its down GEMV (ops.silu_linear)
     down_n, down_k = shapes["down"]  # (the LM head's lambdas above read k and n late)
     w = nvfp4(down_n, down_k)
@@ -377,8 +361,9 @@ def w4a16_launches() -> list:
         gate_up = torch.randn(t, 2 * down_k, dtype=bf16)
         cases.append((f"nvfp4_linear + silu_mul down T={t}", lin,
                       lambda gate_up=gate_up, w=w: lin.silu_nvfp4_linear(gate_up, w)))
-    # the other products of the GEMV's prefetching splits (fp16 or fp32: nvfp4_linear.GEMV_F16 flipped)
-    other_products = lambda call: with_knob(lin, "GEMV_F16", not lin.GEMV_F16, call)
+    # the other products of the GEMV's prefetching splits (fp16 or fp32: tuning.FP4_GEMV_F16 flipped)
+    from flint_kernels import tuning
+    other_products = lambda call: with_knob(tuning, "FP4_GEMV_F16", not tuning.FP4_GEMV_F16, call)
     gate_up = torch.randn(1, 2 * down_k, dtype=bf16)
     x_o, w_o = torch.randn(1, shapes["o"][1], dtype=bf16), nvfp4(*shapes["o"])
     x_qkv, w_qkv = torch.randn(1, 2048, dtype=bf16), nvfp4(*shapes["qkv"], per_row=True)
@@ -387,23 +372,23 @@ def w4a16_launches() -> list:
               ("nvfp4_linear + rms_norm qkv T=1 other products", lin, lambda: other_products(
                   lambda: lin.rms_norm_nvfp4_linear(x_qkv, x_qkv.clone(), hw, 1e-5, w_qkv))),
               ("nvfp4_linear + silu_mul down T=1 other products", lin,
-               lambda: other_products(lambda: lin.silu_nvfp4_linear(gate_up, w))),
-              # the row's rstd from a second load of it (nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS flipped)
-              ("nvfp4_linear + rms_norm qkv T=1 other rstd", lin, lambda: with_knob(
-                  lin, "GEMV_ROW_RSTD_FROM_STEPS", not lin.GEMV_ROW_RSTD_FROM_STEPS,
-                  lambda: lin.rms_norm_nvfp4_linear(x_qkv, x_qkv.clone(), hw, 1e-5, w_qkv)))]
+               lambda: other_products(lambda: lin.silu_nvfp4_linear(gate_up, w)))]
     return cases
 
 
 def other_decode(call):
-    """Runs call() with the NVFP4 decode knobs (nvfp4.GEMV_WORDS, MOE_WORDS, MOE_DOWN_WORDS) flipped."""
-    from flint_kernels import nvfp4
-    saved = nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS
-    nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS = (not flag for flag in saved)
+    """Runs call() with the NVFP4 decode switches (tuning.FP4_GEMV_WORDS, FP4_MOE_WORDS,
+    FP4_MOE_DOWN_WORDS) flipped."""
+    from flint_kernels import tuning
+    names = ("FP4_GEMV_WORDS", "FP4_MOE_WORDS", "FP4_MOE_DOWN_WORDS")
+    saved = [getattr(tuning, name) for name in names]
+    for name, flag in zip(names, saved):
+        setattr(tuning, name, not flag)
     try:
         return call()
     finally:
-        nvfp4.GEMV_WORDS, nvfp4.MOE_WORDS, nvfp4.MOE_DOWN_WORDS = saved
+        for name, flag in zip(names, saved):
+            setattr(tuning, name, flag)
 
 
 def sampling_launches() -> list:
@@ -423,31 +408,12 @@ def tiles(kwargs: dict) -> str:
     return " ".join(f"{k}={kwargs[k]}" for k in keys)
 
 
-def low_latency_launches() -> list:
-    """The low-latency decode kernels at full size (MoE experts: moe_launches): batch 1 and 8."""
-    from flint_kernels import norm_qkv_rope
-    hq, hk, d, h, bf16 = 32, 4, 128, 2048, torch.bfloat16
-    dw, hw = torch.randn(d, dtype=bf16), torch.randn(h, dtype=bf16)
-    cos_sin = torch.randn(64, d)
-    cache = torch.zeros(8, 64, hk, d, dtype=bf16)
-    cases = []
-    for t in (1, 8):
-        x = torch.randn(t, h, dtype=bf16)
-        pos, slots = torch.arange(t), torch.arange(t)
-        for fmt, qkv_w in (("bf16", torch.randn((hq + 2 * hk) * d, h, dtype=bf16)),
-                           ("nvfp4", nvfp4((hq + 2 * hk) * d, h, per_row=True))):
-            cases.append((f"norm_qkv_rope {fmt} T={t} rope+cache", norm_qkv_rope,
-                          lambda x=x, pos=pos, slots=slots, w=qkv_w: norm_qkv_rope.norm_qkv_rope(
-                              x, x.clone(), hw, 1e-5, w, dw, dw, pos, cos_sin, hq, hk, cache, cache, slots)))
-    return cases
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     parser.add_argument("--only", default="", help="substring of the case names to compile")
     parser.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
-                        help="launch with programmatic dependent launch, as on sm_90+ by default (FLINT_PDL=1; default on)")
+                        help="launch with programmatic dependent launch, as on sm_90+ by default (tuning.PDL; default on)")
     parser.add_argument("--chains", action="store_true",
                         help="print each kernel's SASS after its PDL wait as runs of loads, barriers and stores")
     parser.add_argument("--counts", action="store_true",
@@ -457,15 +423,15 @@ def main(argv=None) -> int:
     parser.add_argument("--barriers", action="store_true",
                         help="print each kernel's barriers after its PDL wait by source line (PTX .loc)")
     parser.add_argument("--set", action="append", default=[], metavar="module.ATTR=value[,...]",
-                        help="set module knobs first, as bench_step_timeline.py --variant does "
-                             "(e.g. flint_kernels.moe_gemv.DOWN_DENSE_WARPS=4)")
+                        help="set module values first, as bench_step_timeline.py --variant does "
+                             "(e.g. flint_kernels.moe_gemv.DOWN_DENSE_WARPS=4, flint_kernels.tuning.FP4_PTX=0)")
     args = parser.parse_args(argv)
     if args.set:
         from scripts.bench_step_timeline import parse_variant, set_variant
         set_variant([setting for text in args.set for setting in parse_variant(text)])
-    from flint_kernels import pdl, split_k
+    from flint_kernels import pdl, split_k, tuning
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
-    pdl.ON_HOST = pdl.ENABLED = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
+    pdl.ON_HOST = tuning.PDL = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
     failures = 0
     if not (args.chains or args.barriers or args.counts or args.waits):
         print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | programs | an SM | waves | mma | "

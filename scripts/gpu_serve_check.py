@@ -236,8 +236,7 @@ def report(args) -> int:
     weights = e["model"] or f"random {e['preset']} seed {e['seed']}" + (f" {e['quantization']}" if e["quantization"] else "")
     print(f"\n{args.case}: {engine['device']}; {weights}; batch 1, prompt {len(engine['prompt_ids'])} tokens, "
           f"{len(engine['tokens'])} greedy tokens; kernel_backend={e['kernel_backend']}, "
-          f"CUDA graphs {'off' if e['enforce_eager'] or engine['device'] == 'cpu' else 'on'}, "
-          f"low_latency_max_batch={e['low_latency_max_batch']}; "
+          f"CUDA graphs {'off' if e['enforce_eager'] or engine['device'] == 'cpu' else 'on'}; "
           f"engine built in {engine['build_s']:.1f} s")
     per_token = engine.get("ms_per_token_unsynced")  # absent in cases written before 2026-12-05
     rows = [("engine decode step, in-process (no server)", step["median_ms"], step["p90_ms"], step["mean_ms"]),

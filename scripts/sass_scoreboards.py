@@ -1,7 +1,7 @@
 """The scoreboard fields of sm_70+ SASS as cuobjdump prints it, and the view of a kernel's global
-loads and the waits for them that `scripts/compile_kernels.py --waits` prints (benchmarks/NOTES.md
-§33). Plain text parsing, no GPU and no Triton: compile_kernels.py clears TRITON_INTERPRET when
-imported, so tests take these from here."""
+loads and the waits for them that `scripts/compile_kernels.py --waits` prints ("L9 W L3": 3 loads
+issued only after one of the first 9 returned). Plain text parsing, no GPU and no Triton:
+compile_kernels.py turns Triton's interpreter off when imported, so tests take these from here."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def load_waits(ops: list[tuple[str, int | None, int]]) -> str:
     pending), then 3 more loads, which thus start a round trip after the first ones returned.
     Loads that need an earlier load's value (a pointer, an expert id) must come after a W; loads
     that ptxas sank below the first use of others (the activations a prefetching kernel reads
-    after its PDL wait, in the PTX all issued at once) show the same way (benchmarks/NOTES.md §33)."""
+    after its PDL wait, in the PTX all issued at once) show the same way."""
     pending: set[int] = set()
     runs: list[list] = []
     for op, write, wait in ops:

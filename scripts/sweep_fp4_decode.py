@@ -5,11 +5,11 @@ L2-cold weights: the W4A16 GEMV (qkv 5120x2048, o_proj 2048x4096) and the small-
 
     python scripts/sweep_fp4_decode.py [--out benchmarks/sweep-fp4-decode.json] [--only gemv|moe]
 
-Each variant sets module knobs (nvfp4_linear.GEMV_*, moe_gemv.*, nvfp4.*_WORDS), is checked
+Each variant sets module knobs (nvfp4_linear.GEMV_*, moe_gemv.*, tuning.FP4_*), is checked
 against the plain-torch dequantise-then-matmul reference (relative L2), then timed as a CUDA
 graph of 20 calls over 12 weight sets taken in turn (bench_decode_ops.py's method). MoE rows
 also give each launch's own GPU time (torch.profiler, eager). Prints a markdown table and
-writes JSON; the defaults in the kernels come from these rows (benchmarks/NOTES.md).
+writes JSON; the defaults in the kernels come from these rows (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -24,38 +24,38 @@ import torch
 
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels import moe, moe_gemv, nvfp4, nvfp4_linear, router
+from flint_kernels import moe, moe_gemv, nvfp4_linear, router, tuning
 from scripts.bench_decode_ops import copy_bandwidth, cycled, graph_us, nbytes
 
 H, HQ, HK, D, E, I, K = 2048, 32, 4, 128, 256, 512, 6
 COPIES = 12
-MODULES = {"nvfp4": nvfp4, "nvfp4_linear": nvfp4_linear, "moe_gemv": moe_gemv}
+MODULES = {"tuning": tuning, "nvfp4_linear": nvfp4_linear, "moe_gemv": moe_gemv}
 
 # GEMV variants: changes to GEMV_BASE (nvfp4_linear's batch-1 launch knobs, the defaults;
 # "splits": K splits, None = the launcher's choice)
-GEMV_BASE = {"nvfp4.GEMV_WORDS": True, "nvfp4.PTX_DECODE": True, "nvfp4_linear.GEMV_BLOCK_N": 16,
+GEMV_BASE = {"tuning.FP4_GEMV_WORDS": True, "tuning.FP4_PTX": True, "nvfp4_linear.GEMV_BLOCK_N": 16,
              "nvfp4_linear.GEMV_WORDS_BLOCK_K": 1024, "nvfp4_linear.GEMV_STAGES": 4,
              "nvfp4_linear.GEMV_WARPS": 4, "splits": None}
 GEMV = [
     {},
-    {"nvfp4.PTX_DECODE": False},
+    {"tuning.FP4_PTX": False},
     {"nvfp4_linear.GEMV_WORDS_BLOCK_K": 2048},
     {"nvfp4_linear.GEMV_WORDS_BLOCK_K": 512},
     {"nvfp4_linear.GEMV_BLOCK_N": 8, "nvfp4_linear.GEMV_WARPS": 2},
     {"nvfp4_linear.GEMV_BLOCK_N": 8, "nvfp4_linear.GEMV_WARPS": 2, "nvfp4_linear.GEMV_WORDS_BLOCK_K": 2048},
     {"nvfp4_linear.GEMV_STAGES": 2},
     {"splits": 2},
-    {"nvfp4.GEMV_WORDS": False},
+    {"tuning.FP4_GEMV_WORDS": False},
 ]
-MOE_BASE = {"nvfp4.MOE_WORDS": True, "nvfp4.MOE_DOWN_WORDS": True, "nvfp4.PTX_DECODE": True,
-            "moe_gemv.GATE_UP_ROWS": None, "moe_gemv.DOWN_ROWS": None, "moe_gemv.TILE": 4096,
+MOE_BASE = {"tuning.FP4_MOE_WORDS": True, "tuning.FP4_MOE_DOWN_WORDS": True, "tuning.FP4_PTX": True,
+            "tuning.MOE_GATE_UP_ROWS": None, "tuning.MOE_DOWN_ROWS": None, "moe_gemv.TILE": 4096,
             "moe_gemv.MAX_BLOCK_K": 512, "moe_gemv.NUM_STAGES": 3, "moe_gemv.WARPS": 4,
             "moe_gemv.WORDS_TILE": 1 << 14, "moe_gemv.DOWN_WORDS_ROWS": 16, "moe_gemv.DOWN_WORDS_WARPS": 8}
 MOE = [
     {},  # the defaults: gate/up words (8 rows, 1024-weight steps), down words (16 rows, all experts at once)
-    {"nvfp4.MOE_WORDS": False},
-    {"nvfp4.PTX_DECODE": False},
-    {"nvfp4.MOE_DOWN_WORDS": False},
+    {"tuning.FP4_MOE_WORDS": False},
+    {"tuning.FP4_PTX": False},
+    {"tuning.FP4_MOE_DOWN_WORDS": False},
     {"moe_gemv.DOWN_WORDS_ROWS": 8},
     {"moe_gemv.DOWN_WORDS_ROWS": 4, "moe_gemv.DOWN_WORDS_WARPS": 4},
     {"moe_gemv.WORDS_TILE": 1 << 15},

@@ -21,10 +21,10 @@ def test_prefill_gemms_have_a_bf16_linear_twin():
 
 
 def test_prefill_gemm_forms_restore_the_knobs():
-    # the "decoding tiles" and "128x256 tiles" rows set an nvfp4_linear knob for their call only,
+    # the "decoding tiles" and "128x256 tiles" rows set a tuning switch for their call only,
     # and each is checked like every case (against dequantise-then-matmul)
-    from flint_kernels import nvfp4_linear
-    before = (nvfp4_linear.DEQUANT_MIN_TOKENS, nvfp4_linear.DEQUANT_GEMM_TILES)
+    from flint_kernels import tuning
+    before = (tuning.FP4_DEQUANT_MIN_TOKENS, tuning.FP4_DEQUANT_GEMM_TILES)
     cases = bench_w4a16(SMOKE, torch.device("cpu"), smoke=False)
     forms = [c for c in cases if c.name.startswith("qkv ") and c.name.endswith(" tiles")]
     assert [c.name for c in forms] == [f"qkv 64->192 T={PREFILL_TOKENS} {f}" for f in ("decoding tiles",
@@ -33,4 +33,4 @@ def test_prefill_gemm_forms_restore_the_knobs():
         case.prepare()
         status, rel_err = check(case)
         assert status == "ok" and rel_err < 1e-2, (case.name, status, rel_err)
-        assert (nvfp4_linear.DEQUANT_MIN_TOKENS, nvfp4_linear.DEQUANT_GEMM_TILES) == before
+        assert (tuning.FP4_DEQUANT_MIN_TOKENS, tuning.FP4_DEQUANT_GEMM_TILES) == before

@@ -1,7 +1,7 @@
 """A decode step launched on the device whose sampled tokens the host has not read yet (async
 scheduling, see engine.py).
 
-The tokens stay on the device in the step's argmax slots (greedy.py; decode_graphs.py), where the
+The tokens stay on the device in the step's argmax slots (ops.greedy_slots; decode_graphs.py), where the
 next step's first launch reads its input ids; a non-blocking copy of the slots into pinned host
 memory on a side stream, followed by an event, brings them to the host while the device runs that
 next step.
@@ -9,19 +9,21 @@ next step.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from flint_backend.engine.sequence import Sequence
-from flint_kernels import greedy
 
 
 class InFlightStep:
     def __init__(self, seqs: list[Sequence], slots: torch.Tensor, host: torch.Tensor,
-                 copied: torch.cuda.Event | None):
-        """slots [B] int64 on the device: row r's token for seqs[r], packed (greedy.py); host: their
-        copy in host memory, complete once `copied` has happened (None: already complete)."""
+                 copied: torch.cuda.Event | None, slot_tokens: Callable):
+        """slots [B] int64 on the device: row r's token for seqs[r], packed (ops.greedy_slots); host:
+        their copy in host memory, complete once `copied` has happened (None: already complete);
+        slot_tokens: the op table's unpacking (ops.slot_tokens)."""
         self.seqs, self.slots = seqs, slots
-        self._host, self._copied = host, copied
+        self._host, self._copied, self._slot_tokens = host, copied, slot_tokens
         self._row = {id(seq): r for r, seq in enumerate(seqs)}
 
     def rows_of(self, seqs: list[Sequence]) -> list[int]:
@@ -32,4 +34,4 @@ class InFlightStep:
         """Waits for the copy to the host -> the B sampled token ids."""
         if self._copied is not None:
             self._copied.synchronize()
-        return greedy.token(self._host).tolist()
+        return self._slot_tokens(self._host).tolist()

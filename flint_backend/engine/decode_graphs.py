@@ -3,7 +3,6 @@ once per batch-size bucket over static input buffers, then replayed.
 
 A step of B sequences replays the smallest bucket >= B; rows B..bucket-1 are padding (context 0,
 no cache writes, their logits ignored). Larger batches and steps with prefill run eagerly.
-Buckets up to `low_latency_max_batch` run the model's low-latency decode path.
 All buckets share one memory pool. On the CPU the same static-buffer path runs without capture,
 so the bucketing and padding are tested there too.
 
@@ -11,7 +10,7 @@ Steps alternate between two parities, each with its own input buffers and argmax
 own graph of every bucket, so that nothing between two replays waits on the step before:
   - the host-to-device copy of a step's inputs runs on a side stream while the step before
     (the other parity) replays; the replay waits for it by an event;
-  - the graph's LM head leaves every row's greedy token in its parity's slots (greedy.py), and
+  - the graph's LM head leaves every row's greedy token in its parity's slots (ops.greedy_slots), and
     a sampled step's tokens are packed into them; the device-to-host copy of the slots runs on
     another side stream after the replay;
   - with async scheduling (engine.py) a step's input id can be the previous step's token: its
@@ -25,20 +24,18 @@ from __future__ import annotations
 
 import torch
 
-from flint_backend.engine.kv_cache import KVCache
 from flint_backend.engine.sequence import Sequence
-from flint_backend.engine.step_batch import StepBatch
+from flint_backend.kv_cache import KVCache
 from flint_backend.model import FlintModel
-from flint_kernels import greedy
+from flint_backend.step_batch import StepBatch
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class DecodeGraphs:
     def __init__(self, model: FlintModel, kv: KVCache, max_batch: int, max_blocks_per_seq: int,
-                 window: int, block_size: int, capture: bool, low_latency_max_batch: int = 0):
+                 window: int, block_size: int, capture: bool):
         self.model, self.kv = model, kv
-        self.low_latency_max_batch = low_latency_max_batch
         self.window, self.block_size = window, block_size
         self.buckets = [b for b in BUCKETS if b < max_batch] + [min(max_batch, BUCKETS[-1])]
         self.max_batch, self.max_blocks = self.buckets[-1], max_blocks_per_seq
@@ -50,7 +47,7 @@ class DecodeGraphs:
         # the tables come last, so a step copies only the rows of its bucket
         self.i64 = [torch.zeros(5 * m, dtype=torch.int64, device=device) for _ in range(2)]
         self.i32 = [torch.zeros(3 * m + 1 + m * nb, dtype=torch.int32, device=device) for _ in range(2)]
-        self.slots = torch.full((2, m), greedy.EMPTY, dtype=torch.int64, device=device)  # [parity, row]
+        self.slots = model.ops.greedy_slots(2 * m, device).view(2, m)  # [parity, row]
         self._staging = [_Staging(self.i64[0].shape, self.i32[0].shape, m, nb, pin=device.type == "cuda")
                          for _ in range(2)]
         self.parity = 0  # of the next step
@@ -78,12 +75,6 @@ class DecodeGraphs:
             ring_rows=i32[2 * m + 1:2 * m + 1 + b], block_tables=i32[3 * m + 1:].view(m, nb)[:b],
             sample_rows=self.rows[:b], decode_only=True, max_query_len=1, sample_seqs=[],
             prev_rows=i64[4 * m:4 * m + b], prev_slots=self.slots[1 - parity], greedy_slots=self.slots[parity, :b])
-
-    def _forward(self, bucket: int):
-        """The low-latency path up to low_latency_max_batch sequences, the regular one beyond."""
-        if bucket <= self.low_latency_max_batch:
-            return self.model.forward_low_latency
-        return self.model.forward
 
     def bucket_for(self, batch_size: int) -> int | None:
         return next((b for b in self.buckets if b >= batch_size), None)
@@ -129,7 +120,7 @@ class DecodeGraphs:
     def run(self, seqs: list[Sequence], prev_slots: torch.Tensor | None = None,
             prev_rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (logits [B, V], slots [B]) of an all-decode step: the slots hold each row's greedy
-        token (greedy.py) until the caller packs sampled ones in. prev_slots / prev_rows: with
+        token (ops.greedy_slots) until the caller packs sampled ones in. prev_slots / prev_rows: with
         async scheduling, the previous step's slots (those of the run before this one) and the
         row there of each sequence's pending token."""
         bucket, parity = self.bucket_for(len(seqs)), self.parity
@@ -146,7 +137,7 @@ class DecodeGraphs:
             self.graphs[bucket, parity].replay()
             logits = self.outputs[bucket, parity][:len(seqs)]
         else:
-            logits = self._forward(bucket)(self._batch(bucket, parity), self.kv)[:len(seqs)]
+            logits = self.model.forward(self._batch(bucket, parity), self.kv)[:len(seqs)]
         if self._cuda:
             self._replayed[parity] = torch.cuda.Event()
             self._replayed[parity].record(stream)
@@ -179,7 +170,7 @@ class DecodeGraphs:
                 self.i32[parity][:bucket + 1] = torch.arange(bucket + 1, dtype=torch.int32, device=self.i32[0].device)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
-                forward = self._forward(bucket)
+                forward = self.model.forward
                 with torch.cuda.stream(stream):
                     forward(batch, self.kv)  # compile and warm up outside the capture
                 torch.cuda.current_stream().wait_stream(stream)
@@ -192,7 +183,7 @@ class DecodeGraphs:
             # CUDA module, which stalled the first engine's third decode step by ~55 ms on an
             # H200: benchmarks/NOTES.md §15)
             tokens = self.outputs[bucket, 0].argmax(-1)  # [bucket]
-            self.slots[0, :bucket].copy_(greedy.pack_token(tokens))
+            self.slots[0, :bucket].copy_(self.model.ops.pack_tokens(tokens))
         torch.cuda.synchronize()
 
 

@@ -38,11 +38,6 @@ class EngineArgs:
     kv_cache_memory_bytes: int = 1 << 30  # CPU: KV budget in bytes
     enforce_eager: bool = False           # True: no CUDA graphs / static decode buffers
     max_graph_batch: int = 64             # largest decode batch replayed from a CUDA graph
-    # decode batches up to this size take the model's low-latency path (0: never). Off by default:
-    # on an H200 its fused norm + QKV + Q/K-norm kernel (14.7 us bf16, 18.5 us NVFP4 at batch 1)
-    # lost to the regular path's RMSNorm + GEMV + Q/K-norm (10.4 / 10.7 us) once the Q/K-norm
-    # kernel went head-parallel (benchmarks/NOTES.md, section 6)
-    low_latency_max_batch: int = 0
     # launch each all-decode step before the host has read the previous step's tokens, so the device
     # does not idle while Python appends them, checks stops and fills the next step (engine.py);
     # steps with prefill, logprobs, penalties, or enforce_eager run synchronously either way
@@ -76,8 +71,6 @@ class EngineArgs:
             raise EngineArgsError(f"async_scheduling: got {self.async_scheduling!r}, expected true or false")
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise EngineArgsError(f"warmup: got {self.warmup!r}, expected true, false or null")
-        if not isinstance(self.low_latency_max_batch, int) or not 0 <= self.low_latency_max_batch <= 16:
-            raise EngineArgsError(f"low_latency_max_batch: got {self.low_latency_max_batch!r}, expected 0..16")
         for name in ("max_model_len", "num_kv_blocks", "cpu_threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -9,15 +9,14 @@ from flint_backend.engine.async_step import InFlightStep
 from flint_backend.engine.decode_graphs import DecodeGraphs
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.guided import GuidedDecoding
-from flint_backend.engine.kv_cache import KVCache, KVCacheSpec
 from flint_backend.engine.prompt_logprobs import add_prompt_logprobs, wanted
 from flint_backend.engine.sampler import SampleResult, Sampler
 from flint_backend.engine.scheduler import ScheduledBatch
 from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.engine.sequence import Sequence
+from flint_backend.kv_cache import KVCache, KVCacheSpec
 from flint_backend.model import FlintModel
 from flint_backend.ops import get_ops
-from flint_kernels import greedy
 
 
 def resolve_device(name: str) -> torch.device:
@@ -60,7 +59,7 @@ class ModelRunner:
             capture = device.type == "cuda" and args.kernel_backend == "triton"
             self.graphs = DecodeGraphs(self.model, self.kv, min(args.max_graph_batch, args.max_num_seqs),
                                        -(-max_model_len // args.block_size), config.sliding_window,
-                                       args.block_size, capture, args.low_latency_max_batch)
+                                       args.block_size, capture)
 
     def _kv_spec(self, max_model_len: int) -> KVCacheSpec:
         a, c = self.args, self.config
@@ -115,5 +114,5 @@ class ModelRunner:
             prev_slots, prev_rows = previous.slots, previous.rows_of(seqs)
         logits, slots = self.graphs.run(seqs, prev_slots, prev_rows)  # slots: the greedy tokens
         if not all(seq.params.greedy for seq in seqs):
-            slots.copy_(greedy.pack_token(self.sampler.sample_tokens(logits, seqs)))
-        return InFlightStep(seqs, slots, *self.graphs.slots_to_host(slots))
+            slots.copy_(self.ops.pack_tokens(self.sampler.sample_tokens(logits, seqs)))
+        return InFlightStep(seqs, slots, *self.graphs.slots_to_host(slots), self.ops.slot_tokens)

@@ -1,4 +1,7 @@
-"""Per-request sampling parameters, validated on construction (errors name the field).
+"""Per-request sampling parameters, validated on construction (errors name the field, the value
+and what was expected). Served requests are validated once, where they enter the engine
+(serving.engine_host, for the ensemble and for direct flint_model clients alike): the
+flint_tokenizer step only gathers and types the settings (serving.generate_request).
 
 Stop *strings* are not handled here: they are matched on detokenized text in one place,
 `flint_backend.chat` (the postprocessor and the OpenAI server), which then aborts the request.
@@ -12,7 +15,11 @@ MAX_LOGPROBS = 20
 
 
 class SamplingParamsError(ValueError):
-    pass
+    """`FIELD: DETAIL` (the value found and what was expected), the field path kept in `.field`."""
+
+    def __init__(self, field: str, detail: str):
+        super().__init__(f"{field}: {detail}")
+        self.field = field
 
 
 @dataclass
@@ -43,7 +50,8 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise SamplingParamsError(f"sampling parameters: unknown field(s) {unknown}; known: {sorted(known)}")
+            raise SamplingParamsError(unknown[0],
+                                      f"got the unknown field(s) {unknown}, expected fields of {sorted(known)}")
         data = dict(data)
         if data.get("logit_bias"):
             data["logit_bias"] = {int(k): float(v) for k, v in data["logit_bias"].items()}
@@ -67,19 +75,22 @@ class SamplingParams:
             _integer(self.max_tokens, "max_tokens", lo=1, what="a positive integer")
         _integer(self.min_tokens, "min_tokens", lo=0, what="an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise SamplingParamsError(f"min_tokens: got {self.min_tokens}, expected at most max_tokens={self.max_tokens}")
+            raise SamplingParamsError("min_tokens",
+                                      f"got {self.min_tokens}, expected at most max_tokens={self.max_tokens}")
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
                     isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-                raise SamplingParamsError(f"stop_token_ids: got {self.stop_token_ids!r}, expected a list of token ids")
+                raise SamplingParamsError("stop_token_ids",
+                                          f"got {self.stop_token_ids!r}, expected a list of token ids")
         if not isinstance(self.ignore_eos, bool):
-            raise SamplingParamsError(f"ignore_eos: got {self.ignore_eos!r}, expected true or false")
+            raise SamplingParamsError("ignore_eos", f"got {self.ignore_eos!r}, expected true or false")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _integer(getattr(self, name), name, lo=0, hi=MAX_LOGPROBS,
                          what=f"an integer in [0, {MAX_LOGPROBS}]")
         if self.guided_json is not None and not isinstance(self.guided_json, dict):
-            raise SamplingParamsError(f"guided_json: got {self.guided_json!r}"[:200] + ", expected a JSON schema object")
+            raise SamplingParamsError("guided_json",
+                                      f"got {self.guided_json!r}"[:187] + ", expected a JSON schema object")
         if self.guided_start_token_id is not None:
             _integer(self.guided_start_token_id, "guided_start_token_id", lo=0, what="a token id")
         for token, bias in self.logit_bias.items():
@@ -94,7 +105,7 @@ def _number(value, name, lo, hi, what, lo_open=False):
     if ok and hi is not None:
         ok = value <= hi
     if not ok:
-        raise SamplingParamsError(f"{name}: got {value!r}, expected a number {what}")
+        raise SamplingParamsError(name, f"got {value!r}, expected a number {what}")
 
 
 def _integer(value, name, lo, what, hi=None):
@@ -104,4 +115,4 @@ def _integer(value, name, lo, what, hi=None):
     if ok and hi is not None:
         ok = value <= hi
     if not ok:
-        raise SamplingParamsError(f"{name}: got {value!r}, expected {what}")
+        raise SamplingParamsError(name, f"got {value!r}, expected {what}")

@@ -20,7 +20,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Strict
 
-from flint_backend.engine.sampling_params import MAX_LOGPROBS
 from flint_backend.openai.errors import bad_request, unsupported
 
 Number = Annotated[float, Strict()]
@@ -29,6 +28,7 @@ Flag = Annotated[bool, Strict()]
 Text = Annotated[str, Strict()]
 
 MAX_CHOICES = 64  # n
+MAX_LOGPROBS = 20  # top_logprobs, OpenAI's limit and the engine's (test_protocol.py checks they agree)
 UNBOUNDED_MAX_TOKENS = 2**31 - 1  # the engine clamps max_tokens to what is left of the context
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # request field -> sampling_parameters key of the ensemble

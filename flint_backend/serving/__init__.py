@@ -2,8 +2,10 @@
 
 `generate_request` (the `flint` ensemble's inputs -> a request), `preprocess` (the
 flint_tokenizer step), `engine_host` (the flint_model step: engine thread + response queue),
-`postprocess` (the flint_postprocess step: detokenise, stop strings, parsers), `metrics`
+`postprocess` (the flint_postprocess step: detokenise, stop strings, parsers), `chunks` (what
+passes between the steps: OutputConfig, EngineChunk, TextDelta and their tensors), `metrics`
 (engine counters -> Triton custom metrics), `repository` (engine_args.json, tokenizer path),
+`configure` (`python -m flint_backend.serving.configure`: the repository from vLLM-style flags),
 `launch` (starts tritonserver: the system's, or the one in the nvidia-pytriton wheel).
 The `model.py` files in model_repository/ only move tensors between Triton and these.
 """

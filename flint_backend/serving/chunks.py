@@ -1,13 +1,15 @@
-"""Tensors between the steps, in the batch form ([1, n]) every flint model uses:
-flint_model -> flint_postprocess (`EngineChunk`) and flint_postprocess -> client (`TextDelta`)."""
+"""What passes between the Triton steps, the one module both sides of each hop import:
+flint_tokenizer -> flint_postprocess (`OutputConfig`, JSON riding through flint_model),
+flint_model -> flint_postprocess (`EngineChunk`) and flint_postprocess -> client (`TextDelta`);
+the chunks and deltas as tensors, in the batch form ([1, n]) every flint model uses."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from flint_backend.serving.postprocess import EngineChunk, TextDelta
 from flint_backend.serving.tensors import Inputs, bytes_tensor, scalar
 
 # logprobs and prompt_logprobs: only in responses that carry some (_logprob_arrays)
@@ -15,6 +17,61 @@ CHUNK_OUTPUTS = ("request_key", "chunk_index", "token_ids", "finished", "finish_
                  "num_output_tokens", "error", "output_config", "logprobs", "prompt_logprobs")
 TEXT_OUTPUTS = ("text_output", "reasoning_output", "tool_calls", "finish_reason", "num_input_tokens",
                 "num_output_tokens", "logprobs", "prompt_logprobs")
+
+
+@dataclass
+class OutputConfig:
+    """Per request, for flint_postprocess; travels as JSON through the model step."""
+    stream: bool = False
+    echo: str = ""                     # text put in front of the output
+    prompt_tail: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    chat: dict | None = None           # ChatOutputParser arguments; None: plain text output
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "OutputConfig":
+        return cls(**json.loads(text))
+
+
+@dataclass
+class EngineChunk:
+    """One flint_model response."""
+    key: str
+    index: int                  # 0, 1, 2, ... per request
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str = ""     # the engine's: "stop", "length", "abort", "error"; "rejected": refused at admission
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0  # generated so far
+    error: str = ""
+    config: str = ""            # OutputConfig JSON, on index 0
+    logprobs: list = field(default_factory=list)  # per token (logprob, [(id, logprob), ...]); [] if not asked
+    prompt_logprobs: list = field(default_factory=list)  # per prompt token (id, logprob | None, top), once
+
+
+@dataclass
+class TextDelta:
+    """One flint response."""
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)  # token_logprobs entries of this delta's tokens
+    prompt_logprobs: list[dict] = field(default_factory=list)  # entries of the prompt's tokens, once
+    finish_reason: str = ""     # set on the final one: "stop", "length", "tool_calls", "abort", "error"
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    final: bool = False
+    error: str = ""
+    client_error: bool = False  # the request was refused (bad input), not a server fault
+    note: str = ""              # e.g. an unmet tool_choice, for the log
+
+    def is_empty(self) -> bool:
+        return not (self.text or self.reasoning or self.tool_calls or self.logprobs or self.prompt_logprobs
+                    or self.final)
 
 
 def chunk_arrays(chunk: EngineChunk) -> dict[str, np.ndarray]:

@@ -21,7 +21,7 @@ from typing import Iterator
 from flint_backend.engine.engine import LLMEngine, RequestOutput
 from flint_backend.engine.engine_thread import EngineThread
 from flint_backend.engine.sampling_params import SamplingParams
-from flint_backend.serving.postprocess import EngineChunk
+from flint_backend.serving.chunks import EngineChunk
 from flint_backend.serving.tensors import Inputs, scalar
 
 
@@ -48,7 +48,7 @@ class EngineHost:
         ids = inputs.get("prompt_ids")
         prompt = [int(t) for t in ids.reshape(-1)] if ids is not None else []
         request.num_prompt_tokens = len(prompt)
-        try:
+        try:  # the one place sampling values are validated: a bad one refuses this request only
             params = SamplingParams.from_dict(json.loads(scalar(inputs, "sampling_params") or "{}"))
             self._thread.add_request(prompt, params, request.key, callback=lambda out: self._queue.put((request, out)))
         except ValueError as error:  # RequestError, SamplingParamsError, bad JSON

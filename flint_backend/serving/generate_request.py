@@ -11,6 +11,9 @@ generated token, its logprob and the top N (serving.postprocess); `prompt_logpro
 same for the prompt's tokens, in the `prompt_logprobs` output of the first response.
 `chat_options` (JSON, ChatOptions fields) replaces the repository's chat flags for one chat
 request: the OpenAI server sends its own flags with each request this way.
+Here the settings are gathered and typed (a value of the wrong type is a SamplingParamsError
+naming the field); their values are validated once, where flint_model hands them to the engine
+(serving.engine_host: SamplingParams).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.chat.request import load_json_field
 from flint_backend.chat.request_error import ChatRequestError, describe
-from flint_backend.engine.sampling_params import SamplingParams
+from flint_backend.engine.sampling_params import SamplingParamsError
 from flint_backend.serving.tensors import Inputs, scalar, strings
 
 # tensor -> SamplingParams field
@@ -45,7 +48,7 @@ class GenerateRequest:
     input_ids: list[int] | None = None  # a prompt as token ids (no template), instead of text_input
     chat: dict = field(default_factory=dict)  # messages, tools, tool_choice, chat_template_kwargs (decoded JSON)
     chat_options: ChatOptions | None = None   # None: the repository's flags
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: dict = field(default_factory=dict)  # SamplingParams fields, typed, not yet validated
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     exclude_input_in_output: bool = True
@@ -76,12 +79,12 @@ def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> Gene
     settings.update({f: _tensor_value(inputs, t, f) for t, f in TENSOR_FIELDS.items() if scalar(inputs, t) is not None})
     skip_special = settings.pop("skip_special_tokens", True)
     if settings.pop("n", 1) != 1:
-        raise ChatRequestError("sampling_parameters.n", "1 (one output per request)", describe(settings.get("n")))
+        raise _sampling_error("sampling_parameters.n", "1 (one output per request)", settings.get("n"))
     options = load_json_field("chat_options", scalar(inputs, "chat_options"))
     return GenerateRequest(
         text_input=text_input, input_ids=input_ids, chat={k: v for k, v in chat.items() if v is not None},
         chat_options=None if options is None else ChatOptions.from_request(options),
-        sampling=SamplingParams.from_dict(settings), stop=[s for s in stop if s],
+        sampling=settings, stop=[s for s in stop if s],
         stream=_flag(inputs, "stream", False),
         exclude_input_in_output=_flag(inputs, "exclude_input_in_output", True),
         skip_special_tokens=skip_special)
@@ -119,17 +122,30 @@ def _tensor_value(inputs: Inputs, name: str, key: str):
     return float(value)
 
 
+def _sampling_error(field: str, expected: str, value) -> SamplingParamsError:
+    return SamplingParamsError(field, f"expected {expected}, got {describe(value)}")
+
+
+def _json_text(field: str, text: str | None):
+    if text is None or not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise SamplingParamsError(field, f"expected JSON text, got invalid JSON ({error}): {describe(text)}") from None
+
+
 def _sampling_json(text: str | None) -> dict:
-    data = load_json_field("sampling_parameters", text)
+    data = _json_text("sampling_parameters", text)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ChatRequestError("sampling_parameters", "the JSON text of an object", describe(data))
+        raise _sampling_error("sampling_parameters", "the JSON text of an object", data)
     known = FLOAT_KEYS + INT_KEYS + BOOL_KEYS + OTHER_KEYS
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ChatRequestError(f"sampling_parameters.{unknown[0]}", f"one of the keys {sorted(known)}",
-                               describe(data[unknown[0]]))
+        raise _sampling_error(f"sampling_parameters.{unknown[0]}", f"one of the keys {sorted(known)}",
+                              data[unknown[0]])
     return {key: _coerce(key, value) for key, value in data.items() if value is not None}
 
 
@@ -153,15 +169,15 @@ def _coerce(key: str, value):
             return float(value)
     except (TypeError, ValueError):
         kind = "true or false" if key in BOOL_KEYS else "an integer" if key in INT_KEYS else "a number"
-        raise ChatRequestError(path, kind, describe(value)) from None
+        raise _sampling_error(path, kind, value) from None
     if key == "stop_token_ids" and not (isinstance(value, list) and all(isinstance(t, int) for t in value)):
-        raise ChatRequestError(path, "a list of token ids", describe(value))
+        raise _sampling_error(path, "a list of token ids", value)
     if key == "logit_bias" and not (isinstance(value, dict) and all(str(k).isdigit() for k in value)):
-        raise ChatRequestError(path, 'an object {"token id": bias}', describe(value))
+        raise _sampling_error(path, 'an object {"token id": bias}', value)
     if key == "guided_json":  # vllm_backend clients may send the schema as JSON text
-        value = load_json_field(path, value) if isinstance(value, str) else value
+        value = _json_text(path, value) if isinstance(value, str) else value
         if not isinstance(value, dict):
-            raise ChatRequestError(path, "a JSON schema (an object, or its JSON text)", describe(value))
+            raise _sampling_error(path, "a JSON schema (an object, or its JSON text)", value)
     return value
 
 
@@ -171,12 +187,10 @@ def _stop_list(stop) -> list[str]:
     if isinstance(stop, str):
         return [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise ChatRequestError("sampling_parameters.stop", "a string or a list of strings", describe(stop))
+        raise _sampling_error("sampling_parameters.stop", "a string or a list of strings", stop)
     return stop
 
 
-def sampling_json(params: SamplingParams) -> str:
-    """SamplingParams -> the JSON the tokenizer step hands the model step."""
-    data = {k: v for k, v in vars(params).items() if v is not None}
-    data["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
-    return json.dumps(data)
+def sampling_json(settings: dict) -> str:
+    """A request's sampling settings -> the JSON the tokenizer step hands the model step."""
+    return json.dumps({k: v for k, v in settings.items() if v is not None})

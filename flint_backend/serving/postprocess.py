@@ -26,46 +26,9 @@ from flint_backend.chat.stop_strings import StopStringMatcher
 from flint_backend.chat.token_logprobs import TokenLogprobEntries
 from flint_backend.chat.tool_parser import ToolCallDelta
 from flint_backend.chat.tool_choice import unmet_tool_choice
-from flint_backend.serving.preprocess import OutputConfig
+from flint_backend.serving.chunks import EngineChunk, OutputConfig, TextDelta
 
 MAX_REMEMBERED_CANCELS = 4096  # cancelled keys kept until their final chunk, at most
-
-
-@dataclass
-class EngineChunk:
-    """One flint_model response."""
-    key: str
-    index: int                  # 0, 1, 2, ... per request
-    token_ids: list[int]
-    finished: bool
-    finish_reason: str = ""     # the engine's: "stop", "length", "abort", "error"; "rejected": refused at admission
-    num_input_tokens: int = 0
-    num_output_tokens: int = 0  # generated so far
-    error: str = ""
-    config: str = ""            # OutputConfig JSON, on index 0
-    logprobs: list = field(default_factory=list)  # per token (logprob, [(id, logprob), ...]); [] if not asked
-    prompt_logprobs: list = field(default_factory=list)  # per prompt token (id, logprob | None, top), once
-
-
-@dataclass
-class TextDelta:
-    """One flint response."""
-    text: str = ""
-    reasoning: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
-    logprobs: list[dict] = field(default_factory=list)  # token_logprobs entries of this delta's tokens
-    prompt_logprobs: list[dict] = field(default_factory=list)  # entries of the prompt's tokens, once
-    finish_reason: str = ""     # set on the final one: "stop", "length", "tool_calls", "abort", "error"
-    num_input_tokens: int = 0
-    num_output_tokens: int = 0
-    final: bool = False
-    error: str = ""
-    client_error: bool = False  # the request was refused (bad input), not a server fault
-    note: str = ""              # e.g. an unmet tool_choice, for the log
-
-    def is_empty(self) -> bool:
-        return not (self.text or self.reasoning or self.tool_calls or self.logprobs or self.prompt_logprobs
-                    or self.final)
 
 
 class RequestText:

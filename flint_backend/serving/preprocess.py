@@ -11,34 +11,16 @@ is echoed in front of the output only for raw prompts (text or ids) with exclude
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.chat.request import encode_text_input, render_chat_request
+from flint_backend.serving.chunks import OutputConfig
 from flint_backend.serving.generate_request import GenerateRequest, parse_generate_request, sampling_json
 from flint_backend.serving.tensors import Inputs
 
 REASONING_END = "</think>"  # with thinking on, guided decoding starts after it
 PROMPT_TAIL_TOKENS = 5  # prompt ids the detokenizer starts from (chat.detokenizer.PROMPT_CONTEXT_TOKENS)
-
-
-@dataclass
-class OutputConfig:
-    """Per request, for flint_postprocess; travels as JSON through the model step."""
-    stream: bool = False
-    echo: str = ""                     # text put in front of the output
-    prompt_tail: list[int] = field(default_factory=list)
-    stop: list[str] = field(default_factory=list)
-    skip_special_tokens: bool = True
-    chat: dict | None = None           # ChatOutputParser arguments; None: plain text output
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, text: str) -> "OutputConfig":
-        return cls(**json.loads(text))
 
 
 @dataclass
@@ -77,8 +59,8 @@ class Preprocessor:
         options = request.chat_options or self.options
         rendered = render_chat_request(self.tokenizer, c.get("messages"), c.get("tools"), c.get("tool_choice"),
                                        c.get("chat_template_kwargs"), options)
-        if request.sampling.guided_json is not None and rendered.thinking:  # the schema holds after the reasoning
-            request.sampling.guided_start_token_id = self.tokenizer.convert_tokens_to_ids(REASONING_END)
+        if request.sampling.get("guided_json") is not None and rendered.thinking:  # the schema holds after the reasoning
+            request.sampling["guided_start_token_id"] = self.tokenizer.convert_tokens_to_ids(REASONING_END)
         config.chat = {"thinking": rendered.thinking, "tools": rendered.tools_for_parser,
                        "tool_choice": rendered.tool_choice, "reasoning_parser": options.reasoning_parser,
                        "tool_call_parser": options.tool_call_parser}

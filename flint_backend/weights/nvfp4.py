@@ -23,7 +23,8 @@ Layout of an NVFP4Weight holding W [..., N, K] (y = x @ W.T; `...` is empty for 
 
   Dequantisation, in fp32 (the first product is exact, so this is bit-exact to ggml's
   `dequantize_row_nvfp4` times llama.cpp's `.scale` tensor); the one implementation is
-  `flint_kernels.nvfp4.dequantize_nvfp4`, which NVFP4Weight.dequantize calls:
+  `dequantize_nvfp4` below, which NVFP4Weight.dequantize calls (the kernels' plain-torch
+  references reach it through the weight they are given, as they know no weights package):
 
       W[..., n, k] = (E2M1(nibble(n, k)) * float(scales[..., n, k // 16])) * scale[...(, n)]
 
@@ -45,16 +46,25 @@ from dataclasses import dataclass
 import torch
 
 from flint_backend.weights.schema import CheckpointError
-from flint_kernels.nvfp4 import E2M1_MAGNITUDES, E2M1_VALUES, GROUP, dequantize_nvfp4
 
-__all__ = ["E2M1_MAGNITUDES", "E2M1_VALUES", "GROUP", "NVFP4Weight", "concat_rows", "from_ggml_blocks",
-           "pack_codes", "to_ggml_blocks", "unpack_codes"]
-
+GROUP = 16                 # weights per E4M3 block scale
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_VALUES = E2M1_MAGNITUDES + (0.0,) + tuple(-m for m in E2M1_MAGNITUDES[1:])  # code -> value
 GGML_BLOCK = 64            # weights per ggml NVFP4 super-block
 GGML_BLOCK_BYTES = 36      # 4 scale bytes + 32 nibble bytes
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 _UE4M3_ZERO_ALIAS = 0x7F   # ggml decodes it as 0; float8_e4m3fn decodes it as NaN
+
+
+def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, scale: torch.Tensor,
+                     dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """-> W [..., N, K] in `dtype`, computed in fp32 exactly as the layout defines it."""
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    values = lut[unpack_codes(packed).long()].unflatten(-1, (-1, GROUP))       # [..., N, K/16, 16]
+    blocks = (values * scales.float()[..., None]).flatten(-2)                  # exact
+    per_row = scale.dim() == packed.dim() - 1                                  # [..., N]
+    return (blocks * (scale[..., None] if per_row else scale[..., None, None])).to(dtype)
 
 
 @dataclass

@@ -75,17 +75,3 @@ def test_static_decode_buffers_equal_eager_decode(fair_prompts):
         seqs = run_staggered(engine, fair_prompts[:11], params, every=3)  # decode batches of 3, 6, 9, 11
         outputs[eager] = [s.output_ids for s in seqs]
     assert outputs[True] == outputs[False]
-
-
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_low_latency_path_equals_the_regular_path(backend, greedy_oracle, fair_prompts):
-    """Decode batches of <= 8 through the fused low-latency kernels give the reference's tokens
-    (triton: the kernels under the CPU interpreter; torch: their plain-torch twins)."""
-    n = 5 if backend == "triton" else 10
-    tokens = 4 if backend == "triton" else 10
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    engine = make_engine(kernel_backend=backend, low_latency_max_batch=8, max_graph_batch=16)
-    seqs = [engine.add_request(p, params) for p in fair_prompts[:n]]
-    run_to_completion(engine)
-    for prompt, seq in zip(fair_prompts, seqs):
-        assert seq.output_ids == greedy_oracle(prompt, 10)[:tokens]

@@ -2,7 +2,6 @@
 NVIDIA backend plus the bundled ptxas, within shared-memory limits (scripts/compile_kernels.py);
 with programmatic dependent launch the PTX waits for the previous grid before any global access."""
 
-import importlib
 import os
 import re
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flint_kernels.nvfp4_linear import GEMV_F16
+from flint_kernels import tuning
 from flint_kernels.registers import SM90_REGISTERS, program_registers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,20 +53,20 @@ def test_activations_load_in_one_round_trip_after_the_wait():
     chains = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     down = chains["moe small routed nvfp4 T=1 | _moe_down_words_kernel"].split()
     assert down[0] == "LDG.E.128x2" and not any(op.startswith("LDG") for op in down[1:]), down
-    # gate/up (moe_gemv.GATE_UP_X_FIRST): x's two 16-byte blocks a thread issue with the logits
+    # gate/up (H in two word steps: x read first): x's two 16-byte blocks a thread issue with the logits
     # load, before the top-k's first barrier; after the pick only weight loads follow (no x load
     # behind a barrier: no 2-byte LDG.E.U16 and no cp.async loop)
     gate_up = chains["moe small routed nvfp4 T=1 | _moe_gate_up_kernel"].split()
     assert gate_up[:2] == ["LDG.E.128x2", "LDG.E.64.STRONG.GPU"], gate_up
     assert not any(op.startswith(("LDG.E.U16", "LDGSTS")) for op in gate_up), gate_up
-    # the rows' offsets come before the pick (moe_gemv.GATE_UP_OFFSETS_FIRST): the routing
+    # the rows' offsets come before the PDL wait, so the routing
     # handoff's atomic is followed by the weight loads, no barrier between
     handoff = gate_up.index("ATOMG")
     assert gate_up[handoff + 1].startswith("LDG.E.128"), gate_up
 
 
 def test_nvfp4_products_need_no_conversion_a_nibble():
-    """nvfp4.DOT_3D: a step's products as one [R, KW, 8] tensor, x's block broadcast once, so the
+    """nvfp4.fp4_dot_loaded: a step's products as one [R, KW, 8] tensor, x's block broadcast once, so the
     batch-1 o_proj GEMV (4 steps) has a few barriers after its PDL wait (63 nibble by nibble: a
     layout conversion of x's column each), and the MoE down launch few too (20 before)."""
     def barriers(case, kernel):  # --barriers: "N file:line" pairs of the kernel's PTX after its wait
@@ -79,24 +78,24 @@ def test_nvfp4_products_need_no_conversion_a_nibble():
 
 
 def test_f16_products_take_fewer_instructions():
-    """nvfp4_linear.GEMV_F16: the batch-1 o_proj GEMV forms and sums each word's products in
+    """tuning.FP4_GEMV_F16: the batch-1 o_proj GEMV forms and sums each word's products in
     fp16 pairs, in fewer sm_90 instructions after its PDL wait than with fp32 products (the
     "other products" case), with no more barriers (--counts)."""
     out = compile_output("--counts", "--only", "nvfp4_linear o T=1")
     counts = {line.split(" | ")[0]: [int(n) for n in re.findall(r"(\d+) (?:instructions|BAR)", line)]
               for line in out.splitlines() if " | _nvfp4_gemv_kernel: " in line}
-    f16 = counts["nvfp4_linear o T=1" + ("" if GEMV_F16 else " other products")]
-    fp32 = counts["nvfp4_linear o T=1" + (" other products" if GEMV_F16 else "")]
+    f16 = counts["nvfp4_linear o T=1" + ("" if tuning.FP4_GEMV_F16 else " other products")]
+    fp32 = counts["nvfp4_linear o T=1" + (" other products" if tuning.FP4_GEMV_F16 else "")]
     assert f16[0] < 0.9 * fp32[0] and f16[1] <= fp32[1], (f16, fp32)
 
 
 def test_occupancy_of_the_batch1_bf16_launches():
     """The occupancy columns (flint_kernels/registers.py): ptxas's own register choice leaves the
     batch-1 BF16 qkv GEMV (640 programs, four an SM) more programs than the 132 SMs hold at once
-    (capping its registers to fit one wave spilled and measured slower on the H200:
-    benchmarks/NOTES.md §31). The MoE down launch fits one wave without spilling at two warps a
-    program (moe_gemv.DOWN_DENSE_WARPS: 512 programs, four an SM; at four warps three an SM,
-    1.29 waves; NOTES.md §32)."""
+    (capping its registers to fit one wave spilled and measured slower on the H200, 2026-12-05:
+    BF16 2.754 -> 2.877 ms a token). The MoE down launch fits one wave without spilling at two warps
+    a program (moe_gemv.DOWN_DENSE_WARPS: 512 programs, four an SM; at four warps three an SM,
+    1.29 waves)."""
     rows = {(row[0], row[1]): row for row in compile_rows("--only", "bf16 T=1") + compile_rows("--only", "qkv T=1")}
     def occupancy(case, kernel):  # (registers, spilled bytes, programs, an SM, waves)
         row = rows[(case, kernel)]
@@ -113,27 +112,11 @@ def test_occupancy_of_the_batch1_bf16_launches():
 
 def test_set_compiles_with_a_knob_changed():
     """--set module.ATTR=value (as bench_step_timeline.py --variant): the MoE down at its former 4
-    warps a program takes three an SM, 1.29 waves (NOTES.md §32's table)."""
+    warps a program takes three an SM, 1.29 waves."""
     (row,) = [row for row in compile_rows("--only", "moe small routed bf16 T=1",
                                           "--set", "flint_kernels.moe_gemv.DOWN_DENSE_WARPS=4")
               if row[1] == "_moe_down_dense_kernel"]
     assert (row[3], row[9], row[10]) == ("4", "3", "1.29"), row
-
-
-@pytest.mark.parametrize("kernel,module,knob", [("_dense_gemv_kernel", "dense_gemv", "ROW_RSTD_FROM_STEPS"),
-                                               ("_nvfp4_gemv_kernel", "nvfp4_linear", "GEMV_ROW_RSTD_FROM_STEPS")])
-def test_rstd_from_the_loaded_steps_takes_fewer_instructions(kernel, module, knob):
-    """dense_gemv.ROW_RSTD_FROM_STEPS, nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS: the batch-1 qkv GEMV
-    with the RMSNorm folded sums its row's squares from the x steps it loaded: fewer sm_90
-    instructions after its PDL wait than loading the row again ("other rstd"), no more barriers."""
-    on = getattr(importlib.import_module(f"flint_kernels.{module}"), knob)
-    case = f"{module} + rms_norm qkv T=1"
-    out = compile_output("--counts", "--only", case)
-    counts = {line.split(" | ")[0]: [int(n) for n in re.findall(r"(\d+) (?:instructions|BAR)", line)]
-              for line in out.splitlines() if f" | {kernel}: " in line}
-    steps = counts[case + ("" if on else " other rstd")]
-    row = counts[case + (" other rstd" if on else "")]
-    assert steps[0] < row[0] and steps[1] <= row[1], (steps, row)
 
 
 def _sass_line(address: int, text: str, write: int | None = None, wait: tuple = ()) -> str:
@@ -148,7 +131,7 @@ def test_load_waits_reads_the_scoreboards():
     """sass_scoreboards.load_waits (compile_kernels.py --waits) over hand-made SASS: two loads on
     scoreboards 2 and 3, an instruction waiting on 2 (pending: a W), two more loads and a cp.async
     commit (not a load), a wait on 3 (pending), a wait on 5 that no load set (no W). Imported from
-    its own module: compile_kernels.py clears TRITON_INTERPRET when imported."""
+    its own module: compile_kernels.py turns Triton's interpreter off when imported."""
     from scripts.sass_scoreboards import load_waits, sass_scoreboards
     sass = "".join([
         _sass_line(0x10, "LDG.E.128 R4, desc[UR4][R2.64]", write=0),  # before the PDL wait: not counted
@@ -172,8 +155,8 @@ def test_activations_after_the_wait_issue_together():
     """--waits on the batch-1 launches whose activations load after their PDL wait: the NVFP4
     GEMVs (qkv with the RMSNorm folded, o_proj) and the BF16 qkv issue every x load before the
     first wait for one. ptxas sinks the BF16 o_proj's x steps 2-4 below step 1's use (its PTX
-    issues all four at once): a recorded state (benchmarks/NOTES.md §33), asserted so that a
-    change to it is seen."""
+    issues all four at once; forcing them together measured slower on the H200, 2026-12-05):
+    a recorded state, asserted so that a change to it is seen."""
     out = compile_output("--waits", "--only", "T=1")
     waits = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     for case in ("nvfp4_linear + rms_norm qkv T=1 | _nvfp4_gemv_kernel", "nvfp4_linear o T=1 | _nvfp4_gemv_kernel",

@@ -10,6 +10,7 @@ import torch
 from flint_kernels import decode_attention as decode_attention_module
 from flint_kernels.decode_attention import decode_attention, decode_attention_torch
 from kv_cases import assert_scaled_close, make_step
+from launch_spy import spy_launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: output rounding plus bf16 probabilities in the P.V dot (on a GPU); fp32: summation order
@@ -71,36 +72,33 @@ def test_every_row_written_for_any_number_of_nonempty_splits(hq, hk, dtype):
 
 
 
-@pytest.mark.parametrize("layout,window", [("paged", 0), ("ring", WINDOW)])
-def test_partials_loaded_first_give_the_same_bits(layout, window, monkeypatch):
-    """decode_attention.REDUCE_PARTIALS_FIRST: the reduce programs' first block of partials loaded
-    with q, k, v gives the bits of loading it after q . k; 20 splits run the interpreter's
-    blocks of 16 twice (the second loaded in the loop)."""
-    step = make_step([(c, 1) for c in (300, 5, 129)], dtype=torch.bfloat16, layout=layout,
-                     rows_per=16 if layout == "paged" else 128, seed=4, device=DEVICE)
-    outs = []
-    for first in (False, True):
-        monkeypatch.setattr(decode_attention_module, "REDUCE_PARTIALS_FIRST", first)
-        outs.append(run_both(step, window, num_splits=20 if layout == "paged" else 2)[0])
-    assert torch.equal(outs[0], outs[1])
-    torch.testing.assert_close(outs[1], run_both(step, window)[1], **TOL[torch.bfloat16])
-
-
 @pytest.mark.parametrize("layout,window", [("paged", 0), ("ring", 200)])
 @pytest.mark.parametrize("sinks", ["step", None])
-def test_new_token_first_gives_the_same_bits(layout, window, sinks, monkeypatch):
-    """decode_attention.REDUCE_NEW_TOKEN_FIRST: reduce programs that merge the new token and the
-    sink before their wait (on a GPU) give the bits of merging them after it: 20 splits (two of
-    the interpreter's blocks of 16 partials), a window of several tiles, the default splits."""
+def test_reduce_of_more_partials_than_a_block(layout, window, sinks):
+    """The reduce (the new token and the sink merged before its PDL wait on a GPU, the first
+    block of partials loaded with them): 20 splits run two of the interpreter's blocks of 16
+    partials, a window of several tiles, the default splits."""
     step = make_step([(c, 1) for c in (300, 5, 129, 0)], dtype=torch.bfloat16, layout=layout,
                      rows_per=16 if layout == "paged" else window, seed=8, device=DEVICE)
     for splits in (20 if layout == "paged" else 3, None):
-        outs = []
-        for first in (False, True):
-            monkeypatch.setattr(decode_attention_module, "REDUCE_NEW_TOKEN_FIRST", first)
-            outs.append(run_both(step, window, num_splits=splits, sinks=sinks)[0])
-        assert torch.equal(outs[0], outs[1])
-    torch.testing.assert_close(outs[1], run_both(step, window, sinks=sinks)[1], **TOL[torch.bfloat16])
+        got, expected = run_both(step, window, num_splits=splits, sinks=sinks)
+        torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+
+
+def test_reduce_warps_reach_the_reduce_launch_and_keep_the_output(monkeypatch):
+    # a launch config: the reduce launch gets reduce_warps warps (REDUCE_WARPS without it), and
+    # nothing computed changes (bit-equal under the interpreter, which ignores warps; on a GPU the
+    # cross-warp sums may run in another order)
+    launches = spy_launches(monkeypatch, decode_attention_module, "_decode_reduce_kernel", "num_warps")
+    step = make_step([(c, 1) for c in (40, 3, 70)], layout="ring", rows_per=12, seed=7, device=DEVICE)
+    args = (step.q, step.k, step.v, step.k_cache, step.v_cache, step.context_lens, step.sinks, 0.25, 9)
+    exp = decode_attention(*args, **step.cache_kwargs(), num_splits=3)
+    for warps in (1, 2, 8):
+        got = decode_attention(*args, **step.cache_kwargs(), num_splits=3, reduce_warps=warps)
+        torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-6)
+    assert [warps for _, warps in launches] == [decode_attention_module.REDUCE_WARPS, 1, 2, 8]
+    with pytest.raises(ValueError, match="decode_attention: reduce_warps 3, expected a power of two"):
+        decode_attention(*args, **step.cache_kwargs(), reduce_warps=3)
 
 
 @pytest.mark.parametrize("layout,window", [("paged", 0), ("ring", 200)])

@@ -5,10 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from flint_kernels import dense_gemv as dense_gemv_module
+from flint_kernels import tuning
 from flint_kernels.dense_gemv import MAX_TOKENS, dense_gemv, uses_dense_gemv
-from kv_cases import assert_scaled_close
 from launch_spy import spy_launches
-from test_folded_rms_norm import assert_same_bits_on_cpu
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32: summation order only; bf16: the output's rounding (the interpreter truncates: 1 ulp)
@@ -43,11 +42,9 @@ def test_matches_f_linear(t, n, k, splits, dtype):
 
 @pytest.mark.parametrize("k", [384, 512])
 @pytest.mark.parametrize("norm", [False, True])
-def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
-    # MAX_SPLITS = 1 and PREFETCH_STEPS = 4: K in one split, every step loaded before x (the
-    # interpreter's step is 128 columns: 3 or 4 steps); with and without the folded RMSNorm
-    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
-    monkeypatch.setattr(dense_gemv_module, "MAX_SPLITS", 1)
+def test_one_split_of_three_or_four_prefetched_steps(k, norm):
+    # K of at most tuning.GEMV_PREFETCH_STEPS (4) steps: one split, every step loaded before x
+    # (the interpreter's step is 128 columns: 3 or 4 steps); with and without the folded RMSNorm
     x, w = operands(2, 24, k, torch.float32, seed=k)
     if not norm:
         torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.float32])
@@ -64,12 +61,10 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rows", [4, 16])
 def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
-    """dense_gemv.UNSPLIT_BLOCK_N: a launch that MAX_SPLITS leaves as one split of 4 steps runs in
-    programs of `rows` rows, close to F.linear (the folded RMSNorm's too); a launch of two steps
-    keeps BLOCK_N rows."""
-    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
-    monkeypatch.setattr(dense_gemv_module, "MAX_SPLITS", 1)
-    monkeypatch.setattr(dense_gemv_module, "UNSPLIT_BLOCK_N", rows)
+    """tuning.DENSE_GEMV_UNSPLIT_ROWS: a launch left as one split of 4 steps runs in programs of
+    `rows` rows, close to F.linear (the folded RMSNorm's too); a launch of two steps keeps
+    BLOCK_N rows."""
+    monkeypatch.setattr(tuning, "DENSE_GEMV_UNSPLIT_ROWS", rows)
     launches = spy_launches(monkeypatch, dense_gemv_module, "_dense_gemv_kernel", "BLOCK_N", "SPLIT", "PREFETCH")
     x, w = operands(1, 40, 4 * STEP, torch.float32, seed=rows)
     if norm:
@@ -85,56 +80,6 @@ def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
     torch.testing.assert_close(two_steps, F.linear(x[:, :2 * STEP], w[:, :2 * STEP]), **TOL[torch.float32])
     block_n = dense_gemv_module.BLOCK_N
     assert launches == [((1, -(-40 // rows), 1), rows, 1, 4), ((1, -(-40 // block_n), 1), block_n, 1, 2)]
-
-
-@pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("k,splits", [(STEP, None), (4 * STEP, 2), (4 * STEP, 1)],
-                         ids=["one-step", "two-steps", "four-steps"])
-def test_x_loaded_early_gives_the_same_bits(norm, k, splits, monkeypatch):
-    """dense_gemv.X_EARLY: every prefetched step's x (residual + x with the folded RMSNorm) loaded
-    right after the wait gives the bits of loading it step by step."""
-    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
-    monkeypatch.setattr(dense_gemv_module, "ROW_RSTD_FROM_STEPS", False)  # its own test below
-    x, w = operands(3, 24, k, torch.bfloat16, seed=k)
-    residual, _ = operands(3, 1, k, torch.bfloat16, seed=k + 1)
-    norm_w = (1 + 0.1 * operands(1, 1, k, torch.float32, seed=k + 2)[0][0]).to(torch.bfloat16)
-    outs = []
-    for early in (False, True):
-        monkeypatch.setattr(dense_gemv_module, "X_EARLY", early)
-        if norm:
-            outs.append(dense_gemv_module.rms_norm_dense_gemv(x, residual, norm_w, 1e-6, w, num_splits=splits)[0])
-        else:
-            outs.append(dense_gemv(x, w, num_splits=splits))
-    assert torch.equal(outs[0], outs[1])
-    exp = F.linear(x, w) if not norm else dense_gemv_module.rms_norm_dense_gemv_torch(x, residual, norm_w, 1e-6, w)[0]
-    assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
-
-
-@pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
-@pytest.mark.parametrize("steps", [1, 2, 3, 4])
-def test_rstd_from_the_loaded_steps(steps, has_residual, monkeypatch):
-    """dense_gemv.ROW_RSTD_FROM_STEPS: a one-split launch prefetching every step of K with the
-    RMSNorm folded takes its row's rstd and updated residual from the x steps it loaded. Bits as
-    loading the row again on the interpreter (numpy sums the same); bf16-close on a GPU, whose
-    reduction order differs. The launch it applies to is checked through its constexpr."""
-    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
-    monkeypatch.setattr(dense_gemv_module, "MAX_SPLITS", 1)
-    k = steps * STEP
-    launches = spy_launches(monkeypatch, dense_gemv_module, "_dense_gemv_kernel", "PREFETCH", "ROW_IN_STEPS")
-    x, w = operands(2, 40, k, torch.bfloat16, seed=steps)
-    residual = operands(2, 1, k, torch.bfloat16, seed=steps + 1)[0] * 4 if has_residual else None
-    norm_w = (1 + 0.5 * operands(1, 1, k, torch.float32, seed=steps + 2)[0][0]).to(torch.bfloat16)
-    outs = []
-    for from_steps in (False, True):
-        monkeypatch.setattr(dense_gemv_module, "ROW_RSTD_FROM_STEPS", from_steps)
-        outs.append(dense_gemv_module.rms_norm_dense_gemv(x, residual, norm_w, 1e-5, w))
-    assert [row_in_steps for _, _, row_in_steps in launches] == [False, True]
-    assert [prefetch for _, prefetch, _ in launches] == [steps, steps]
-    (y0, res0), (y1, res1) = outs
-    assert torch.equal(res1, res0)  # the residual + x the steps hold, stored by program (t, 0, 0)
-    assert_same_bits_on_cpu(y1, y0)
-    expected = dense_gemv_module.rms_norm_dense_gemv_torch(x, residual, norm_w, 1e-5, w)[0]
-    assert_scaled_close(y1, expected, rel=2e-2)  # bf16 roundings, truncated by the interpreter
 
 
 @pytest.mark.parametrize("t,n,steps,splits", [(1, 40, 2, None), (2, 33, 4, 2), (3, 24, 8, 2)])
@@ -187,18 +132,17 @@ def test_errors_name_the_argument():
 @pytest.mark.parametrize("t", [1, 4])
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (20480, 2048), (2048, 10240)])
 def test_real_shapes(t, n, k, unsplit_rows, monkeypatch):
-    monkeypatch.setattr(dense_gemv_module, "UNSPLIT_BLOCK_N", unsplit_rows)  # o_proj (2048 x 4096)
+    monkeypatch.setattr(tuning, "DENSE_GEMV_UNSPLIT_ROWS", unsplit_rows)  # o_proj (2048 x 4096)
     x, w = operands(t, n, k, torch.bfloat16, seed=n + k)
     torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("splits,prefetch", [(1, 0), (2, 0), (5, 2)])
 def test_long_k_splits(splits, prefetch, monkeypatch):
-    """dense_gemv.LONG_K_SPLITS (one split on a GPU: the dense MLP's down, K = 10 steps): a launch
-    whose K takes more steps than a split prefetches takes that many splits, through the
-    pipelined loop when a split has more than PREFETCH_STEPS steps, close to F.linear."""
-    monkeypatch.setattr(dense_gemv_module, "PREFETCH_STEPS", 4)
-    monkeypatch.setattr(dense_gemv_module, "LONG_K_SPLITS", splits)
+    """tuning.DENSE_GEMV_LONG_K_SPLITS (one split on a GPU: the dense MLP's down, K = 10 steps): a
+    launch whose K takes more steps than a split prefetches takes that many splits, through the
+    pipelined loop when a split has more than GEMV_PREFETCH_STEPS steps, close to F.linear."""
+    monkeypatch.setattr(tuning, "DENSE_GEMV_LONG_K_SPLITS", splits)
     launches = spy_launches(monkeypatch, dense_gemv_module, "_dense_gemv_kernel", "SPLIT", "PREFETCH")
     x, w = operands(1, 24, 10 * STEP, torch.float32, seed=splits)
     torch.testing.assert_close(dense_gemv(x, w), F.linear(x, w), **TOL[torch.float32])

@@ -7,8 +7,7 @@ import torch
 
 from flint_backend import ops as ops_module
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels import nvfp4
-from flint_kernels import nvfp4_linear as nvfp4_linear_module
+from flint_kernels import tuning
 from flint_kernels.dense_gemv import dense_gemv, rms_norm_dense_gemv, rms_norm_dense_gemv_torch
 from flint_kernels.nvfp4_linear import nvfp4_linear, rms_norm_nvfp4_linear, rms_norm_nvfp4_linear_torch
 from flint_kernels.rms_norm import rms_norm
@@ -42,11 +41,9 @@ def assert_same_bits_on_cpu(got, expected):
         torch.testing.assert_close(got, expected, **BF16)
 
 
-@pytest.fixture(params=[(False, False), (True, False), (True, True)], ids=["bytes", "words", "words-prefetch"])
+@pytest.fixture(params=[False, True], ids=["bytes", "words-prefetch"])
 def words(request, monkeypatch):
-    use_words, prefetch = request.param
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", use_words)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", prefetch)
+    monkeypatch.setattr(tuning, "FP4_GEMV_WORDS", request.param)
 
 
 @pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
@@ -116,13 +113,10 @@ def test_errors_name_the_argument():
                              bias, 2, 1.0, True)
 
 
-@pytest.mark.parametrize("mode", ["1", "dense", "0"])
 @pytest.mark.parametrize("t", [1, 5, 9], ids=["fused", "gemm", "prefill-router"])
-def test_ops_fold_at_decode_sizes_and_compose_beyond(t, mode, monkeypatch):
-    """ops.norm_linear / norm_router: the folded launch at decode sizes (FLINT_FOLD_NORM: all,
-    all but the NVFP4 GEMVs, none), rms_norm then the op beyond; all equal the torch table's
-    composition."""
-    monkeypatch.setattr(ops_module, "FOLD_NORM", mode)
+def test_ops_fold_at_decode_sizes_and_compose_beyond(t, monkeypatch):
+    """ops.norm_linear / norm_router: the folded launch at decode sizes, rms_norm then the op
+    beyond; all equal the torch table's composition."""
     calls = []
     for name in ("rms_norm_dense_gemv", "rms_norm_nvfp4_linear"):
         module = ops_module.dense_gemv_k if "dense" in name else ops_module.nvfp4_k
@@ -137,8 +131,7 @@ def test_ops_fold_at_decode_sizes_and_compose_beyond(t, mode, monkeypatch):
         y_ref, res_ref = torch_ops.norm_linear(x, residual.clone(), norm_w, 1e-5, w)
         assert_scaled_close(y, y_ref)  # interpreter: bf16 roundings truncate
         torch.testing.assert_close(res, res_ref, **BF16)
-    folded = {"1": ["rms_norm_dense_gemv", "rms_norm_nvfp4_linear"], "dense": ["rms_norm_dense_gemv"], "0": []}
-    assert calls == (folded[mode] if t == 1 else [])
+    assert calls == (["rms_norm_dense_gemv", "rms_norm_nvfp4_linear"] if t == 1 else [])
     router_w, bias = torch.randn(16, 128, device=DEVICE).to(torch.bfloat16), torch.randn(16, device=DEVICE)
     got = triton_ops.norm_router(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 1.5, False)
     expected = torch_ops.norm_router(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 1.5, False)

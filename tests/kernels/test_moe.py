@@ -8,7 +8,7 @@ from flint_backend.config import FlintConfig
 from flint_backend.reference import FlintMoE
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels import moe_gemv, nvfp4
+from flint_kernels import moe_gemv, tuning
 from flint_kernels.moe import fused_moe, fused_moe_torch
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
 from kv_cases import assert_scaled_close
@@ -54,16 +54,13 @@ def check(got, expected, dtype):
         assert_scaled_close(got, expected, rel=BF16_REL)
 
 
-@pytest.mark.parametrize("path,down_dense", [("small", True), ("small", False), ("grouped", True)],
-                         ids=["small-one-load-down", "small-per-expert-down", "grouped"])
+@pytest.mark.parametrize("path", ["small", "grouped"], ids=["small-one-load-down", "grouped"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t,e,k", [(1, 16, 4), (3, 16, 4), (5, 8, 8), (17, 16, 4)],
                          ids=["T1", "T3", "T5-all-experts", "T17"])
-def test_dense_experts(path, down_dense, t, e, k, dtype, monkeypatch):
-    """down_dense: the small-batch path's dense down launch, all slots in one load
-    (moe_gemv.DOWN_DENSE; up to 8 slots, so K = 8 plus the shared expert takes the loop), or an
-    expert at a time."""
-    monkeypatch.setattr(moe_gemv, "DOWN_DENSE", down_dense)
+def test_dense_experts(path, t, e, k, dtype):
+    """The small-batch path's dense down launch takes all slots in one load (up to 8 slots, so
+    K = 8 plus the shared expert takes the per-expert loop)."""
     w13, w2, s13, s2 = experts(e, 64, 32, 32, dtype, "dense", seed=t)
     ids, weights = routing(t, e, k, seed=t)
     x = torch.randn(t, 64, device=DEVICE).to(dtype)
@@ -73,9 +70,9 @@ def test_dense_experts(path, down_dense, t, e, k, dtype, monkeypatch):
 
 @pytest.fixture(params=[False, True], ids=["bytes", "words"])
 def words(request, monkeypatch):
-    """Both NVFP4 decodes of the small-batch path's launches (nvfp4.MOE_WORDS, MOE_DOWN_WORDS)."""
-    monkeypatch.setattr(nvfp4, "MOE_WORDS", request.param)
-    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", request.param)
+    """Both NVFP4 decodes of the small-batch path's launches (tuning.FP4_MOE_WORDS, FP4_MOE_DOWN_WORDS)."""
+    monkeypatch.setattr(tuning, "FP4_MOE_WORDS", request.param)
+    monkeypatch.setattr(tuning, "FP4_MOE_DOWN_WORDS", request.param)
     return request.param
 
 
@@ -93,14 +90,11 @@ def test_nvfp4_experts(path, fmt, dtype, words):
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
-@pytest.mark.parametrize("split_shared", [True, False], ids=["shared-launch-first", "one-gate-up-launch"])
 @pytest.mark.parametrize("h", [64, 512], ids=["H-one-step", "H-two-steps"])
-def test_nvfp4_gate_up_launches_with_a_shared_expert(split_shared, h, monkeypatch):
-    """NVFP4 words with a shared expert: the shared expert's gate/up launch, then the routed one
-    loading its experts' words (one or two steps of H) before reading x (moe_gemv.SPLIT_SHARED),
-    or a single launch over every slot."""
-    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
-    monkeypatch.setattr(moe_gemv, "SPLIT_SHARED", split_shared)
+def test_nvfp4_gate_up_launches_with_a_shared_expert(h, monkeypatch):
+    """NVFP4 words with a shared expert (one or two steps of H): a single gate/up launch over
+    every slot."""
+    monkeypatch.setattr(tuning, "FP4_MOE_WORDS", True)
     t, e, k = 2, 8, 3
     w13, w2, s13, s2 = experts(e, h, 32, 64, torch.float32, "nvfp4", seed=8)
     ids, weights = routing(t, e, k, seed=8)
@@ -114,9 +108,9 @@ def test_nvfp4_gate_up_launches_with_a_shared_expert(split_shared, h, monkeypatc
 def test_nvfp4_small_batch_slot_layouts(shared, k, words, monkeypatch):
     """The small-batch NVFP4 launches' layouts: gate/up programs of 8 rows (4 or 8 blocks an
     expert), and the down launch with all of a token's experts in one tile of 8 slots
-    (nvfp4.MOE_DOWN_WORDS): no shared expert, one of the routed experts' width, a wider one; K
+    (tuning.FP4_MOE_DOWN_WORDS): no shared expert, one of the routed experts' width, a wider one; K
     filling 7 of the 8 slots; 5 tokens."""
-    monkeypatch.setattr(moe_gemv, "GATE_UP_ROWS", 8)
+    monkeypatch.setattr(tuning, "MOE_GATE_UP_ROWS", 8)
     t, e = 5, 16
     w13, w2, s13, s2 = experts(e, 64, 32, 64 if shared == "wider" else 32, torch.float32, "nvfp4", seed=7)
     if shared == "none":
@@ -125,27 +119,6 @@ def test_nvfp4_small_batch_slot_layouts(shared, k, words, monkeypatch):
     x = torch.randn(t, 64, device=DEVICE)
     check(fused_moe(x, ids, weights, w13, w2, s13, s2, path="small"),
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
-
-
-def knobs_both_ways(knobs, x, ids, weights, ws, monkeypatch):
-    """fused_moe's small-batch NVFP4 word launches with the moe_gemv `knobs` off, then on: -> both
-    outputs."""
-    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
-    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
-    outs = []
-    for on in (False, True):
-        for knob in knobs:
-            monkeypatch.setattr(moe_gemv, knob, on)
-        outs.append(fused_moe(x, ids, weights, *ws, path="small"))
-    return outs
-
-
-def x_block_both_ways(x, ids, weights, ws, monkeypatch):
-    """x and the SwiGLU outputs read with eight stride-8 loads (moe_gemv.GATE_UP_X_BLOCK and
-    DOWN_X_BLOCK off), then as blocks of a word's 8 values (both on), gate/up in its pipelined
-    loop (GATE_UP_X_FIRST off, which always reads blocks): -> both outputs."""
-    monkeypatch.setattr(moe_gemv, "GATE_UP_X_FIRST", False)
-    return knobs_both_ways(("GATE_UP_X_BLOCK", "DOWN_X_BLOCK"), x, ids, weights, ws, monkeypatch)
 
 
 def small_case(shared, h, dtype, seed):
@@ -159,53 +132,12 @@ def small_case(shared, h, dtype, seed):
     return torch.randn(t, h, device=DEVICE).to(dtype), ids, weights, (w13, w2, s13, s2)
 
 
-@pytest.mark.parametrize("shared,h,dtype,split_shared", [
-    ("same", 64, torch.float32, False), ("wider", 64, torch.bfloat16, False), ("none", 512, torch.float32, False),
-    ("same", 512, torch.bfloat16, True)], ids=["same", "wider-bf16", "none-two-steps", "shared-launch-first-bf16"])
-def test_x_block_reads_the_same_bits(shared, h, dtype, split_shared, monkeypatch):
-    """moe_gemv.GATE_UP_X_BLOCK, DOWN_X_BLOCK: x (gate/up, both the pipelined and the prefetched
-    launch) and the SwiGLU outputs (down, a narrower routed expert's words masked) read as 16-byte
-    blocks with nibble j's value picked in-thread: the same output bits as the stride-8 loads, and
-    close to fused_moe_torch."""
-    monkeypatch.setattr(moe_gemv, "SPLIT_SHARED", split_shared)
-    x, ids, weights, ws = small_case(shared, h, dtype, seed=11)
-    strided, blocked = x_block_both_ways(x, ids, weights, ws, monkeypatch)
-    assert torch.equal(strided, blocked)
-    check(blocked, fused_moe_torch(x, ids, weights, *ws), dtype)
-
-
-@pytest.mark.parametrize("shared,h,dtype", [("same", 64, torch.float32), ("wider", 64, torch.bfloat16),
-                                            ("none", 256, torch.float32), ("same", 256, torch.bfloat16)],
-                         ids=["one-step", "wider-bf16", "none-two-steps", "two-steps-bf16"])
-def test_x_first_gives_the_same_bits(shared, h, dtype, monkeypatch):
-    """moe_gemv.GATE_UP_X_FIRST: x read before the pick and the rows' words at once (one and two
-    steps: H 64 and 256 under the interpreter's 128-column steps) give the pipelined loop's
-    output bits, and are close to fused_moe_torch."""
-    x, ids, weights, ws = small_case(shared, h, dtype, seed=13)
-    looped, first = knobs_both_ways(("GATE_UP_X_FIRST",), x, ids, weights, ws, monkeypatch)
-    assert torch.equal(looped, first)
-    check(first, fused_moe_torch(x, ids, weights, *ws), dtype)
-
-
-@pytest.mark.parametrize("shared,h,dtype", [("same", 64, torch.float32), ("wider", 64, torch.bfloat16),
-                                            ("none", 256, torch.float32), ("same", 256, torch.bfloat16)],
-                         ids=["one-step", "wider-bf16", "none-two-steps", "two-steps-bf16"])
-def test_offsets_first_gives_the_same_bits(shared, h, dtype, monkeypatch):
-    """moe_gemv.GATE_UP_OFFSETS_FIRST (with X_FIRST): the rows' word and scale offsets computed
-    before the wait, the expert's base added after the pick: the same output bits (a narrower
-    routed expert than the shared one masks its rows)."""
-    x, ids, weights, ws = small_case(shared, h, dtype, seed=19)
-    after, before = knobs_both_ways(("GATE_UP_OFFSETS_FIRST",), x, ids, weights, ws, monkeypatch)
-    assert torch.equal(after, before)
-    check(before, fused_moe_torch(x, ids, weights, *ws), dtype)
-
-
 @pytest.mark.parametrize("rows", [8, 16])
 def test_down_words_rows_a_program(rows, monkeypatch):
     """The NVFP4 word down launch with 8 (the GPU's default) or 16 output rows a program, a wider
     shared expert: close to fused_moe_torch."""
-    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
-    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
+    monkeypatch.setattr(tuning, "FP4_MOE_WORDS", True)
+    monkeypatch.setattr(tuning, "FP4_MOE_DOWN_WORDS", True)
     monkeypatch.setattr(moe_gemv, "DOWN_WORDS_ROWS", rows)
     x, ids, weights, ws = small_case("wider", 64, torch.bfloat16, seed=17)
     check(fused_moe(x, ids, weights, *ws, path="small"), fused_moe_torch(x, ids, weights, *ws), torch.bfloat16)
@@ -331,32 +263,3 @@ def test_real_shapes(path, fmt, t, words):
     x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
     assert_scaled_close(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
                         fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 8])
-def test_x_block_real_shapes(t, monkeypatch):
-    """flint-40b's NVFP4 MoE (256 experts, top-6, the shared expert) compiled for the GPU: the
-    block reads of moe_gemv.GATE_UP_X_BLOCK and DOWN_X_BLOCK give the stride-8 loads' bits."""
-    e, k = 256, 6
-    w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, "nvfp4")
-    ids, weights = routing(t, e, k)
-    x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
-    strided, blocked = x_block_both_ways(x, ids, weights, (w13, w2, s13, s2), monkeypatch)
-    assert torch.equal(strided, blocked)
-    assert_scaled_close(blocked, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 8])
-def test_x_first_real_shapes(t, monkeypatch):
-    """flint-40b's NVFP4 MoE compiled for the GPU: gate/up's x before the pick
-    (moe_gemv.GATE_UP_X_FIRST; at batch 1 two steps of 1024 a program) gives the pipelined
-    loop's bits."""
-    e, k = 256, 6
-    w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, "nvfp4")
-    ids, weights = routing(t, e, k)
-    x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
-    looped, first = knobs_both_ways(("GATE_UP_X_FIRST",), x, ids, weights, (w13, w2, s13, s2), monkeypatch)
-    assert torch.equal(looped, first)
-    assert_scaled_close(first, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)

@@ -1,12 +1,12 @@
 """The MoE top-k picked inside the expert launches: rms_norm_router_logits (the router launch
 without its top-k) and fused_moe_routed (gate/up and down programs routing from the logits) vs
-the router's own top-k then fused_moe, and vs the torch twins; ops.norm_moe both ways."""
+the router's own top-k then fused_moe, and vs the torch twins; ops.norm_moe."""
 
 import pytest
 import torch
 
 from flint_backend import ops as ops_module
-from flint_kernels import moe_gemv, nvfp4
+from flint_kernels import moe_gemv, tuning
 from flint_kernels.moe import fused_moe, fused_moe_routed, fused_moe_routed_torch, fused_moe_torch
 from flint_kernels.router import (ROUTING_WORDS, rms_norm_router_logits, rms_norm_router_logits_torch,
                                   rms_norm_router_topk, route_from_logits_torch)
@@ -61,8 +61,8 @@ def test_router_logits_are_the_top_k_routers(t, e, h, has_residual):
 def test_routed_matches_top_k_then_experts(fmt, dtype, t, e, k, shared, monkeypatch):
     """fused_moe_routed == fused_moe on the same logits' top-k (route_from_logits_torch), and its
     torch twin; NVFP4 experts as 32-bit words (the launches that route)."""
-    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
-    monkeypatch.setattr(nvfp4, "MOE_DOWN_WORDS", True)
+    monkeypatch.setattr(tuning, "FP4_MOE_WORDS", True)
+    monkeypatch.setattr(tuning, "FP4_MOE_DOWN_WORDS", True)
     w13, w2, s13, s2 = experts(e, 64, 32, 32, dtype, fmt, seed=t + k)
     if not shared:
         s13 = s2 = None
@@ -95,24 +95,18 @@ def test_routed_ties_and_unnormalised_weights(renormalize):
     check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
 
 
-def routed_both_ways(x, logits, bias, k, weights, monkeypatch):
-    """fused_moe_routed with moe_gemv.TOPK_SORT off, then on: asserts the same output bits and
-    the same handoff; -> the handoff (expert ids + 1, then the router weights' bits)."""
-    results = []
-    for sort in (False, True):
-        monkeypatch.setattr(moe_gemv, "TOPK_SORT", sort)
-        routing = handoff(x)
-        results.append((fused_moe_routed(x, logits, bias, routing, k, 2.5, True, *weights), routing))
-    (out, routing), (out_sort, routing_sort) = results
-    assert torch.equal(out, out_sort) and torch.equal(routing, routing_sort)
+def routed_handoff(x, logits, bias, k, weights):
+    """fused_moe_routed's handoff (expert ids + 1, then the router weights' bits)."""
+    routing = handoff(x)
+    fused_moe_routed(x, logits, bias, routing, k, 2.5, True, *weights)
     return routing
 
 
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
-def test_topk_sort_picks_the_same(fmt, ties, monkeypatch):
-    """moe_gemv.TOPK_SORT (tl.topk's bitonic network in the gate/up programs): the same output
-    bits and the same handoff (ids and weights) as the rounds of a max, ties included."""
+def test_handoff_holds_the_picks(fmt, ties):
+    """The gate/up programs' top-k (tl.topk's bitonic network) hands the down launch the torch
+    twin's ids, best first, ties included (the lowest ids among equals)."""
     t, e, k = 3, 40, 6
     w13, w2, s13, s2 = experts(e, 64, 32, 32, torch.float32, fmt, seed=5)
     logits, bias = logits_and_bias(t, e, seed=5)
@@ -120,26 +114,12 @@ def test_topk_sort_picks_the_same(fmt, ties, monkeypatch):
         logits[:, ::3] = 10.0  # 14 experts tie above all others; the six lowest ids win
         bias.zero_()
     x = torch.randn(t, 64, device=DEVICE)
-    routing = routed_both_ways(x, logits, bias, k, (w13, w2, s13, s2), monkeypatch)
+    routing = routed_handoff(x, logits, bias, k, (w13, w2, s13, s2))
     if ties:
         ids = torch.tensor([[0, 3, 6, 9, 12, 15]] * t, dtype=torch.int32, device=DEVICE)
     else:
         ids, _ = route_from_logits_torch(logits, bias, k, 2.5, True)
     assert torch.equal(routing[:, :k] - 1, ids)  # the handoff holds ids + 1, best first
-
-
-@pytest.mark.parametrize("h", [64, 512], ids=["H-one-step", "H-two-steps"])
-def test_routed_with_the_shared_expert_launch_first(h, monkeypatch):
-    """moe_gemv.SPLIT_SHARED: the routed gate/up launch picks its experts before its PDL wait
-    (the router is two kernels back then)."""
-    monkeypatch.setattr(nvfp4, "MOE_WORDS", True)
-    monkeypatch.setattr(moe_gemv, "SPLIT_SHARED", True)
-    t, e, k = 2, 8, 3
-    w13, w2, s13, s2 = experts(e, h, 32, 64, torch.float32, "nvfp4", seed=8)
-    logits, bias = logits_and_bias(t, e, seed=8)
-    x = torch.randn(t, h, device=DEVICE)
-    check(fused_moe_routed(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2),
-          fused_moe_routed_torch(x, logits, bias, handoff(x), k, 2.5, True, w13, w2, s13, s2), torch.float32)
 
 
 def test_errors_name_the_argument(monkeypatch):
@@ -156,17 +136,15 @@ def test_errors_name_the_argument(monkeypatch):
         fused_moe_routed(x, logits, bias, handoff(x), 8, 1.0, True, w13, w2, s13, s2)  # 8 + the shared one > 8 slots
     with pytest.raises(ValueError, match=r"routing is torch.int32 \(2, 8\)"):
         fused_moe_routed(x, logits, bias, handoff(x)[:, :8], 6, 1.0, True, w13, w2, s13, s2)
-    monkeypatch.setattr(moe_gemv, "DOWN_DENSE", False)
+    monkeypatch.setattr(moe_gemv, "DOWN_DENSE_MAX_I", 16)  # narrower than these experts: the per-expert loop
     with pytest.raises(ValueError, match="routes_in_experts"):
         fused_moe_routed(x, logits, bias, handoff(x), 6, 1.0, True, w13, w2, s13, s2)
 
 
-@pytest.mark.parametrize("route", [True, False], ids=["route-in-experts", "router-top-k"])
 @pytest.mark.parametrize("t", [1, 3, 20], ids=["T1", "T3", "T20-prefill"])
-def test_ops_norm_moe(t, route, monkeypatch):
-    """ops.norm_moe: the routed launches at decode sizes (or the router's top-k, MOE_ROUTE_IN_EXPERTS),
-    the grouped path beyond; both equal the torch table's composition."""
-    monkeypatch.setattr(ops_module, "MOE_ROUTE_IN_EXPERTS", route)
+def test_ops_norm_moe(t, monkeypatch):
+    """ops.norm_moe: the routed launches at decode sizes, the grouped path beyond; both equal the
+    torch table's composition."""
     calls = []
     real = ops_module.moe_k.fused_moe_routed
     monkeypatch.setattr(ops_module.moe_k, "fused_moe_routed", lambda *a: calls.append(1) or real(*a))
@@ -180,22 +158,22 @@ def test_ops_norm_moe(t, route, monkeypatch):
     triton_ops, torch_ops = ops_module.get_ops("triton"), ops_module.get_ops("torch")
     got, res = triton_ops.norm_moe(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 2.5, True, *weights)
     expected, res_ref = torch_ops.norm_moe(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 2.5, True, *weights)
-    assert calls == ([1] if route and t <= 8 else [])
+    assert calls == ([1] if t <= 8 else [])
     assert_scaled_close(got, expected, rel=BF16_REL)
     torch.testing.assert_close(res, res_ref, rtol=1e-2, atol=2e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
-def test_topk_sort_real_shapes(fmt, monkeypatch):
-    """flint-40b's MoE at batch 1: tl.topk's picks (moe_gemv.TOPK_SORT) give the same bits and
-    handoff as the rounds of a max, on the GPU's compile of both."""
+def test_handoff_real_shapes(fmt):
+    """flint-40b's MoE at batch 1: tl.topk's picks in the handoff are the torch twin's, on the
+    GPU's compile."""
     e, k = 256, 6
     w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, fmt)
     x = torch.randn(1, 2048, device=DEVICE, dtype=torch.bfloat16)
     for seed in range(4):
         logits, bias = logits_and_bias(1, e, seed=seed)
-        routing = routed_both_ways(x, logits, bias, k, (w13, w2, s13, s2), monkeypatch)
+        routing = routed_handoff(x, logits, bias, k, (w13, w2, s13, s2))
         assert torch.equal(routing[:, :k] - 1, route_from_logits_torch(logits, bias, k, 2.5, True)[0])
 
 

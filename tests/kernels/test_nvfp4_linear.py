@@ -5,16 +5,14 @@ import pytest
 import torch
 import triton
 
-from flint_backend.weights.nvfp4 import concat_rows
+from flint_backend.weights.nvfp4 import concat_rows, dequantize_nvfp4
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels import nvfp4
 from flint_kernels import nvfp4_linear as nvfp4_linear_module
-from flint_kernels.nvfp4 import dequantize_nvfp4
+from flint_kernels import tuning
 from flint_kernels.nvfp4_linear import (GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch, rms_norm_nvfp4_linear,
                                         rms_norm_nvfp4_linear_torch, silu_nvfp4_linear)
 from kv_cases import assert_scaled_close
 from launch_spy import spy_launches
-from test_folded_rms_norm import assert_same_bits_on_cpu
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 x: only the accumulation order differs (global scale applied once per output, after the
@@ -31,14 +29,12 @@ def weight(n, k, seed=0, per_row=False):
     return quantize_nvfp4(torch.randn(n, k, generator=g)).to(DEVICE)
 
 
-@pytest.fixture(params=[(False, False), (True, False), (True, True)], ids=["bytes", "words", "words-prefetch"])
+@pytest.fixture(params=[False, True], ids=["bytes", "words-prefetch"])
 def words(request, monkeypatch):
-    """Both NVFP4 decodes of the GEMV kernels (nvfp4.GEMV_WORDS); words with the k loop, or with
-    splits of one or two steps loaded up front (nvfp4_linear.GEMV_PREFETCH)."""
-    use_words, prefetch = request.param
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", use_words)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", prefetch)
-    return use_words
+    """Both NVFP4 decodes of the GEMV kernels (tuning.FP4_GEMV_WORDS); words load splits of whole
+    steps up front, longer ones in the k loop."""
+    monkeypatch.setattr(tuning, "FP4_GEMV_WORDS", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("t", [1, 3, GEMV_MAX_TOKENS + 1, 64])
@@ -72,21 +68,18 @@ def test_matches_dequantise_then_matmul(t, n, k, splits, dtype, words):
 @pytest.mark.parametrize("k", [768, 1024])
 @pytest.mark.parametrize("norm", [False, True])
 def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
-    # GEMV_MAX_SPLITS = 1 and GEMV_PREFETCH_STEPS = 4: K in one split, every step loaded before x
-    # (the interpreter's step is 256 weights: 3 or 4 steps); with and without the folded RMSNorm
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_MAX_SPLITS", 1)
+    # one split of K's 3 or 4 word steps (the interpreter's step is 256 weights; at most
+    # tuning.GEMV_PREFETCH_STEPS), every step loaded before x; with and without the folded RMSNorm
+    monkeypatch.setattr(tuning, "FP4_GEMV_WORDS", True)
     w = weight(40, k, seed=k, per_row=True)
     gen = torch.Generator(DEVICE).manual_seed(k)
     x = torch.randn(2, k, device=DEVICE, generator=gen)
     if not norm:
-        torch.testing.assert_close(nvfp4_linear(x, w), nvfp4_linear_torch(x, w), **TOL[torch.float32])
+        torch.testing.assert_close(nvfp4_linear(x, w, num_splits=1), nvfp4_linear_torch(x, w), **TOL[torch.float32])
         return
     residual = torch.randn(2, k, device=DEVICE, generator=gen)
     norm_w = 1 + 0.1 * torch.randn(k, device=DEVICE, generator=gen)
-    got, got_res = nvfp4_linear_module.rms_norm_nvfp4_linear(x, residual, norm_w, 1e-6, w)
+    got, got_res = nvfp4_linear_module.rms_norm_nvfp4_linear(x, residual, norm_w, 1e-6, w, num_splits=1)
     exp, exp_res = nvfp4_linear_module.rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-6, w)
     # fp32 sums in another order: at K = 768 the twin itself is 1.5e-4 from a float64 evaluation
     # (the kernel 6e-5), so the bound is the twin's error, not TOL's 1e-4
@@ -96,74 +89,14 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
 
 
 @pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("x_block", [False, True], ids=["stride-8-x", "x-block"])
-@pytest.mark.parametrize("k,splits", [(1024, 2), (1024, 1)], ids=["two-steps", "four-steps"])
-def test_x_loaded_early_gives_the_same_bits(norm, x_block, k, splits, monkeypatch):
-    """nvfp4_linear.GEMV_X_EARLY: every prefetched step's x block (residual + x with the folded
-    RMSNorm) loaded right after the wait gives the bits of loading it step by step (the
-    interpreter's step is 256 weights: 2 or 4 steps a split)."""
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
-    monkeypatch.setattr(nvfp4, "X_BLOCK_LOADS", x_block)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_ROW_RSTD_FROM_STEPS", False)  # its own test below
-    w = weight(24, k, seed=5, per_row=True)
-    gen = torch.Generator(DEVICE).manual_seed(k)
-    x, residual = torch.randn(2, 3, k, device=DEVICE, generator=gen).to(torch.bfloat16)
-    norm_w = (1 + 0.1 * torch.randn(k, device=DEVICE, generator=gen)).to(torch.bfloat16)
-    outs = []
-    for early in (False, True):
-        monkeypatch.setattr(nvfp4_linear_module, "GEMV_X_EARLY", early)
-        if norm:
-            outs.append(nvfp4_linear_module.rms_norm_nvfp4_linear(x, residual, norm_w, 1e-6, w, num_splits=splits)[0])
-        else:
-            outs.append(nvfp4_linear(x, w, num_splits=splits))
-    assert torch.equal(outs[0], outs[1])
-    exp = nvfp4_linear_module.rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-6, w)[0] if norm else \
-        nvfp4_linear_torch(x, w)
-    assert_scaled_close(outs[1], exp, rel=2e-2)  # bf16 roundings, truncated by the interpreter
-
-
-@pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
-@pytest.mark.parametrize("steps", [1, 2, 4])
-def test_rstd_from_the_loaded_steps(steps, has_residual, monkeypatch):
-    """nvfp4_linear.GEMV_ROW_RSTD_FROM_STEPS: a one-split launch prefetching every word step of K
-    with the RMSNorm folded takes its row's rstd and updated residual from the x blocks it
-    loaded. Bits as loading the row again on the interpreter; bf16-close on a GPU, whose
-    reduction order differs. The launch it applies to is checked through its constexpr."""
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_MAX_SPLITS", 1)
-    k = steps * nvfp4_linear_module.GEMV_WORDS_BLOCK_K
-    launches = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_gemv_kernel", "PREFETCH", "ROW_IN_STEPS")
-    w = weight(40, k, seed=steps, per_row=True)
-    gen = torch.Generator(DEVICE).manual_seed(steps)
-    x, residual = torch.randn(2, 2, k, device=DEVICE, generator=gen).to(torch.bfloat16)
-    residual = residual * 4 if has_residual else None
-    norm_w = (1 + 0.5 * torch.randn(k, device=DEVICE, generator=gen)).to(torch.bfloat16)
-    outs = []
-    for from_steps in (False, True):
-        monkeypatch.setattr(nvfp4_linear_module, "GEMV_ROW_RSTD_FROM_STEPS", from_steps)
-        outs.append(rms_norm_nvfp4_linear(x, residual, norm_w, 1e-5, w))
-    assert [(prefetch, row_in_steps) for _, prefetch, row_in_steps in launches] == [(steps, False), (steps, True)]
-    (y0, res0), (y1, res1) = outs
-    assert torch.equal(res1, res0)  # the residual + x the blocks hold, stored by program (t, 0, 0)
-    assert_same_bits_on_cpu(y1, y0)
-    assert_scaled_close(y1, rms_norm_nvfp4_linear_torch(x, residual, norm_w, 1e-5, w)[0], rel=2e-2)
-
-
-@pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rows", [8, 32])
 def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
-    """nvfp4_linear.GEMV_UNSPLIT_BLOCK_N: a batch-1 launch that would split its 4 steps (the
+    """tuning.FP4_GEMV_UNSPLIT_ROWS: a batch-1 launch that would split its 4 steps (the
     interpreter's step is 256 weights) runs as one prefetching split of `rows` rows a program,
     close to dequantise-then-matmul, with and without the folded RMSNorm; the launch it makes is
     one split of those rows."""
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", rows)
+    monkeypatch.setattr(tuning, "FP4_GEMV_WORDS", True)
+    monkeypatch.setattr(tuning, "FP4_GEMV_UNSPLIT_ROWS", rows)
     launches = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_gemv_kernel", "BLOCK_N", "SPLIT", "PREFETCH")
     k = 1024
     w = weight(40, k, seed=3, per_row=True)
@@ -219,11 +152,10 @@ def test_real_shapes(t, n, k, words):
 @pytest.mark.parametrize("rows", [4, 8])
 @pytest.mark.parametrize("t", [1, 4])
 def test_unsplit_real_shapes(t, rows, monkeypatch):
-    """flint-40b's o_proj (2048 x 4096) with nvfp4_linear.GEMV_UNSPLIT_BLOCK_N = 4 (the GPU
-    default) or 8: one split of four prefetched steps, 512 or 256 programs at batch 1, close to
+    """flint-40b's o_proj (2048 x 4096) with tuning.FP4_GEMV_UNSPLIT_ROWS = 4 (the GPU default)
+    or 8: one split of four prefetched steps, 512 or 256 programs at batch 1, close to
     dequantise-then-matmul."""
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", rows)
+    monkeypatch.setattr(tuning, "FP4_GEMV_UNSPLIT_ROWS", rows)
     w = quantize_nvfp4(torch.randn(2048, 4096, device=DEVICE) / 64)
     x = torch.randn(t, 4096, device=DEVICE, dtype=torch.bfloat16)
     got, expected = nvfp4_linear(x, w), nvfp4_linear_torch(x, w)
@@ -232,17 +164,15 @@ def test_unsplit_real_shapes(t, rows, monkeypatch):
 
 
 def test_dense_mlp_launches(monkeypatch):
-    """nvfp4_linear.GEMV_WIDE_BLOCK_N and GEMV_LONG_K_SPLITS (the GPU defaults for the dense MLP's
-    decode GEMVs; the interpreter's step is 256 weights): a launch of N >= WIDE_N rows takes
-    programs of that many rows, one whose K takes more steps than a split prefetches takes that
-    many splits (whole steps: prefetched), each close to dequantise-then-matmul."""
-    monkeypatch.setattr(nvfp4, "GEMV_WORDS", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH", True)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_UNSPLIT_BLOCK_N", None)
-    monkeypatch.setattr(nvfp4_linear_module, "WIDE_N", 40)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_WIDE_BLOCK_N", 16)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_LONG_K_SPLITS", 5)
+    """tuning.FP4_GEMV_WIDE_ROWS and FP4_GEMV_LONG_K_SPLITS (the GPU defaults for the dense MLP's
+    decode GEMVs; the interpreter's step is 256 weights): a launch of N >= FP4_GEMV_WIDE_N rows
+    takes programs of that many rows, one whose K takes more steps than a split prefetches takes
+    that many splits (whole steps: prefetched), each close to dequantise-then-matmul."""
+    monkeypatch.setattr(tuning, "FP4_GEMV_WORDS", True)
+    monkeypatch.setattr(tuning, "FP4_GEMV_UNSPLIT_ROWS", None)
+    monkeypatch.setattr(tuning, "FP4_GEMV_WIDE_N", 40)
+    monkeypatch.setattr(tuning, "FP4_GEMV_WIDE_ROWS", 16)
+    monkeypatch.setattr(tuning, "FP4_GEMV_LONG_K_SPLITS", 5)
     launches = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_gemv_kernel", "BLOCK_N", "SPLIT", "PREFETCH")
     gen = torch.Generator(DEVICE).manual_seed(5)
     for n, k in ((40, 512), (24, 2560)):  # wide (2 steps), long K (10 steps)
@@ -254,22 +184,19 @@ def test_dense_mlp_launches(monkeypatch):
     assert launches == [((1, 3, 2), 16, 2, 1), ((1, triton.cdiv(24, block_n), 5), block_n, 5, 2)]
 
 
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("t,k,splits,long_k", [
-    (1, 512, None, None),   # two interpreter steps: prefetched (words-prefetch), or the k loop
+    (1, 512, None, None),   # two interpreter steps: prefetched (words-prefetch), or the bytes loop
     (3, 1024, 1, None),     # one split of four steps
     (1, 2560, None, 5),     # GEMV_LONG_K_SPLITS (the GPU's dense down): five splits of two steps
     (2, 320, None, None),   # K not a multiple of the step: masked words
 ], ids=["two-steps", "four-steps", "long-k", "masked"])
-def test_silu_folded_gives_the_bits_of_silu_mul_then_gemv(t, k, splits, long_k, early, words, monkeypatch):
+def test_silu_folded_gives_the_bits_of_silu_mul_then_gemv(t, k, splits, long_k, words, monkeypatch):
     """silu_nvfp4_linear (the dense MLP's down with the SwiGLU applied to the gate_up columns each
     program loads) stores exactly what silu_mul then nvfp4_linear store in the same launch shape,
-    in each decode (bytes, words, prefetched words), and is close to its torch twin."""
+    in each decode (bytes, words: prefetched or the k loop), and is close to its torch twin."""
     from flint_kernels.swiglu import silu_mul
 
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_PREFETCH_STEPS", 4)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_LONG_K_SPLITS", long_k)
-    monkeypatch.setattr(nvfp4_linear_module, "GEMV_X_EARLY", early)
+    monkeypatch.setattr(tuning, "FP4_GEMV_LONG_K_SPLITS", long_k)
     launches = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_gemv_kernel", "SILU", "PREFETCH", "SPLIT")
     w = weight(24, k, seed=k, per_row=True)
     gen = torch.Generator(DEVICE).manual_seed(k)
@@ -299,7 +226,7 @@ def test_silu_folded_errors_name_the_argument():
 @pytest.mark.parametrize("name,n,k", [("qkv", 5120, 2048), ("o", 2048, 4096), ("gate_up", 20480, 2048),
                                       ("down", 2048, 10240)])
 def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
-    """nvfp4_linear.GEMV_F16 (each word's products summed in fp16 pairs) at flint-40b's decode
+    """tuning.FP4_GEMV_F16 (each word's products summed in fp16 pairs) at flint-40b's decode
     GEMVs, bf16 activations of three scales, with the RMSNorm (qkv, gate/up) or the SwiGLU
     (down) folded in as the engine launches them: close to dequantise-then-matmul, and no
     further from it than twice the fp32 products' error plus one bf16 rounding of the largest
@@ -321,7 +248,7 @@ def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
         expected = nvfp4_linear_torch(x, w)
     errors = {}
     for f16 in (False, True):
-        monkeypatch.setattr(nvfp4_linear_module, "GEMV_F16", f16)
+        monkeypatch.setattr(tuning, "FP4_GEMV_F16", f16)
         got = run()
         assert torch.isfinite(got).all()
         assert_scaled_close(got, expected, rel=1e-2)
@@ -338,9 +265,9 @@ def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
     (33, 24, 512, 2),      # split-K
 ])
 def test_prefill_chunks_decode_each_weight_once(t, n, k, splits, dtype, monkeypatch):
-    """From nvfp4_linear.DEQUANT_MIN_TOKENS tokens (the interpreter's: 32) a launch decodes the
+    """From tuning.FP4_DEQUANT_MIN_TOKENS tokens (the interpreter's: 32) a launch decodes the
     weight into a dense scratch and the GEMM tiles load it: close to dequantise-then-matmul and,
-    on the CPU, the bits of the tiles that decode the weight themselves (DEQUANT_MIN_TOKENS None)."""
+    on the CPU, the bits of the tiles that decode the weight themselves (FP4_DEQUANT_MIN_TOKENS None)."""
     decodes = spy_launches(monkeypatch, nvfp4_linear_module, "_dequantize_kernel", "N", "K", "MASK_K")
     gemms = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "FP4", "SPLIT")
     w = weight(n, k, seed=t, per_row=t % 2 == 1)
@@ -348,7 +275,7 @@ def test_prefill_chunks_decode_each_weight_once(t, n, k, splits, dtype, monkeypa
     got = nvfp4_linear(x, w, num_splits=splits)
     assert got.dtype == dtype and got.shape == (t, n)
     torch.testing.assert_close(got, nvfp4_linear_torch(x, w), **TOL[dtype])
-    monkeypatch.setattr(nvfp4_linear_module, "DEQUANT_MIN_TOKENS", None)
+    monkeypatch.setattr(tuning, "FP4_DEQUANT_MIN_TOKENS", None)
     decoding = nvfp4_linear(x, w, num_splits=splits)
     if DEVICE == "cpu":
         assert torch.equal(got, decoding)

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_kernels import pdl
+from flint_kernels import pdl, tuning
 from flint_kernels.pdl import launch_args, pdl_prologue
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -20,9 +20,8 @@ CUDA0 = torch.device("cuda", 0)  # a device object needs no GPU
 @pytest.fixture
 def flags(monkeypatch):
     """pdl's switches as on an sm_90 GPU outside the interpreter; a test changes one."""
-    monkeypatch.setattr(pdl, "ENABLED", True)
-    monkeypatch.setattr(pdl, "PREFETCH_ONLY", False)
-    monkeypatch.setattr(pdl, "INTERPRET", False)
+    monkeypatch.setattr(tuning, "PDL", True)
+    monkeypatch.setattr(tuning, "INTERPRET", False)
     monkeypatch.setattr(pdl, "ON_HOST", False)
     monkeypatch.setattr(pdl, "_major", lambda index: 9)
     return monkeypatch
@@ -37,29 +36,23 @@ def test_on_for_sm90_cuda_only(flags):
     assert not pdl.enabled(CUDA0)
 
 
-def test_prefetch_only_gives_the_attribute_to_prefetching_launches(flags):
-    flags.setattr(pdl, "PREFETCH_ONLY", True)
-    assert launch_args(CUDA0, prefetches=True) == {"PDL": True, "launch_pdl": True}
-    assert launch_args(CUDA0) == {"PDL": True}  # still runs the prologue: its successor may start early
-
-
-@pytest.mark.parametrize("switch,value", [("ENABLED", False), ("INTERPRET", True)])
+@pytest.mark.parametrize("switch,value", [("PDL", False), ("INTERPRET", True)])
 def test_switches_turn_it_off(flags, switch, value):
-    flags.setattr(pdl, switch, value)
+    flags.setattr(tuning, switch, value)
     flags.setattr(pdl, "ON_HOST", True)  # even compile_kernels.py's host launches
     assert not pdl.enabled(CUDA0) and not pdl.enabled(torch.device("cpu"))
     assert launch_args(CUDA0) == {"PDL": False}
 
 
-@pytest.mark.parametrize("env,enabled,prefetch_only,interpret", [
-    ({}, True, False, False), ({"FLINT_PDL": "0"}, False, False, False), ({"FLINT_PDL": "1"}, True, False, False),
-    ({"FLINT_PDL": "prefetch"}, True, True, False), ({"FLINT_PDL": "1", "TRITON_INTERPRET": "1"}, True, False, True)])
-def test_environment_read_at_import(env, enabled, prefetch_only, interpret):
+@pytest.mark.parametrize("env,enabled,interpret", [
+    ({}, True, False), ({"FLINT_PDL": "0"}, False, False), ({"FLINT_PDL": "1"}, True, False),
+    ({"FLINT_PDL": "1", "TRITON_INTERPRET": "1"}, True, True)])
+def test_environment_read_at_import(env, enabled, interpret):
     base = {k: v for k, v in os.environ.items() if k not in ("FLINT_PDL", "TRITON_INTERPRET")}
     out = subprocess.run([sys.executable, "-c",
-                          "from flint_kernels import pdl; print(pdl.ENABLED, pdl.PREFETCH_ONLY, pdl.INTERPRET)"],
+                          "from flint_kernels import pdl, tuning; print(tuning.PDL, tuning.INTERPRET)"],
                          env={**base, **env}, capture_output=True, text=True, check=True).stdout
-    assert out.split() == [str(enabled), str(prefetch_only), str(interpret)]
+    assert out.split() == [str(enabled), str(interpret)]
 
 
 def test_bad_environment_value_names_the_variable():
@@ -67,7 +60,7 @@ def test_bad_environment_value_names_the_variable():
     run = subprocess.run([sys.executable, "-c", "from flint_kernels import pdl"], env={**base, "FLINT_PDL": "yes"},
                          capture_output=True, text=True)
     assert run.returncode != 0
-    assert "FLINT_PDL: got 'yes', expected one of ('0', '1', 'prefetch')" in run.stderr
+    assert "FLINT_PDL: got 'yes', expected '0' or '1'" in run.stderr
 
 
 @triton.jit
@@ -77,7 +70,7 @@ def _add_one_kernel(src_ptr, dst_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr)
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < N) + 1, mask=offs < N)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter only")
+@pytest.mark.skipif(not tuning.INTERPRET, reason="interpreter only")
 def test_interpreter_never_traces_the_prologue():
     src = torch.arange(100, dtype=torch.float32)
     dst = torch.empty_like(src)
@@ -149,18 +142,16 @@ def _replays(p, x, res, replays=20):
 
 @pytest.mark.gpu
 def test_graph_replay_with_pdl_equals_without(monkeypatch):
-    monkeypatch.setattr(pdl, "ENABLED", True)
+    monkeypatch.setattr(tuning, "PDL", True)
     if not pdl.enabled(torch.device(DEVICE)):
         pytest.skip("PDL needs compute capability 9.0+")
     p = _chain_weights()
     x, res = (torch.randn(1, 2048, device=DEVICE).to(torch.bfloat16) for _ in range(2))
     results = {}
-    for mode in ("1", "prefetch", "0"):  # FLINT_PDL's values
-        monkeypatch.setattr(pdl, "ENABLED", mode != "0")
-        monkeypatch.setattr(pdl, "PREFETCH_ONLY", mode == "prefetch")
+    for on in (True, False):  # FLINT_PDL's values
+        monkeypatch.setattr(tuning, "PDL", on)
         eager, outs = _replays(p, x, res)
         for i, out in enumerate(outs):
-            assert all(torch.equal(a, b) for a, b in zip(out, eager)), f"PDL {mode}: replay {i} differs from eager"
-        results[mode] = eager
-    for mode in ("1", "prefetch"):
-        assert all(torch.equal(a, b) for a, b in zip(results[mode], results["0"])), f"PDL {mode} differs from off"
+            assert all(torch.equal(a, b) for a, b in zip(out, eager)), f"PDL {on}: replay {i} differs from eager"
+        results[on] = eager
+    assert all(torch.equal(a, b) for a, b in zip(results[True], results[False])), "PDL on differs from off"

@@ -1,18 +1,17 @@
 """rms_norm: kernel vs rms_norm_torch vs flint_backend.reference.rms_norm."""
 
-import os
-
 import pytest
 import torch
 
 from flint_backend import reference
 from flint_kernels.rms_norm import rms_norm, rms_norm_torch
+from flint_kernels.tuning import INTERPRET
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: one rounding step apart at most (sum order of the fp32 statistics); fp32: a few ulps
 TOL = {torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2), torch.float32: dict(rtol=1e-5, atol=1e-5)}
 # the residual add rounds once like torch on a GPU; Triton's interpreter truncates fp32 -> bf16
-RESIDUAL_TOL = (dict(rtol=2 ** -7, atol=1e-6) if os.environ.get("TRITON_INTERPRET") == "1"
+RESIDUAL_TOL = (dict(rtol=2 ** -7, atol=1e-6) if INTERPRET
                 else dict(rtol=0, atol=0))
 
 

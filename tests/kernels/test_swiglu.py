@@ -31,13 +31,11 @@ def test_strided_rows_and_errors():
         silu_mul(torch.randn(4, 7, device=DEVICE))
 
 
-@pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("t", [1, 4, 9], ids=["batch-1", "batch-4", "gemm"])
-def test_ops_silu_linear_folds_at_decode_sizes(t, fold, monkeypatch):
-    """ops.silu_linear: at decode sizes with SILU_IN_DOWN the SwiGLU inside the NVFP4 down GEMV,
-    the bits of silu_mul then linear; dense weights, larger batches, or the knob off: those two
-    launches; all close to the torch table's."""
-    monkeypatch.setattr(ops_module, "SILU_IN_DOWN", fold)
+def test_ops_silu_linear_folds_at_decode_sizes(t, monkeypatch):
+    """ops.silu_linear: at decode sizes the SwiGLU inside the NVFP4 down GEMV, the bits of
+    silu_mul then linear; dense weights or larger batches: those two launches; all close to the
+    torch table's."""
     calls = []
     for module, name in ((ops_module.nvfp4_k, "silu_nvfp4_linear"), (ops_module.swiglu_k, "silu_mul")):
         real = getattr(module, name)
@@ -51,7 +49,7 @@ def test_ops_silu_linear_folds_at_decode_sizes(t, fold, monkeypatch):
         assert_scaled_close(got, torch_ops.silu_linear(gate_up, w))  # interpreter: bf16 roundings truncate
         if t <= 4:
             assert torch.equal(got, triton_ops.linear(silu_mul(gate_up), w))
-    assert calls == ["silu_mul", "silu_nvfp4_linear" if fold and t <= 4 else "silu_mul"]
+    assert calls == ["silu_mul", "silu_nvfp4_linear" if t <= 4 else "silu_mul"]
 
 
 @pytest.mark.gpu

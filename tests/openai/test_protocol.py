@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS
 from flint_backend.openai.errors import OpenAIError, from_triton_error, from_validation_error
-from flint_backend.openai.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, UNBOUNDED_MAX_TOKENS,
+from flint_backend.openai.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_LOGPROBS, UNBOUNDED_MAX_TOKENS,
                                            ChatCompletionRequest, CompletionRequest, choice_sampling)
 from flint_backend.openai.server_args import parse_args
 
@@ -103,6 +103,12 @@ def test_what_the_server_cannot_honour_is_a_400_naming_the_field(body, param):
     with pytest.raises(OpenAIError) as caught:
         body.check()
     assert caught.value.status == 400 and caught.value.param == param and caught.value.message.startswith(param)
+
+
+def test_the_logprobs_limit_is_the_engines():
+    from flint_backend.engine import sampling_params  # the test may look; the server imports no engine
+
+    assert MAX_LOGPROBS == sampling_params.MAX_LOGPROBS
 
 
 @pytest.mark.parametrize("data, path", [

@@ -4,6 +4,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
@@ -66,6 +67,24 @@ def test_refused_request_answers_with_an_error_chunk():
     finally:
         host.shutdown()
     assert chunk.finished and chunk.finish_reason == "rejected" and "64 tokens" in chunk.error
+
+
+@pytest.mark.parametrize("sampling, field", [
+    (dict(max_tokens=0), "max_tokens"), (dict(top_p=1.5), "top_p"), (dict(temperature=-1.0), "temperature"),
+    (dict(logprobs=21), "logprobs"), (dict(nucleus=0.5), "nucleus"),
+])
+def test_bad_sampling_values_refuse_that_request_only(sampling, field):
+    host = make_host()
+    try:
+        running = host.submit(Sender(), inputs([1, 2, 3], max_tokens=6, temperature=0.0, ignore_eos=True))
+        bad = host.submit(Sender(), inputs([4, 5, 6], **sampling))
+        chunks = collect(host, 2)
+    finally:
+        host.shutdown()
+    (refused,) = chunks[bad.key]
+    assert refused.finish_reason == "rejected" and refused.error.startswith(f"{field}: ")
+    done = [c for c in chunks[running.key] if c.finished]
+    assert done and done[-1].finish_reason == "length"
 
 
 def test_cancelled_sender_aborts_the_request_once():

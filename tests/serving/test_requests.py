@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 
 from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS, ChatOptions
+from flint_backend.chat.request_error import ChatRequestError
+from flint_backend.engine.sampling_params import SamplingParamsError
+from flint_backend.serving.chunks import EngineChunk, OutputConfig
 from flint_backend.serving.generate_request import parse_generate_request
-from flint_backend.serving.postprocess import EngineChunk, Postprocessor
-from flint_backend.serving.preprocess import OutputConfig, Preprocessor
+from flint_backend.serving.postprocess import Postprocessor
+from flint_backend.serving.preprocess import Preprocessor
 from flint_backend.tokenizer import load_tokenizer
 
 
@@ -36,7 +39,8 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
         stop_words=["a", "b"], min_length=np.int32(2), seed=np.uint64(9),
         sampling_parameters=json.dumps({"temperature": "0.1", "top_k": "5", "stop": "c", "ignore_eos": "true"})))
     s = request.sampling
-    assert (s.max_tokens, s.temperature, s.top_k, s.min_tokens, s.seed, s.ignore_eos) == (7, 0.5, 5, 2, 9, True)
+    assert (s["max_tokens"], s["temperature"], s["top_k"], s["min_tokens"], s["seed"], s["ignore_eos"]) == (
+        7, 0.5, 5, 2, 9, True)
     assert request.stop == ["c", "a", "b"] and request.stream and request.exclude_input_in_output
 
 
@@ -53,8 +57,6 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
     ({"text_input": "x", "sampling_parameters": '{"top_k": "many"}'}, "sampling_parameters.top_k"),
     ({"text_input": "x", "sampling_parameters": '{"logit_bias": {"a": 1}}'}, "sampling_parameters.logit_bias"),
     ({"text_input": "x", "sampling_parameters": '{"n": 2}'}, "sampling_parameters.n"),
-    ({"text_input": "x", "max_tokens": np.int32(0)}, "max_tokens"),
-    ({"text_input": "x", "top_p": np.float32(1.5)}, "top_p"),
     ({"text_input": "x", "stream": np.int32(1)}, "stream"),
     ({"text_input": ["x", "y"]}, "text_input"),
     ({"messages": '[{"role": "user", "content": "x"}]', "chat_options": '{"tool_call_parser": 1}'},
@@ -63,6 +65,17 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
 def test_bad_inputs_name_the_field(values, field):
     with pytest.raises(ValueError, match=field):
         parse_generate_request(tensors(**values))
+
+
+@pytest.mark.parametrize("values, field", [
+    ({"sampling_parameters": '{"top_k": "many"}'}, "sampling_parameters.top_k"),
+    ({"sampling_parameters": '{"n": 2}'}, "sampling_parameters.n"),
+    ({"sampling_parameters": "{no"}, "sampling_parameters"),
+])
+def test_bad_sampling_values_are_sampling_errors_not_chat_errors(values, field):
+    with pytest.raises(SamplingParamsError) as caught:
+        parse_generate_request(tensors(text_input="x", **values))
+    assert caught.value.field == field and not isinstance(caught.value, ChatRequestError)
 
 
 def test_token_id_prompts_go_to_the_engine_as_given_and_echo_as_their_text(tokenizer):

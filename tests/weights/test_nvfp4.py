@@ -6,7 +6,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from flint_backend.weights.nvfp4 import E2M1_VALUES, NVFP4Weight, concat_rows, from_ggml_blocks, to_ggml_blocks
+from flint_backend.weights.nvfp4 import E2M1_VALUES, GROUP, NVFP4Weight, concat_rows, from_ggml_blocks, to_ggml_blocks
 from flint_backend.weights.nvfp4_quantize import e2m1_codes, quantize_nvfp4
 from flint_backend.weights.schema import CheckpointError
 
@@ -124,3 +124,9 @@ def test_per_row_scale_and_concat_rows():
     assert torch.equal(stacked[2].dequantize(torch.float32), stacked.dequantize(torch.float32)[2])
     with pytest.raises(ValueError, match="weight 1"):
         concat_rows([parts[0], parts[3]])
+
+
+def test_the_kernels_decode_the_same_group_size():
+    from flint_kernels import nvfp4 as kernels_nvfp4  # the kernels restate it: they import no weights package
+
+    assert kernels_nvfp4.GROUP == GROUP

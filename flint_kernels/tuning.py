@@ -1,0 +1,104 @@
+"""Every tuning switch of the kernels and of the op table, declared once: its default and what
+measured it. Figures are batch-1 decode of flint-40b at 100K context (graph replay, ms a token)
+unless a line says otherwise; docs/performance.md holds the tables.
+
+A switch turns a variant on or off, or overrides a launch shape (None: the launcher's own
+choice). Launchers read them at each launch (`tuning.X`, never a copy taken at import), so a
+benchmark can flip one around a call (scripts/knobs.py `with_knob(tuning, "X", value, call)`)
+or between graph captures (`bench_step_timeline.py --variant flint_kernels.tuning.X=value`).
+The environment sets the ones named FLINT_<X>, read here once, at import. Fixed launch sizes
+(block sizes, warps, stages) stay beside their launchers.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Kernels run in Triton's CPU interpreter (tests/conftest.py sets it without a GPU): fp32 dots,
+# fewer and larger programs, no inline PTX, no PDL. The one place the variable is read.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _flag(name: str, default: bool) -> bool:
+    text = os.environ.get(f"FLINT_{name}", "1" if default else "0")
+    if text not in ("0", "1"):
+        raise ValueError(f"FLINT_{name}: got {text!r}, expected '0' or '1'")
+    return text == "1"
+
+
+def _tokens(name: str, default: int) -> int | None:
+    text = os.environ.get(f"FLINT_{name}", str(default))
+    if not text.isdigit():
+        raise ValueError(f"FLINT_{name}: got {text!r}, expected a token count (0: off)")
+    return int(text) or None
+
+
+# --- every kernel ---
+# Programmatic dependent launch (pdl.py): each launch loads its weights while the one before
+# finishes. H200 2026-12-03: NVFP4 3.035 ms without, 2.645 with. Off: every launch waits for its
+# predecessor, as on pre-sm_90 GPUs and in the interpreter (compile_kernels.py --no-pdl).
+PDL = _flag("PDL", True)
+
+# --- NVFP4 decode of the batch-1 kernels (nvfp4.py); scripts/sweep_fp4_decode.py and
+# bench_decode_ops.py time both ways of each. H200 2026-12-02, L2-cold weights, batch 1:
+# 32-bit words of 8 weights in the W4A16 GEMV: qkv 6.64 us, 7.75 as bytes.
+FP4_GEMV_WORDS = _flag("FP4_GEMV_WORDS", True)
+# words in the MoE gate/up launch: 6.9 us, 9.05 as bytes.
+FP4_MOE_WORDS = _flag("FP4_MOE_WORDS", True)
+# the MoE down launch reading all of a token's experts' words in one load: 5.0 us, 9.2 as bytes.
+FP4_MOE_DOWN_WORDS = _flag("FP4_MOE_DOWN_WORDS", True)
+# a word's codes turned into fp16 pairs by inline PTX (never in the interpreter): qkv 7.75 -> 6.64 us.
+FP4_PTX = _flag("FP4_PTX", True)
+# each word's 8 products summed in fp16 pairs in the GEMVs' prefetching splits (bf16 x): H200
+# 2026-12-05, NVFP4 2.094 -> 2.054 ms. Off: fp32 products, for activations beyond fp16's range
+# (|x| >= 65504) and as the reference of test_f16_products_real_shapes.
+FP4_GEMV_F16 = _flag("FP4_GEMV_F16", True)
+
+# --- the W4A16 prefill GEMM (nvfp4_linear.py) ---
+# From this many tokens the weight is decoded once into a dense scratch the GEMM tiles load
+# (env 0: None, the tiles decode it in their K loop; bench_kernels.py times both). H100
+# 2026-12-05, qkv at 8192 tokens: 552 -> 345 us. The interpreter's tests take small chunks through it.
+FP4_DEQUANT_MIN_TOKENS = _tokens("FP4_DEQUANT_MIN_TOKENS", 32 if INTERPRET else 256)
+# (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: the decoding tiles'
+# shapes. H100 2026-12-05: (128, 256, 8, 3) took qkv 350 us against 345 (bench_kernels.py's row).
+FP4_DEQUANT_GEMM_TILES: tuple[int, int, int, int] | None = None
+
+# --- the decode GEMVs (dense_gemv.py, nvfp4_linear.py) ---
+# Up to this many K steps a split loads before its PDL wait (1..4). H200 2026-12-03: the BF16
+# o_proj (K = 4096) in one split of four: 2.838 -> 2.793 ms.
+GEMV_PREFETCH_STEPS = 4
+# Rows a program of a launch left as one split of 3-4 prefetched steps (o_proj); None: the
+# launcher's rows. H200 2026-12-04: BF16 2.818 -> 2.809 ms in three paired runs (2 rows: no better).
+DENSE_GEMV_UNSPLIT_ROWS: int | None = 4
+# The same for an NVFP4 launch that would split K over its <= 4 word steps: one split instead. H200
+# 2026-12-04: 2.268 -> 2.230 ms (8 rows 2.235; None: the split). The interpreter: few, large programs.
+FP4_GEMV_UNSPLIT_ROWS: int | None = 64 if INTERPRET else 4
+# Rows a program where N >= *_WIDE_N. Dense: the interpreter's only (a tiny model's LM head in few
+# programs). NVFP4: the dense MLP's gate/up (20480 rows), H200 2026-12-04: 13.3 -> 11.8-12.1 us.
+DENSE_GEMV_WIDE_N, DENSE_GEMV_WIDE_ROWS = 4096, (1024 if INTERPRET else None)
+FP4_GEMV_WIDE_N, FP4_GEMV_WIDE_ROWS = 16384, (None if INTERPRET else 16)
+# K splits of a launch whose K takes more steps than a split prefetches (the dense MLP's down,
+# K = 10240); None: the launcher's. H200 2026-12-04: BF16 one split through the pipelined loop,
+# 19.3-20.0 -> 15.1-16.6 us (2.779 -> 2.774 ms); NVFP4 five prefetching splits, 11.0 -> 9.7 us.
+DENSE_GEMV_LONG_K_SPLITS: int | None = None if INTERPRET else 1
+FP4_GEMV_LONG_K_SPLITS: int | None = None if INTERPRET else 5
+
+# --- the small-batch MoE (moe_gemv.py) ---
+# Rows a program of the gate/up and the per-expert down launch; None: rows shrink until ~2
+# programs an SM. H200 2026-12-04: gate/up at 4 or 16 rows 2.380 / 2.631 ms against 2.276.
+# scripts/sweep_fp4_decode.py varies them.
+MOE_GATE_UP_ROWS: int | None = None
+MOE_DOWN_ROWS: int | None = None
+
+# --- the op table (flint_backend/ops.py) ---
+# Warps of a decode-attention reduce program before an NVFP4 o_proj (decode_attention.REDUCE_WARPS
+# otherwise). H200 2026-12-04: NVFP4 2.222 -> 2.209 ms; BF16 lost with 4 (2.800 -> 2.817).
+NVFP4_REDUCE_WARPS = 4
+# The final RMSNorm folded into the LM head's GEMV. H200 2026-12-04: 2.103 ms both ways (the
+# head's 138.8 us of the critical path either way); on: one launch fewer.
+HEAD_FOLD_NORM = _flag("HEAD_FOLD_NORM", True)
+
+
+def snapshot() -> dict:
+    """Every switch's present value by name (what a benchmark's JSON records)."""
+    return {name: value for name, value in sorted(globals().items()) if name.isupper()}
