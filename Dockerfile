@@ -25,6 +25,8 @@ COPY pyproject.toml README.md ./
 COPY flint_backend ./flint_backend
 COPY flint_kernels ./flint_kernels
 COPY scripts ./scripts
+# the GPU checks (tools/gpu/*.sh --no-bundle) and the benchmarks they time the engine with
+COPY tools ./tools
 COPY model_repository ./model_repository
 
 # The server image has tritonserver: only the project, the client tools (perf_analyzer) and the

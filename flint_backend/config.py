@@ -1,8 +1,10 @@
-"""FlintConfig: the model's hyperparameters, read from and written to an HF-style config.json.
+"""FlintConfig: the model's hyperparameters, as the official config.json names them.
 
-Every field has a documented default; the defaults are the full-size model (preset
-`flint-40b`). `from_dict`/`from_json` are strict: the fields that fix the tensor shapes
-must be present, unknown keys are an error, and every error names the field.
+The fields and defaults are those of transformers' `FlintConfig` (`RecursiveSI/flint`): the
+defaults are the full-size model (preset `flint-40b`). `from_dict` also reads what vLLM's Flint
+config adds (`no_rope_layer_indices`, `router_score_function`, `use_sliding_window`, a legacy
+`rope_theta`) and accepts the metadata keys every HF config carries; a value the model cannot
+be served with is an error naming the field.
 
     python -m flint_backend.config flint-40b     # prints the parameter counts
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,13 +22,26 @@ from typing import NamedTuple
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 MODEL_TYPE = "flint"
+ROPE_DEFAULT = {"rope_type": "default", "rope_theta": 10000.0}
 
-# Keys HF writes into every config.json; accepted and not stored (values checked where they matter).
-_HF_METADATA_KEYS = {
-    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache",
-    "hidden_act", "attention_bias", "initializer_range", "auto_map", "attention_dropout",
+# transformers' FlintConfig fields that change nothing at inference: written with these values,
+# read and not stored (transformers' defaults).
+_TRAINING_FIELDS = {
+    "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
+    "router_aux_loss_coef": 0.0005, "output_router_logits": False,
 }
-_EXPECTED_METADATA = {"hidden_act": "silu", "attention_bias": False, "model_type": MODEL_TYPE}
+# Fields whose only value Flint has: written so, any other value refused.
+_FIXED_FIELDS = {"hidden_act": "silu", "attention_bias": False, "model_type": MODEL_TYPE,
+                 "router_score_function": "sigmoid", "use_sliding_window": True,
+                 "tie_word_embeddings": False}
+# Keys every transformers config carries (PreTrainedConfig's), and older spellings of them.
+_HF_METADATA_KEYS = {
+    "_name_or_path", "architectures", "chunk_size_feed_forward", "dtype", "torch_dtype", "id2label",
+    "is_encoder_decoder", "label2id", "output_attentions", "output_hidden_states", "problem_type",
+    "return_dict", "transformers_version", "auto_map", "tokenizer_class", "task_specific_params",
+}
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -33,8 +49,9 @@ class ConfigError(ValueError):
 
 
 def default_layer_types(num_layers: int) -> list[str]:
-    """Layer i attends to the whole context when i % 7 is 3 or 6, else to a sliding window."""
-    return [FULL if i % 7 in (3, 6) else SLIDING for i in range(num_layers)]
+    """transformers' rule: full attention on the first two layers, every fourth (i % 4 == 1) and
+    the last; a sliding window elsewhere."""
+    return [FULL if i < 2 or i % 4 == 1 or i == num_layers - 1 else SLIDING for i in range(num_layers)]
 
 
 class ParameterCount(NamedTuple):
@@ -52,27 +69,27 @@ def _human(n: int) -> str:
 @dataclass
 class FlintConfig:
     # --- shapes: required in config.json ---
-    vocab_size: int = 151552               # GLM-4.x vocabulary (untied embedding and LM head)
+    vocab_size: int = 150144               # untied embedding and LM head
     hidden_size: int = 2048
     num_hidden_layers: int = 49
     num_attention_heads: int = 32          # query heads
     num_key_value_heads: int = 4           # GQA: 8 query heads share one KV head
     head_dim: int = 128                    # q_proj 2048->4096, k/v_proj 2048->512, o_proj 4096->2048
-    intermediate_size: int = 10240         # dense SwiGLU of layers < first_k_dense_replace
-    moe_intermediate_size: int = 512       # each routed expert, and the shared expert per unit
-    n_routed_experts: int = 256
+    intermediate_size: int = 6144          # dense SwiGLU of the mlp_only_layers
+    moe_intermediate_size: int = 512       # each routed expert
+    num_experts: int = 256                 # routed experts of a MoE layer
     num_experts_per_tok: int = 6           # top-k
-    # --- optional in config.json: documented defaults ---
-    n_shared_experts: int = 1              # shared expert intermediate = n_shared * moe_intermediate
-    first_k_dense_replace: int = 2         # layers 0..k-1 dense MLP, the rest MoE
-    routed_scaling_factor: float = 2.5     # normalised top-k weights are multiplied by this
-    norm_topk_prob: bool = True            # normalise the chosen sigmoid scores to sum 1
+    # --- optional in config.json: transformers' defaults ---
+    shared_expert_intermediate_size: int = 1024  # the shared expert, added ungated to the routed ones
+    mlp_only_layers: list[int] = field(default_factory=lambda: [0, 1])  # dense SwiGLU layers
+    decoder_sparse_step: int = 1           # a layer not in mlp_only_layers is MoE when (i + 1) % step == 0
+    norm_topk_prob: bool = True            # renormalise the chosen sigmoid scores to sum 1
     sliding_window: int = 513              # a sliding-layer token sees itself and the 512 before it
     layer_types: list[str] = field(default_factory=list)  # empty -> default_layer_types()
-    rope_theta: float = 10000.0            # RoPE base, sliding layers only (full layers are NoPE)
-    rms_norm_eps: float = 1e-5
+    rope_parameters: dict = field(default_factory=lambda: dict(ROPE_DEFAULT))  # RoPE of the sliding layers
+    no_rope_layer_indices: list[int] | None = None  # vLLM's: the layers without RoPE (the full ones)
+    rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 262144  # context length
-    tie_word_embeddings: bool = False      # must stay False: Flint's LM head is untied
     bos_token_id: int | None = None        # filled from the tokenizer by make_checkpoint
     eos_token_id: list[int] | None = None  # stop tokens: <|endoftext|>, <|user|>, <|observation|>
     pad_token_id: int | None = None
@@ -80,13 +97,15 @@ class FlintConfig:
     REQUIRED = (
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
-        "n_routed_experts", "num_experts_per_tok",
+        "num_experts", "num_experts_per_tok",
     )
 
     def __post_init__(self):
         if not self.layer_types:
             self.layer_types = default_layer_types(self.num_hidden_layers)
         self.layer_types = list(self.layer_types)
+        self.mlp_only_layers = list(self.mlp_only_layers)
+        self.rope_parameters = dict(self.rope_parameters)
         if isinstance(self.eos_token_id, int):
             self.eos_token_id = [self.eos_token_id]
         self.validate()
@@ -95,45 +114,77 @@ class FlintConfig:
     def validate(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
-                     "n_routed_experts", "num_experts_per_tok", "sliding_window",
-                     "max_position_embeddings"):
-            _check(isinstance(getattr(self, name), int) and not isinstance(getattr(self, name), bool)
-                   and getattr(self, name) > 0, name, getattr(self, name), "a positive integer")
-        for name in ("n_shared_experts", "first_k_dense_replace"):
+                     "num_experts", "num_experts_per_tok", "sliding_window", "max_position_embeddings",
+                     "shared_expert_intermediate_size", "decoder_sparse_step"):
             value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 0, name, value, "an integer >= 0")
-        for name in ("rope_theta", "rms_norm_eps", "routed_scaling_factor"):
-            value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and value > 0, name, value, "a positive number")
+            _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, name, value,
+                   "a positive integer")
+        _check(isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0, "rms_norm_eps",
+               self.rms_norm_eps, "a positive number")
+        _check(isinstance(self.norm_topk_prob, bool), "norm_topk_prob", self.norm_topk_prob, "true or false")
         _check(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                self.num_key_value_heads, f"a divisor of num_attention_heads={self.num_attention_heads}")
         _check(self.head_dim % 2 == 0, "head_dim", self.head_dim, "an even number (RoPE rotates halves)")
-        _check(self.num_experts_per_tok <= self.n_routed_experts, "num_experts_per_tok",
-               self.num_experts_per_tok, f"at most n_routed_experts={self.n_routed_experts}")
-        _check(self.first_k_dense_replace <= self.num_hidden_layers, "first_k_dense_replace",
-               self.first_k_dense_replace, f"at most num_hidden_layers={self.num_hidden_layers}")
-        _check(len(self.layer_types) == self.num_hidden_layers, "layer_types",
-               f"a list of {len(self.layer_types)} entries",
-               f"one entry per layer (num_hidden_layers={self.num_hidden_layers})")
+        _check(self.num_experts_per_tok <= self.num_experts, "num_experts_per_tok",
+               self.num_experts_per_tok, f"at most num_experts={self.num_experts}")
+        _check(self.shared_expert_intermediate_size % self.moe_intermediate_size == 0,
+               "shared_expert_intermediate_size", self.shared_expert_intermediate_size,
+               f"a multiple of moe_intermediate_size={self.moe_intermediate_size}")
+        self._validate_layers()
+        self._validate_rope()
+
+    def _validate_layers(self) -> None:
+        n = self.num_hidden_layers
+        _check(len(self.layer_types) == n, "layer_types", f"a list of {len(self.layer_types)} entries",
+               f"one entry per layer (num_hidden_layers={n})")
         for i, kind in enumerate(self.layer_types):
             _check(kind in (SLIDING, FULL), f"layer_types[{i}]", kind, f"'{SLIDING}' or '{FULL}'")
-        _check(self.tie_word_embeddings is False, "tie_word_embeddings", self.tie_word_embeddings,
-               "false (Flint's LM head is untied)")
+        _check(all(isinstance(i, int) and 0 <= i < n for i in self.mlp_only_layers), "mlp_only_layers",
+               self.mlp_only_layers, f"layer indices in [0, {n})")
+
+    def _validate_rope(self) -> None:
+        rope = self.rope_parameters
+        _check(isinstance(rope, dict) and rope.get("rope_type", "default") == "default", "rope_parameters",
+               rope, "{'rope_type': 'default', 'rope_theta': ...} (no RoPE scaling)")
+        theta = rope.get("rope_theta")
+        _check(isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0,
+               "rope_parameters.rope_theta", theta, "a positive number")
+        if self.no_rope_layer_indices is not None:
+            full = self.full_attention_layers
+            _check(sorted(self.no_rope_layer_indices) == full, "no_rope_layer_indices", self.no_rope_layer_indices,
+                   f"the full-attention layers of layer_types, {full} (transformers' FlintForCausalLM "
+                   f"rotates the sliding layers only)")
 
     # ---------------------------------------------------------------- json
     @classmethod
     def from_dict(cls, data: dict) -> "FlintConfig":
         names = {f.name for f in dataclasses.fields(cls)}
-        for key, expected in _EXPECTED_METADATA.items():
-            if key in data:
-                _check(data[key] == expected, key, data[key], repr(expected))
+        data = dict(data)
+        for key, expected in _FIXED_FIELDS.items():
+            value = data.pop(key, None)
+            if value is not None:
+                _check(value == expected, key, value, f"{expected!r} (the only value Flint has)")
+        _refuse(data, "quantization_config", "no quantization_config (BF16 safetensors; NVFP4 comes as a GGUF)")
+        _refuse(data, "rope_scaling", "no RoPE scaling")
+        if "rope_theta" in data:  # the legacy spelling (and vLLM's): folded into rope_parameters
+            theta = data.pop("rope_theta")
+            data.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": theta})
+        for key in _TRAINING_FIELDS:
+            data.pop(key, None)
         unknown = sorted(set(data) - names - _HF_METADATA_KEYS)
         if unknown:
-            raise ConfigError(f"config: unknown field(s) {unknown}; known fields are {sorted(names)}")
+            log.warning("config: ignoring unknown field(s) %s", unknown)
         missing = [k for k in cls.REQUIRED if k not in data]
         if missing:
             raise ConfigError(f"config: missing required field(s) {missing}")
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names and v is not None}
+        for key in ("layer_types", "mlp_only_layers", "eos_token_id"):
+            if key in data and data[key] is None:
+                values.pop(key, None)
+        try:
+            return cls(**values)
+        except TypeError as e:  # a wrong type where the dataclass builds derived values
+            raise ConfigError(f"config: {e}") from None
 
     @classmethod
     def from_json(cls, path: str | Path) -> "FlintConfig":
@@ -146,15 +197,20 @@ class FlintConfig:
             raise ConfigError(f"config: {path} does not exist") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"config: {path} is not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config: {path} holds {type(data).__name__}, expected a JSON object")
         try:
             return cls.from_dict(data)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
 
     def to_dict(self) -> dict:
-        data = {"model_type": MODEL_TYPE, "architectures": ["FlintForCausalLM"],
-                "hidden_act": "silu", "attention_bias": False}
+        """The official config.json: transformers' FlintConfig fields (vLLM's extras when set)."""
+        data = {"architectures": ["FlintForCausalLM"], "model_type": MODEL_TYPE, "hidden_act": "silu",
+                "attention_bias": False, "tie_word_embeddings": False, **_TRAINING_FIELDS}
         data.update(dataclasses.asdict(self))
+        if self.no_rope_layer_indices is None:
+            del data["no_rope_layer_indices"]
         return data
 
     def to_json(self, path: str | Path) -> None:
@@ -171,11 +227,19 @@ class FlintConfig:
         return cls(**{**PRESETS[name], **overrides})
 
     # ---------------------------------------------------------------- derived
+    @property
+    def rope_theta(self) -> float:
+        return float(self.rope_parameters["rope_theta"])
+
     def is_full_attention(self, layer: int) -> bool:
         return self.layer_types[layer] == FULL
 
+    def has_rope(self, layer: int) -> bool:
+        """Sliding layers are rotary; full-attention layers use no positional encoding."""
+        return not self.is_full_attention(layer)
+
     def is_moe_layer(self, layer: int) -> bool:
-        return layer >= self.first_k_dense_replace
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
     @property
     def full_attention_layers(self) -> list[int]:
@@ -186,8 +250,8 @@ class FlintConfig:
         return [i for i in range(self.num_hidden_layers) if not self.is_full_attention(i)]
 
     @property
-    def shared_intermediate_size(self) -> int:
-        return self.n_shared_experts * self.moe_intermediate_size
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.num_hidden_layers) if self.is_moe_layer(i)]
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """Full-context KV cache per token: only the full-attention layers keep the whole sequence."""
@@ -200,14 +264,20 @@ class FlintConfig:
         norms = 2 * h
         dense = 3 * h * self.intermediate_size
         expert = 3 * h * self.moe_intermediate_size
-        router = self.n_routed_experts * h + self.n_routed_experts
-        shared = 3 * h * self.shared_intermediate_size
-        n_moe = self.num_hidden_layers - self.first_k_dense_replace
-        n_dense = self.first_k_dense_replace
+        router = self.num_experts * h
+        shared = 3 * h * self.shared_expert_intermediate_size
+        n_moe = len(self.moe_layers)
+        n_dense = self.num_hidden_layers - n_moe
         layers = self.num_hidden_layers * (attn + norms) + n_dense * dense
-        total = 2 * v * h + h + layers + n_moe * (router + shared + self.n_routed_experts * expert)
+        total = 2 * v * h + h + layers + n_moe * (router + shared + self.num_experts * expert)
         active = h + v * h + h + layers + n_moe * (router + shared + self.num_experts_per_tok * expert)
         return ParameterCount(total, active)
+
+
+def _refuse(data: dict, key: str, expected: str) -> None:
+    if data.get(key) is not None:
+        raise ConfigError(f"config field {key!r}: got {data[key]!r}, expected {expected}")
+    data.pop(key, None)
 
 
 def _check(ok: bool, name: str, value, expected: str) -> None:
@@ -219,15 +289,14 @@ _FLINT_40B: dict = {}  # the dataclass defaults are the full-size model
 
 PRESETS: dict[str, dict] = {
     "flint-40b": _FLINT_40B,
-    # Full per-layer shapes, 7 layers (2 dense, 5 MoE; full attention at 3 and 6): GPU kernel checks.
+    # Full per-layer shapes, 7 layers (dense 0-1, MoE 2-6; full attention at 0, 1, 5, 6): GPU checks.
     "flint-small": {**_FLINT_40B, "num_hidden_layers": 7},
     # Same structure at toy size for CPU tests: window 9 so short prompts cross it.
     "flint-tiny": {
         "vocab_size": 8192, "hidden_size": 64, "num_hidden_layers": 7,
         "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
-        "intermediate_size": 128, "moe_intermediate_size": 64,
-        "n_routed_experts": 16, "num_experts_per_tok": 4, "n_shared_experts": 1,
-        "sliding_window": 9, "max_position_embeddings": 4096,
+        "intermediate_size": 128, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128,
+        "num_experts": 16, "num_experts_per_tok": 4, "sliding_window": 9, "max_position_embeddings": 4096,
     },
 }
 

@@ -1,10 +1,15 @@
 """The fast Flint forward used by the engine: flattened batches of tokens (prefill chunks and
-decode tokens mixed in one step) with explicit KV-cache metadata.
+decode tokens mixed in one step) with explicit KV-cache metadata. The math is transformers'
+FlintForCausalLM (the oracle); each kernel file states its rounding points and where they differ
+from it in bf16.
 
 Every op goes through an op table (`flint_backend.ops`): the same model runs with plain-PyTorch
 ops ("torch": CPU and GPU, the CI path) or with our Triton kernels ("triton").
 Weights come as a name -> tensor dict in HF names with the routed experts stacked
-(`model.layers.{i}.mlp.experts.gate_proj.weight` [E, I, H], ...), as the weights loader returns them.
+(`model.layers.{i}.mlp.experts.gate_proj.weight` [E, I, H], ...), as the weights loader returns them:
+the sinks as `self_attn.softmax_offset` (fp32), the router `mlp.gate.weight` in fp32 or bf16, the
+shared expert `mlp.shared_expert.*` (intermediate shared_expert_intermediate_size), `lm_head.weight`
+dense or NVFP4.
 
 Shape legend: N tokens this step, S sampled tokens, H hidden, Hq/Hk heads, D head_dim, V vocab.
 """
@@ -22,10 +27,12 @@ from flint_backend.step_batch import StepBatch
 
 
 def rope_cos_sin_cache(max_positions: int, head_dim: int, theta: float, device) -> torch.Tensor:
-    """[max_positions, D] fp32: cos of the D/2 frequencies, then their sin (angles built in fp64)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).float().to(device)
+    """[max_positions, D] fp32: cos of the D/2 frequencies, then their sin. The angles as
+    transformers' FlintRotaryEmbedding (and vLLM's rotary table) compute them: the inverse
+    frequencies and position x frequency in fp32 (built on the CPU: its fp32 values)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
 
 
 class FlintAttention:
@@ -36,8 +43,8 @@ class FlintAttention:
         self.qkv_proj = ops.concat_rows([w[p + "q_proj.weight"], w[p + "k_proj.weight"], w[p + "v_proj.weight"]])
         self.o_proj = w[p + "o_proj.weight"]
         self.q_norm, self.k_norm = w[p + "q_norm.weight"], w[p + "k_norm.weight"]
-        self.sinks = w[p + "sinks"].float()
-        self.cos_sin = None if self.is_full else cos_sin  # full layers are NoPE
+        self.sinks = w[p + "softmax_offset"].float()  # [Hq]
+        self.cos_sin = cos_sin if config.has_rope(layer) else None  # full layers are NoPE
         self.window = 0 if self.is_full else config.sliding_window
         self.sm_scale = 1.0 / math.sqrt(config.head_dim)
 
@@ -84,23 +91,24 @@ class FlintMLP:
 
 
 class FlintMoE:
+    """Sigmoid top-k router (no bias, no scaling), routed SwiGLU experts, plus the shared expert
+    added in full (no gate)."""
+
     def __init__(self, config: FlintConfig, layer: int, w: dict, ops: Ops):
         p = f"model.layers.{layer}.mlp."
         self.config, self.ops, self.eps = config, ops, config.rms_norm_eps
-        self.router = w[p + "gate.weight"]
-        self.bias = w[p + "gate.e_score_correction_bias"].float()
+        self.router = w[p + "gate.weight"]  # [E, H] fp32 or bf16
         self.w13 = ops.concat_rows([w[p + "experts.gate_proj.weight"], w[p + "experts.up_proj.weight"]], dim=1)
-        self.w2 = w[p + "experts.down_proj.weight"]
-        self.shared_w13 = ops.concat_rows([w[p + "shared_experts.gate_proj.weight"],
-                                           w[p + "shared_experts.up_proj.weight"]])
-        self.shared_w2 = w[p + "shared_experts.down_proj.weight"]
+        self.w2 = w[p + "experts.down_proj.weight"]  # [E, H, I]
+        self.shared_w13 = ops.concat_rows([w[p + "shared_expert.gate_proj.weight"],
+                                           w[p + "shared_expert.up_proj.weight"]])  # [2 Is, H]
+        self.shared_w2 = w[p + "shared_expert.down_proj.weight"]  # [H, Is]
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor):
         """-> (MoE(rms_norm(residual + x)), residual + x): the norm folded into the router."""
         c = self.config
-        return self.ops.norm_moe(x, residual, norm_w, self.eps, self.router, self.bias, c.num_experts_per_tok,
-                                 c.routed_scaling_factor, c.norm_topk_prob, self.w13, self.w2, self.shared_w13,
-                                 self.shared_w2)
+        return self.ops.norm_moe(x, residual, norm_w, self.eps, self.router, c.num_experts_per_tok,
+                                 c.norm_topk_prob, self.w13, self.w2, self.shared_w13, self.shared_w2)
 
 
 class FlintDecoderLayer:
@@ -130,7 +138,7 @@ class FlintModel:
         self.embed = weights["model.embed_tokens.weight"]
         self.layers = [FlintDecoderLayer(config, i, weights, ops, cos_sin) for i in range(config.num_hidden_layers)]
         self.norm = weights["model.norm.weight"]
-        self.lm_head = weights["lm_head.weight"]
+        self.lm_head = weights["lm_head.weight"]  # [V, H] dense or NVFP4 (fp32 logits either way)
 
     @torch.no_grad()
     def forward(self, batch: StepBatch, kv: KVCache) -> torch.Tensor:

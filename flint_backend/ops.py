@@ -3,8 +3,9 @@
 
 Each kernel file in `flint_kernels/` holds the Triton launcher and a `*_torch` twin with the same
 signature; the torch table is made of those twins, so both tables compute the same function.
-Weights of linears and experts are dense tensors or NVFP4Weight (W4A16, weights/nvfp4.py):
-`linear` and `moe` take either.
+Weights of linears, experts and the LM head are dense tensors or NVFP4Weight (W4A16,
+weights/nvfp4.py): `linear`, `moe`, `logits` and `norm_logits` take either. The router weight is
+bf16 or fp32 (its logits are fp32 either way).
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ class Ops:
     # a decode step's: an id where prev_rows >= 0 is the previous step's token in its argmax slot
     decode_embedding: Callable  # (weight, ids [N], prev_rows [N], prev_slots [M], clear_slots [N]) -> [N, H]
     linear: Callable          # (x [T, K], w [N, K] dense or NVFP4) -> [T, N]
-    logits: Callable          # (h [S, H], lm_head [V, H]) -> linear(h, lm_head) as fp32 [S, V]
+    # dense head: linear(h, lm_head) (rounded to h's dtype) as fp32; NVFP4 head: fp32 sums, unrounded
+    logits: Callable          # (h [S, H], lm_head [V, H] dense or NVFP4) -> fp32 [S, V]
     # the final RMSNorm + LM head; greedy [S] int64 slots (EMPTY) get the packed argmax (greedy.py)
     norm_logits: Callable     # (x, residual, norm_w, eps, lm_head, greedy | None) -> fp32 [S, V]
     concat_rows: Callable     # ([w_a, w_b, ...], dim=0) -> one weight, rows stacked (done at load)
     rms_norm: Callable        # (x, w, eps, residual=None) -> y; residual += x first when given
     # the residual add + RMSNorm + the op after it; residual is consumed (use the one returned)
     norm_linear: Callable     # (x, residual | None, norm_w, eps, w) -> (linear(rms_norm(..)), residual + x)
-    norm_router: Callable     # (x, residual | None, norm_w, eps, w, bias, top_k, scaling, renorm)
+    norm_router: Callable     # (x, residual | None, norm_w, eps, w, top_k, renorm)
     #                              -> (h = rms_norm(..), ids, weights, residual + x)
     qk_norm_rope: Callable    # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache, slot_mapping)
     attention: Callable       # (q, k, v, qsl, context_lens, k_cache, v_cache, sinks, scale, window, ...)
@@ -68,10 +70,10 @@ class Ops:
     cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip)
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
     silu_linear: Callable     # (gate_up [T, 2I], w [N, I]) -> linear(silu_mul(gate_up), w) [T, N]
-    router: Callable          # (x, w, bias, top_k, scaling, renormalize) -> ids [T, K] int32, weights fp32
+    router: Callable          # (x, w [E, H] bf16/fp32, top_k, renormalize) -> ids [T, K] int32, weights fp32
     moe: Callable             # (x, ids, weights, w13, w2, shared_w13, shared_w2) -> [T, H]; dense or NVFP4 experts
     # the MoE block: residual add + RMSNorm, router, top-k, experts
-    norm_moe: Callable        # (x, residual | None, norm_w, eps, router_w, bias, top_k, scaling, renorm,
+    norm_moe: Callable        # (x, residual | None, norm_w, eps, router_w, top_k, renorm,
     #                              w13, w2, shared_w13, shared_w2) -> (MoE(rms_norm(..)), residual + x)
     sample: Callable          # (logits [S, V], temperature, top_k, top_p, min_p, seeds, offsets) -> tokens [S]
     # a decode step's greedy tokens in packed int64 argmax slots (greedy.py), as norm_logits leaves them
@@ -135,13 +137,17 @@ def silu_linear_triton(gate_up: torch.Tensor, w) -> torch.Tensor:
 
 
 def logits_torch(h: torch.Tensor, w) -> torch.Tensor:
+    if isinstance(w, NVFP4Weight):
+        return nvfp4_k.nvfp4_logits_torch(h, w)
     return linear_torch(h, w).float()
 
 
 def logits_triton(h: torch.Tensor, w) -> torch.Tensor:
-    """Decode batches: the LM head's GEMV stores the fp32 logits itself (its bf16 outputs'
-    values), no conversion launch after it."""
-    if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(h, w):
+    """Decode batches: the LM head's GEMV stores the fp32 logits itself (a dense head: its bf16
+    outputs' values), no conversion launch after it."""
+    if isinstance(w, NVFP4Weight):
+        return nvfp4_k.nvfp4_logits(h, w)
+    if dense_gemv_k.uses_dense_gemv(h, w):
         return dense_gemv_k.dense_gemv(h, w, out_dtype=torch.float32)
     return linear_triton(h, w).float()
 
@@ -154,15 +160,19 @@ def norm_logits_torch(x, residual, norm_w, eps, w, greedy=None):
 
 
 def norm_logits_triton(x, residual, norm_w, eps, w, greedy=None):
-    """Decode batches of a dense head: the LM head's GEMV picks the greedy tokens, and with
-    HEAD_FOLD_NORM folds the final RMSNorm too (one launch); else rms_norm, logits, torch's argmax."""
-    dense = not isinstance(w, NVFP4Weight)
-    if (tuning.HEAD_FOLD_NORM and dense and dense_gemv_k.uses_dense_gemv(x, w) and _foldable(x, residual)
-            and x.shape[1] <= rms_k.MAX_HIDDEN):
+    """Decode batches: the LM head's GEMV (dense, or NVFP4 W4A16) picks the greedy tokens, and
+    with HEAD_FOLD_NORM folds the final RMSNorm too (one launch); else rms_norm, then the head
+    (an NVFP4 one through its GEMM with fp32 output) and torch's argmax."""
+    fold = tuning.HEAD_FOLD_NORM and _foldable(x, residual) and x.shape[1] <= rms_k.MAX_HIDDEN
+    if isinstance(w, NVFP4Weight):
+        if fold and x.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS:
+            return nvfp4_k.rms_norm_nvfp4_logits(x, residual, norm_w, eps, w, greedy=greedy)[0]
+        return nvfp4_k.nvfp4_logits(rms_k.rms_norm(x, norm_w, eps, residual=residual), w, greedy=greedy)
+    if fold and dense_gemv_k.uses_dense_gemv(x, w):
         return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w, out_dtype=torch.float32,
                                                 greedy=greedy)[0]
     h = rms_k.rms_norm(x, norm_w, eps, residual=residual)
-    if dense and dense_gemv_k.uses_dense_gemv(h, w):
+    if dense_gemv_k.uses_dense_gemv(h, w):
         return dense_gemv_k.dense_gemv(h, w, out_dtype=torch.float32, greedy=greedy)
     logits = logits_triton(h, w)
     if greedy is not None:
@@ -191,38 +201,33 @@ def norm_linear_triton(x, residual, norm_w, eps, w):
     return linear_triton(h, w), x if residual is None else residual
 
 
-def norm_router_torch(x, residual, norm_w, eps, w, bias, top_k, scaling, renormalize):
+def norm_router_torch(x, residual, norm_w, eps, w, top_k, renormalize):
     h = rms_k.rms_norm_torch(x, norm_w, eps, residual=residual)
-    return (h, *router_k.router_topk_torch(h, w, bias, top_k, scaling, renormalize),
-            x if residual is None else residual)
+    return (h, *router_k.router_topk_torch(h, w, top_k, renormalize), x if residual is None else residual)
 
 
-def norm_router_triton(x, residual, norm_w, eps, w, bias, top_k, scaling, renormalize):
+def norm_router_triton(x, residual, norm_w, eps, w, top_k, renormalize):
     """Decode batches: the RMSNorm folded into the router (one launch); else rms_norm, then router."""
     if _foldable(x, residual) and router_k.folds_norm(x, w):
-        return router_k.rms_norm_router_topk(x, residual, norm_w, eps, w, bias, top_k, scaling, renormalize)
+        return router_k.rms_norm_router_topk(x, residual, norm_w, eps, w, top_k, renormalize)
     h = rms_k.rms_norm(x, norm_w, eps, residual=residual)
-    return (h, *router_k.router_topk(h, w, bias, top_k, scaling, renormalize), x if residual is None else residual)
+    return (h, *router_k.router_topk(h, w, top_k, renormalize), x if residual is None else residual)
 
 
-def norm_moe_torch(x, residual, norm_w, eps, router_w, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
-                   shared_w2):
-    h, ids, weights, residual = norm_router_torch(x, residual, norm_w, eps, router_w, bias, top_k, scaling,
-                                                  renormalize)
+def norm_moe_torch(x, residual, norm_w, eps, router_w, top_k, renormalize, w13, w2, shared_w13, shared_w2):
+    h, ids, weights, residual = norm_router_torch(x, residual, norm_w, eps, router_w, top_k, renormalize)
     return moe_k.fused_moe_torch(h, ids, weights, w13, w2, shared_w13, shared_w2), residual
 
 
-def norm_moe_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling, renormalize, w13, w2, shared_w13,
-                    shared_w2):
+def norm_moe_triton(x, residual, norm_w, eps, router_w, top_k, renormalize, w13, w2, shared_w13, shared_w2):
     """Decode batches: the router launch stores logits and the expert launches pick the top-k;
     else norm_router (its top-k in the router launch), then moe."""
     if (_foldable(x, residual) and router_k.folds_norm(x, router_w)
             and x.shape[0] <= moe_k.SMALL_BATCH_TOKENS and moe_gemv_k.routes_in_experts(w2, shared_w2, top_k)):
         h, logits, residual, routing = router_k.rms_norm_router_logits(x, residual, norm_w, eps, router_w)
-        return moe_k.fused_moe_routed(h, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13,
+        return moe_k.fused_moe_routed(h, logits, routing, top_k, renormalize, w13, w2, shared_w13,
                                       shared_w2), residual
-    h, ids, weights, residual = norm_router_triton(x, residual, norm_w, eps, router_w, bias, top_k, scaling,
-                                                   renormalize)
+    h, ids, weights, residual = norm_router_triton(x, residual, norm_w, eps, router_w, top_k, renormalize)
     return moe_k.fused_moe(h, ids, weights, w13, w2, shared_w13, shared_w2), residual
 
 

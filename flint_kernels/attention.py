@@ -16,6 +16,13 @@ Caches `[rows, R, Hk, D]`, viewed as `[rows * R, Hk, D]` slots:
     so only the last R positions written survive. With R == window, writing this step's
     tokens before attention is safe for one-token sequences only (the slot it overwrites
     held position p - R, outside the window); a chunk must be written after attention.
+
+Numerics of attention_torch: scores, the softmax with the sink and P @ V all in fp32 (q, k, v
+upcast), one rounding of the output to q's dtype. transformers' eager_attention_forward (the
+oracle) also takes scores and softmax in fp32 but rounds the normalised probabilities to bf16
+before P @ V in bf16 (fp32 accumulation on a GPU); the kernels (decode_attention.py,
+prefill_attention.py) round the unnormalised probabilities to bf16 for their P @ V dot. In fp32
+all agree up to summation order.
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@ then exits (a launch of one split has no reduce launch).
 
 The grid and scratch depend only on (B, num_splits), never on context lengths, so a captured
 CUDA graph replays for any lengths: splits past a sequence's length exit at once.
+
+Numerics: S = q . k with bf16 operands and fp32 accumulation, the softmax in fp32 (exp2 of the
+scaled scores, running max and sum), the unnormalised probabilities rounded to bf16 for the P V
+dot (fp32 accumulation), split partials (O, m, l) fp32, the sink added to the fp32 denominator,
+one rounding of O / l to the output dtype. The interpreter feeds its dots fp32. transformers
+normalises P before rounding it to bf16; we divide the fp32 accumulator by l at the end.
 (Merging in the last split to arrive instead of a second launch measured slower on the H200,
 2026-12-02: a full layer at 100K 70.5 us vs 61.0, a sliding one 8.36 vs 6.53. The Q/K norm,
 RoPE and cache write inside these two launches measured slower than qk_norm_rope's launch
@@ -39,7 +45,7 @@ WAVES = 2              # default splits aim at this many programs per SM
 # take a full layer's split 50.8 -> 50.2 us, NVFP4 2.199 -> 2.187 ms, BF16 2.786 -> 2.776 (2: 58 us
 # a full split). Read at each launch.
 PAGED_STAGES, RING_STAGES = 3, 3
-SPLIT_WARPS = 4        # warps of a split program (a launch-config knob: scripts/sweep_decode_attention.py)
+SPLIT_WARPS = 4        # warps of a split program (a launch-config knob: tools/bench/sweep_decode_attention.py)
 # A sliding-window layer's default splits are capped at a tile each (one split per KV head, or
 # 2, 3 or 5, measured slower on the H200, 2026-12-03/04: NVFP4 100K 2.570 -> 2.719 ms, and 2.223
 # -> 2.304 / 2.275 / 2.253).

@@ -11,6 +11,12 @@ loaded up front (PREFETCH), or a pipelined loop when K is longer; each step is r
 (acc [BLOCK_N] fp32), and splits are summed by the last to arrive (split_k.py). The token axis
 varies fastest, so programs sharing a weight tile run together and all but the first read it
 from L2.
+
+Numerics: exact products of the operands in fp32, summed in fp32 (split partials fp32, summed in
+split order), one rounding to x's dtype, as a bf16 linear with fp32 accumulation (transformers'
+on a GPU; up to summation order). With the RMSNorm folded in, its numerics are rms_norm.py's.
+An LM head's fp32 output holds the values rounded to x's dtype (transformers' bf16 head returns
+bf16 logits); its greedy slot is the argmax of those stored values.
 """
 
 from __future__ import annotations
@@ -29,10 +35,10 @@ from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
 from .tuning import INTERPRET
 
 MAX_TOKENS = 4
-# Up to this many rows, LM heads included: flint-40b's 151552 x 2048 head (cuBLAS reaches ~4.2 TB/s
-# on it) takes 141.7 us of the replayed NVFP4 step's critical path here, 151.5 with cuBLAS (H200
-# 2026-12-03: 100K replay 2.564 vs 2.570 ms; BF16 3.027 vs 3.034): its weight loads start under
-# the final RMSNorm's launch.
+# Up to this many rows, LM heads included: a 151552 x 2048 head (flint-40b's is 150144; cuBLAS
+# reaches ~4.2 TB/s on it) took 141.7 us of the replayed step's critical path here, 151.5 with
+# cuBLAS (H200 2026-12-03: 100K replay 2.564 vs 2.570 ms; BF16 3.027 vs 3.034): its weight loads
+# start under the final RMSNorm's launch.
 MAX_ROWS = 1 << 20
 # a step: BLOCK_N rows x 1024 columns (16 KB of bf16 at 8 rows: 32 registers a thread at 4 warps;
 # with two prefetched steps a program takes 127 registers (sm_90), so four share an SM and ~80% of

@@ -1,4 +1,4 @@
-"""Token embedding lookup: out[n] = weight[ids[n]].
+"""Token embedding lookup: out[n] = weight[ids[n]] (a copy: exact, as transformers' nn.Embedding).
 
 A decode step starts with this gather. As torch's indexing kernel it is the one launch of the
 step's CUDA graph without PDL (~5 us on the H200), and the first GEMV, which folds the first

@@ -1,7 +1,8 @@
 """Greedy tokens picked inside the LM head's launch: a packed int64 argmax slot per token.
 
-torch's argmax over a decode step's [S, 151552] fp32 logits is a launch of its own after the CUDA
-graph (8.7 us on the H200, plus a memset and the gaps between them, 2026-12-04).
+torch's argmax over a decode step's [S, V] fp32 logits is a launch of its own after the CUDA
+graph (8.7 us on the H200 at V = 151552, plus a memset and the gaps between them, 2026-12-04).
+Both LM heads pack it: the dense GEMV (dense_gemv.py) and the NVFP4 one (nvfp4_linear.nvfp4_logits).
 Instead each LM-head program packs the best of its rows into one int64 and does one atomic max
 into the token's slot:
 

@@ -1,15 +1,24 @@
 """Mixture of experts: the routed SwiGLU experts chosen per token, weighted and summed, plus the
-shared expert. Expert weights are stacked: w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I];
-each weight dense (bf16/fp16/fp32) or NVFP4 (any object with `.packed`, `.scales`, `.scale`:
-layout in nvfp4.py), independently.
+shared expert (weight 1, no gate; its intermediate Is any multiple of the routed I). Expert
+weights are stacked: w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I]; the shared expert
+shared_w13 [2Is, H], shared_w2 [H, Is]; each weight dense (bf16/fp16/fp32) or NVFP4 (any object
+with `.packed`, `.scales`, `.scale`: layout in nvfp4.py), independently.
 
 `fused_moe` picks the kernels by the token count T:
   T <= SMALL_BATCH_TOKENS  moe_gemv.py: per-(token, choice) GEMVs, no sorting pass; T * K
                            choices over 256 experts rarely repeat an expert here.
   T >  SMALL_BATCH_TOKENS  moe_grouped.py: tokens sorted by expert, tl.dot tiles over each
                            expert's token block, every expert's weights read once per tile column.
-Both round like the reference: each expert's gate/up/down outputs in x.dtype, the routed outputs
-weighted and summed in fp32, rounded, then the shared output added in x.dtype.
+
+Numerics (every path and the torch twin): gate(x), up(x), silu and their product each rounded
+to x.dtype (swiglu.silu_mul_rounded: transformers' bf16 SwiGLU), each expert's down output
+rounded to x.dtype, the routed outputs weighted in fp32 and summed in fp32, rounded once; the
+shared expert's output rounded, added, rounded. Differences from transformers' FlintSparseMoeBlock
+in bf16: it rounds each weighted expert output to bf16 and accumulates them in bf16 (index_add_
+in expert-id order); we sum in fp32 and round once (vLLM's reference-runtime rule; vLLM also
+keeps gate/up in fp32 and rounds silu(g) * u once, which transformers does not: we follow
+transformers there). NVFP4 weights: exact E2M1 x E4M3 values, fp32 accumulation, the global
+scale on the fp32 sum (nvfp4.py) where the twin dequantises then multiplies in fp32.
 """
 
 from __future__ import annotations
@@ -38,8 +47,8 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     return run(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
 
 
-def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, routing: torch.Tensor, top_k: int,
-                     scaling: float, renormalize: bool, w13, w2, shared_w13=None, shared_w2=None) -> torch.Tensor:
+def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, routing: torch.Tensor, top_k: int, renormalize: bool,
+                     w13, w2, shared_w13=None, shared_w2=None) -> torch.Tensor:
     """fused_moe routed from the router's fp32 logits [T, E] (router.rms_norm_router_logits):
     the small-batch launches pick each token's top-k themselves (moe_gemv.moe_gemv_routed), so
     no routing launch or tail sits between the router's GEMV and the experts. routing: [T, 16]
@@ -54,9 +63,6 @@ def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, 
         raise ValueError(f"fused_moe_routed: logits is {logits.dtype} {tuple(logits.shape)}, expected contiguous "
                          f"float32 [{t}, E]")
     e = logits.shape[1]
-    if bias.shape != (e,) or bias.dtype != torch.float32 or not bias.is_contiguous():
-        raise ValueError(f"fused_moe_routed: bias is {bias.dtype} {tuple(bias.shape)}, expected contiguous "
-                         f"float32 ({e},)")
     _check_experts(x, w13, w2, shared_w13, shared_w2)
     experts = weight_shape("fused_moe_routed: w13", w13, 3)[0]
     if experts != e:
@@ -66,20 +72,19 @@ def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, 
     if t > SMALL_BATCH_TOKENS or not routes_in_experts(w2, shared_w2, top_k):
         raise ValueError(f"fused_moe_routed: {t} tokens, top_k {top_k}: expected at most {SMALL_BATCH_TOKENS} "
                          "tokens and experts whose down launch loads all slots at once (moe_gemv.routes_in_experts)")
-    return moe_gemv_routed(x, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13, shared_w2)
+    return moe_gemv_routed(x, logits, routing, top_k, renormalize, w13, w2, shared_w13, shared_w2)
 
 
-def fused_moe_routed_torch(x, logits, bias, routing, top_k, scaling, renormalize, w13, w2, shared_w13=None,
-                           shared_w2=None):
+def fused_moe_routed_torch(x, logits, routing, top_k, renormalize, w13, w2, shared_w13=None, shared_w2=None):
     """Same signature and semantics as `fused_moe_routed` (routing: unused)."""
-    ids, weights = route_from_logits_torch(logits, bias, top_k, scaling, renormalize)
+    ids, weights = route_from_logits_torch(logits, top_k, renormalize)
     return fused_moe_torch(x, ids, weights, w13, w2, shared_w13, shared_w2)
 
 
 def fused_moe_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
                     shared_w13=None, shared_w2=None, path: str | None = None) -> torch.Tensor:
     """Same signature and semantics as `fused_moe` (path is ignored). Each expert's output is
-    rounded to x.dtype, weighted and summed in fp32 (as the reference)."""
+    rounded to x.dtype, weighted and summed in fp32, rounded; plus the shared expert's output."""
     routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():

@@ -10,6 +10,9 @@ cdiv(P, BLOCK_M) + E + 1 and blocks past the real count exit at once. Then three
   combine  program (token, BLOCK_H): routed outputs weighted in fp32, rounded, + shared output.
 Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are decoded in
 registers to exact bf16 values before the dot, the global scale applied to the accumulator.
+The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)).
+Numerics are moe.py's: fp32 dot accumulation, gate/up/silu/product and each expert output
+rounded to x's dtype, the routed combine in fp32 rounded once, the shared output added, rounded.
 """
 
 from __future__ import annotations

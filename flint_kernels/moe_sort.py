@@ -1,7 +1,7 @@
 """Token pairs sorted by expert for the grouped MoE GEMMs: one launch, no host sync.
 
 A pair is (token t, slot k), p = t * SLOTS + k: slots 0..K-1 are the routed choices, slot K (when
-SLOTS = K + 1) the shared expert, expert id E. Output: each expert's pairs in a run padded to a
+SLOTS = K + 1) the shared expert, expert id E. (Index bookkeeping only: no arithmetic on values.) Output: each expert's pairs in a run padded to a
 multiple of BLOCK_M (padding rows hold P), runs in expert order; block_expert[b] = the expert of
 rows [b BLOCK_M, (b + 1) BLOCK_M), >= the expert count past the last run. The number of blocks is
 bounded on the host by cdiv(P, BLOCK_M) + experts, so the grid never waits on the device.

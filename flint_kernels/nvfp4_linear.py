@@ -12,7 +12,16 @@ Two kernels behind one launcher, picked by the token count T:
                         dense.
 Both split K when the output tiles alone would leave SMs idle (batch-1 projections are
 latency-bound: 2048x4096 in NVFP4 is 4.7 MB, ~1 us of HBM), finishing the reduction in the
-same launch (split_k.py). The global scale multiplies each output once (nvfp4.py).
+same launch (split_k.py).
+
+Numerics: each weight is E2M1 x E4M3 exactly (fp32, or bf16 in the tensor-core tiles), products
+and sums in fp32 (except the GEMVs' prefetching splits with tuning.FP4_GEMV_F16: a word's 8
+products summed in fp16 pairs), the global scale applied to the fp32 sum (nvfp4.py), one
+rounding to x's dtype. The torch twin dequantises to fp32 and multiplies in fp32: the same up
+to fp32 summation order (and the global scale's place). An NVFP4 LM head (nvfp4_logits) keeps
+the fp32 sums: fp32 products, fp32 logits out, no rounding to x's dtype; at decode sizes the
+final RMSNorm and the greedy argmax ride in its GEMV. transformers has no NVFP4: its oracle is
+the dequantised weight in a bf16 linear (bf16 logits); ours are the fp32 logits of those weights.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import triton.language as tl
 from . import nvfp4, tuning
 from .nvfp4 import (check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_norm_weight,
                     fp4_x_block, packed_words, scale_strides, weight_tile)
+from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch, steps_rstd
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
@@ -60,6 +70,8 @@ GROUP_M = 8
 # the order of the fp32 accumulation. The scratch costs 2 bytes a weight written and read once
 # (qkv: 12.6 MB, ~6 us at the H200's bandwidth).
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = (32, 64) if INTERPRET else (32, 256)
+# the torch twin of an NVFP4 LM head decodes this many rows of it at a time (128 MB of fp32 at K = 2048)
+HEAD_TORCH_ROWS = 16384
 
 
 @triton.jit
@@ -74,17 +86,20 @@ def _nvfp4_gemv_kernel(
     res_ptr,       # [T, K] residual stream before the add (NORM and HAS_RESIDUAL), strided like x
     res_out_ptr,   # [T, K] residual + x, contiguous (written by the programs (t, 0, 0))
     norm_w_ptr,    # [K] RMSNorm weight (NORM)
+    greedy_ptr,    # [T] int64 argmax slots, EMPTY before the launch (GREEDY; greedy.py)
     T, N, K, stride_xt, stride_wn, stride_sn, stride_gn, k_per_split, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, MASK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, PREFETCH: tl.constexpr,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
-    SILU: tl.constexpr, F16: tl.constexpr, ROW_IN_STEPS: tl.constexpr,
+    SILU: tl.constexpr, F16: tl.constexpr, ROW_IN_STEPS: tl.constexpr, GREEDY: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y = x @ W.T, or with NORM y = rms_norm(residual + x) @ W.T: the residual add and RMSNorm
     of the previous launch folded in (every program takes the row's rstd from all K columns, a
     few KB from L2, and normalises the columns it reads); or with SILU y = silu_mul(x) @ W.T,
-    the SwiGLU of a fused gate_up row applied to the columns a program loads."""
+    the SwiGLU of a fused gate_up row applied to the columns a program loads. Stored in out's
+    dtype (fp32 logits of an LM head: unrounded). GREEDY (one split): each program also packs
+    the best of its stored values into the token's argmax slot."""
     t, nb, s, rows, row_mask, k_lo, k_hi = gemv_program(N, K, k_per_split, BLOCK_N)
     x_row = x_ptr + t * stride_xt
     res_row = res_ptr + t * stride_xt
@@ -171,6 +186,9 @@ def _nvfp4_gemv_kernel(
         scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
     finish_split(y, scale, out_ptr + t * N + rows, part_ptr, t * N + rows, row_mask, s, T * N,
                  counter_ptr + t * tl.num_programs(1) + nb, SPLIT)
+    if GREEDY:  # the values as stored (one split; fp32 out: y * scale itself)
+        stored = (y * scale).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.atomic_max(greedy_ptr + t, best_packed(stored, rows, row_mask), sem="relaxed")
 
 
 @triton.jit
@@ -277,10 +295,49 @@ def rms_norm_nvfp4_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_w
     return out, res_out
 
 
+def nvfp4_logits(h: torch.Tensor, w, greedy: torch.Tensor | None = None) -> torch.Tensor:
+    """An NVFP4 LM head: h [T, K], w NVFP4 [V, K] -> fp32 logits [T, V], never rounded to h's
+    dtype: fp32 accumulation (no fp16 products), the global scale applied to the fp32 sums. Decode
+    batches (T <= GEMV_MAX_TOKENS) through the GEMV, larger T through the GEMM whose tiles decode
+    the weight in their K loop (no [V, K] decoded scratch: 0.6 GB for flint-40b's head).
+    greedy: [T] int64 slots holding greedy.EMPTY: each gets the packed argmax of its row
+    (greedy.pack_argmax(logits)), inside the GEMV's launch at decode sizes."""
+    _check_inputs(h, w)
+    greedy = _checked_greedy(h, greedy)
+    out = torch.empty((h.shape[0], w.packed.shape[0]), dtype=torch.float32, device=h.device)
+    _launch(h, w, out, None, None, head=True, greedy=greedy if h.shape[0] <= GEMV_MAX_TOKENS else None)
+    if greedy is not None and h.shape[0] > GEMV_MAX_TOKENS:
+        greedy.copy_(pack_argmax(out))
+    return out
+
+
+def rms_norm_nvfp4_logits(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float, w,
+                          greedy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final residual add + RMSNorm folded into the NVFP4 LM head's GEMV (one launch):
+    -> (nvfp4_logits(rms_norm(residual + x, norm_w), w, greedy), residual + x), as
+    rms_norm_nvfp4_linear folds it. Decode batches (T <= GEMV_MAX_TOKENS)."""
+    _check_inputs(x, w)
+    check_norm_inputs("rms_norm_nvfp4_logits", x, residual, norm_w, GEMV_MAX_TOKENS)
+    out = torch.empty((x.shape[0], w.packed.shape[0]), dtype=torch.float32, device=x.device)
+    res_out = x if residual is None else torch.empty_like(x)
+    _launch(x, w, out, None, (residual, res_out, norm_w, eps), head=True, greedy=_checked_greedy(x, greedy))
+    return out, res_out
+
+
+def _checked_greedy(x: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor | None:
+    if greedy is not None and (greedy.shape != (x.shape[0],) or greedy.dtype != torch.int64
+                               or greedy.device != x.device):
+        raise ValueError(f"nvfp4_logits: greedy is {greedy.dtype} {tuple(greedy.shape)} on {greedy.device}, "
+                         f"expected int64 [{x.shape[0]}] on {x.device}")
+    return greedy
+
+
 def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm: tuple | None,
-            silu: bool = False) -> None:
+            silu: bool = False, head: bool = False, greedy: torch.Tensor | None = None) -> None:
     """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in; silu: x is [T, 2K]
-    gate | up, the SwiGLU folded in (GEMV only, both)."""
+    gate | up, the SwiGLU folded in (GEMV only, both). head: an LM head's fp32 logits (out fp32):
+    fp32 products in the GEMV, and the GEMM decodes in its tiles (no scratch). greedy: argmax
+    slots (GEMV, one split: every program holds whole sums of its rows)."""
     t, n, k = x.shape[0], out.shape[1], w.packed.shape[-1] * 2  # (x is [T, 2K] with silu)
     if t == 0 or n == 0:
         return
@@ -293,13 +350,14 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         tiles = t * triton.cdiv(n, gemv_block_n)
         block_k = min(GEMV_WORDS_BLOCK_K if words else GEMV_BLOCK_K, triton.next_power_of_2(k))
     else:
-        dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS
+        dequant = (tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS
+                   and not head)
         block_m, block_n, warps, stages = (dequant and tuning.FP4_DEQUANT_GEMM_TILES) or _gemm_tiles(t, n)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
     k_blocks = triton.cdiv(k, block_k)
-    splits = num_splits or pick_splits(tiles, k_blocks, x.device)
+    splits = 1 if greedy is not None else num_splits or pick_splits(tiles, k_blocks, x.device)
     prefetch_steps = tuning.GEMV_PREFETCH_STEPS
-    if num_splits is None and t <= GEMV_MAX_TOKENS and tuning.FP4_GEMV_LONG_K_SPLITS and words \
+    if num_splits is None and greedy is None and t <= GEMV_MAX_TOKENS and tuning.FP4_GEMV_LONG_K_SPLITS and words \
             and k_blocks > prefetch_steps:
         splits = min(tuning.FP4_GEMV_LONG_K_SPLITS, k_blocks)
     if num_splits is None and t <= GEMV_MAX_TOKENS and tuning.FP4_GEMV_UNSPLIT_ROWS and splits > 1 and words \
@@ -324,8 +382,9 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, gemv_block_n), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=gemv_block_n, BLOCK_K=block_k,
             res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
+            greedy_ptr=out if greedy is None else greedy, GREEDY=greedy is not None,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
-            SILU=silu, F16=tuning.FP4_GEMV_F16 and prefetch > 0 and x.dtype == torch.bfloat16,
+            SILU=silu, F16=tuning.FP4_GEMV_F16 and prefetch > 0 and x.dtype == torch.bfloat16 and not head,
             # one split whose prefetched steps hold the whole row (prefetch 0: 0 != k)
             ROW_IN_STEPS=norm is not None and prefetch * block_k == k,
             **launch_args(x.device),
@@ -388,6 +447,31 @@ def nvfp4_linear_torch(x: torch.Tensor, w, num_splits: int | None = None) -> tor
     _check_inputs(x, w)
     weight = w.dequantize(torch.float32)
     return F.linear(x.float(), weight).to(x.dtype)
+
+
+def nvfp4_logits_torch(h: torch.Tensor, w, greedy: torch.Tensor | None = None) -> torch.Tensor:
+    """Same signature and semantics as `nvfp4_logits`: the dequantised weight (fp32, exact) times
+    h in fp32, in slices of HEAD_TORCH_ROWS rows of the weight (no fp32 copy of a whole head)."""
+    _check_inputs(h, w)
+    greedy = _checked_greedy(h, greedy)
+    n = w.packed.shape[0]
+    per_row = w.scale.dim() == w.packed.dim() - 1
+    out = torch.empty((h.shape[0], n), dtype=torch.float32, device=h.device)
+    for a in range(0, n, HEAD_TORCH_ROWS):
+        b = min(n, a + HEAD_TORCH_ROWS)
+        rows = type(w)(w.packed[a:b], w.scales[a:b], w.scale[a:b] if per_row else w.scale)
+        out[:, a:b] = F.linear(h.float(), rows.dequantize(torch.float32))
+    if greedy is not None:
+        greedy.copy_(pack_argmax(out))
+    return out
+
+
+def rms_norm_nvfp4_logits_torch(x, residual, norm_w, eps, w, greedy=None):
+    """Same signature and semantics as `rms_norm_nvfp4_logits` (residual itself is not modified)."""
+    check_norm_inputs("rms_norm_nvfp4_logits", x, residual, norm_w, GEMV_MAX_TOKENS)
+    res_out = x if residual is None else residual.clone()
+    h = rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out)
+    return nvfp4_logits_torch(h, w, greedy), res_out
 
 
 def _check_silu_inputs(gate_up, w) -> tuple[torch.Tensor, int]:

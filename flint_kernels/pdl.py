@@ -41,7 +41,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import tuning
 
-# PDL for launches on CPU tensors: scripts/compile_kernels.py sets it to compile what an H200 launches
+# PDL for launches on CPU tensors: tools/bench/compile_kernels.py sets it to compile what an H200 launches
 ON_HOST = False
 
 

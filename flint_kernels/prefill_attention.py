@@ -8,6 +8,10 @@ cached ones from the paged/ring cache and this step's from k/v (a tile may mix b
 every row sees whole skip the causal/window mask; tiles no row sees are never loaded.
 The grid is (cdiv(N, BLOCK_Q) + B, Hk): sequence b owns tile slots from
 query_start_loc[b] // BLOCK_Q + b on, found by binary search, so no host sync is needed.
+
+Numerics as decode_attention.py: bf16 dots with fp32 accumulation, an fp32 online softmax with
+the sink in its denominator, unnormalised probabilities rounded to bf16 for P V, one rounding
+of the output (transformers rounds the normalised P instead).
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
 """Fused per-head Q/K RMSNorm + NeoX RoPE + KV-cache write, one launch per layer.
 
-qkv rows are [q heads | k heads | v heads], each head D wide. Q and K heads are normalised
-with `flint_backend.reference.rms_norm` semantics (fp32 statistics, cast, scale in the
-input dtype), then rotated: x * cos + rotate_half(x) * sin in fp32, cast back (the
-reference's `apply_rope`). `cos_sin [max_pos, D]` fp32 holds cos in its first D/2 columns
-and sin in the last D/2; None means no RoPE (NoPE full-attention layers). V passes through.
-With caches, k (normed, roped) and v are also written to `cache.view(-1, Hk, D)[slot]`
-for every token whose slot is not -1.
+qkv rows are [q heads | k heads | v heads], each head D wide. `cos_sin [max_pos, D]` fp32 holds
+cos in its first D/2 columns and sin in the last D/2; None means no RoPE (the NoPE
+full-attention layers). V passes through. With caches, k (normed, roped) and v are also written
+to `cache.view(-1, Hk, D)[slot]` for every token whose slot is not -1.
+
+Numerics: each Q and K head is normalised as transformers' FlintRMSNorm (rms_norm.py: fp32
+statistics, the weight applied in fp32, one rounding to the input dtype), then rotated in fp32
+from the fp32 table, `x1 * cos - x2 * sin | x2 * cos + x1 * sin`, rounded once (vLLM's reference
+runtime). Differences from transformers in bf16: transformers rounds the same fp32 cos/sin to
+bf16 and rounds each product and the sum of the rotation to bf16; the sum of squares is reduced
+in another order. In fp32 the two agree up to that order.
 
 Grid (token, head block): the blocks of a token are ceil(Hq / BLOCK_Q) Q blocks, then
 ceil(Hk / BLOCK_K) K blocks, then (with caches) as many V-copy blocks. At decode a block is
@@ -23,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
+from .rms_norm import normed_by
 from .tuning import INTERPRET
 
 # programs a launch aims for (decode: one head each); prefill widens blocks to whole tokens. The
@@ -52,9 +57,9 @@ def _norm_rope_heads(
     x2 = tl.load(src_ptr + off + HALF, mask=mask, other=0.0)
     x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
     rstd = tl.rsqrt((tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)) / D + eps)[:, None]
-    # round after the norm and after the weight, as the reference does
-    y1 = ((x1f * rstd).to(x1.dtype).to(tl.float32) * w1.to(x1.dtype).to(tl.float32)).to(x1.dtype)
-    y2 = ((x2f * rstd).to(x1.dtype).to(tl.float32) * w2.to(x1.dtype).to(tl.float32)).to(x1.dtype)
+    # FlintRMSNorm: the weight applied in fp32, one rounding (rms_norm.normed_by)
+    y1 = normed_by(x1, w1, rstd)
+    y2 = normed_by(x2, w2, rstd)
     if USE_ROPE:
         y1f, y2f = y1.to(tl.float32), y2.to(tl.float32)
         y1 = (y1f * cos - y2f * sin).to(x1.dtype)
@@ -195,8 +200,9 @@ def qk_norm_rope_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torc
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [N, heads, D] -> FlintRMSNorm over D (fp32, one rounding to x's dtype)."""
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight.to(x.dtype)
+    return (weight.to(xf.dtype) * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
 
 
 def _rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,13 @@
-"""RMSNorm over rows, optionally fused with the residual add that precedes it.
+"""RMSNorm over rows, optionally fused with the residual add that precedes it; and the pieces
+every launch with the norm folded in (the decode GEMVs, the router) uses, so all round alike.
 
-Semantics are `flint_backend.reference.rms_norm`: normalise in fp32, cast to the input
-dtype, then multiply by the weight in that dtype. With `residual`, the residual stream is
-updated first (`residual += x`, rounded in residual's dtype like the reference's
-`x = x + sublayer(x)`) and the norm is taken of the updated stream.
+Numerics are transformers' FlintRMSNorm: `out = (float(w) * (xf * rsqrt(mean(xf^2) + eps)))
+.to(x.dtype)` with xf = float(x): statistics, normalisation and the weight product in fp32, one
+rounding at the end. With `residual`, the residual stream is updated first (`residual + x` in
+fp32, rounded once to residual's dtype, as transformers' `residual + hidden_states`) and the norm
+is taken of the rounded sum. Differences from transformers in bf16: the sum of squares is reduced
+in another order (fp32), and rsqrt is the hardware's approximation on a GPU. (vLLM's reference
+runtime normalises the unrounded fp32 sum; transformers, our oracle, the rounded one.)
 """
 
 from __future__ import annotations
@@ -40,10 +44,8 @@ def _rms_norm_kernel(
         tl.store(residual_ptr + row * stride_res + cols, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
-    normed = (xf * rstd).to(x.dtype)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(x.dtype)
-    out = normed.to(tl.float32) * w.to(tl.float32)
-    tl.store(out_ptr + row * H + cols, out.to(x.dtype), mask=mask)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * H + cols, normed_by(x, w, rstd), mask=mask)
 
 
 @triton.jit
@@ -58,8 +60,8 @@ def residual_add(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr):
 
 @triton.jit
 def scale_normed(a, norm_w_ptr, cols, mask, rstd):
-    """rms_norm of a (residual + x) given its rows' rstd, with `_rms_norm_kernel`'s roundings: the
-    normalised value and the weight each in a's dtype, their product rounded to it."""
+    """rms_norm of a (residual + x) given its rows' rstd, as `_rms_norm_kernel` computes it:
+    fp32 throughout, rounded once to a's dtype."""
     return normed_by(a, tl.load(norm_w_ptr + cols, mask=mask, other=0.0), rstd)
 
 
@@ -67,8 +69,7 @@ def scale_normed(a, norm_w_ptr, cols, mask, rstd):
 def normed_by(a, nw, rstd):
     """scale_normed with the norm weight nw already loaded (shaped like a, or broadcast to it): a
     kernel loads it before its PDL wait, as a weight (pdl.py)."""
-    dtype = a.dtype
-    return ((a.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw.to(dtype).to(tl.float32)).to(dtype)
+    return (nw.to(tl.float32) * (a.to(tl.float32) * rstd)).to(a.dtype)
 
 
 @triton.jit
@@ -190,7 +191,7 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float,
         x = residual
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return normed.to(x.dtype) * weight.to(x.dtype)
+    return (weight.to(xf.dtype) * normed).to(x.dtype)
 
 
 def _check_inputs(x, weight, residual):

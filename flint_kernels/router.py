@@ -1,17 +1,25 @@
-"""MoE routing: fp32 router logits, sigmoid scores, top-k on scores + correction bias,
-weights = chosen scores (no bias), optionally renormalised to sum 1, times the scaling factor.
+"""MoE routing as transformers' FlintTopKRouter: fp32 logits (fp32 products of the activations
+and the router weight, bf16 or fp32), sigmoid scores, top-k on the scores (the lowest expert id
+among exact ties), the chosen scores renormalised to sum 1 when asked (norm_topk_prob). No
+correction bias, no scaling factor.
 
 One launch. Program (token tile, expert block) computes the [BLOCK_T, BLOCK_E] fp32 logits over
 all of H and stores them; the last program of a token tile to arrive (split_k.py) reads the
-tile's [BLOCK_T, E] logits back and does sigmoid, biased top-k and the weights. Two tile shapes:
+tile's [BLOCK_T, E] logits back and does sigmoid, top-k and the weights. Two tile shapes:
 - decode (T <= GEMV_MAX_T): one token x GEMV_BLOCK_E experts, products summed with tl.sum, so
   the router weight (E x H = 1 MB in bf16) is spread over ~one program per SM, each issuing
   its rows' loads at once, and every token's top-k runs in its own program;
 - prefill: 16 tokens x 16-64 experts with tl.dot over H chunks.
-Both give exact bf16 products in fp32 (fp32 inputs: IEEE fp32); sums differ in order only.
-Top-k: each expert's key is the order-preserving int of its biased score's fp32 bits in the high
-half and the reversed expert id in the low half, so one int64 max per pick finds the best expert
-and the lowest id among ties; the weights are gathered from the unbiased scores.
+Both give exact products in fp32 (an fp32 operand: IEEE fp32 dots); sums differ in order only.
+Top-k: each expert's key is the order-preserving int of its score's fp32 bits in the high half
+and the reversed expert id in the low half, so one int64 max per pick finds the best expert and
+the lowest id among ties.
+
+Numerics against transformers: the same fp32 logits up to the order of the sum over H (so a
+near-tie between the k-th and (k+1)-th score may pick the other expert); sigmoid is Triton's
+(exp-based, not torch's); the renormalising sum adds the K chosen scores in another order.
+(vLLM's reference runtime rounds the logits and the routing weights to bf16; transformers, our
+oracle, keeps both fp32, as here.)
 """
 
 from __future__ import annotations
@@ -45,8 +53,7 @@ ROUTING_COLS = tl.constexpr(ROUTING_WORDS)
 @triton.jit
 def _router_kernel(
     x_ptr,        # [T, H]
-    w_ptr,        # [E, H]
-    bias_ptr,     # [E] fp32
+    w_ptr,        # [E, H] bf16/fp16/fp32
     ids_ptr,      # [T, TOP_K] int32
     weights_ptr,  # [T, TOP_K] fp32
     logits_ptr,   # [T, E] fp32 scratch
@@ -56,7 +63,7 @@ def _router_kernel(
     res_out_ptr,  # [T, H] residual + x, contiguous (NORM: written by the programs (t, 0))
     h_ptr,        # [T, H] rms_norm(residual + x), contiguous (NORM: written by the programs (t, 0))
     norm_w_ptr,   # [H] RMSNorm weight (NORM)
-    T, E, H, stride_xt, stride_we, scaling, eps,
+    T, E, H, stride_xt, stride_we, eps,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -92,8 +99,7 @@ def _router_kernel(
                  mask=t_mask[:, None] & (tl.program_id(1) == 0))
         return
     if last_to_arrive(counter_ptr + tt, tl.num_programs(1)):
-        _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scaling,
-               TOP_K, RENORMALIZE, E_POW2, K_POW2)
+        _top_k(logits_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, TOP_K, RENORMALIZE, E_POW2, K_POW2)
 
 
 @triton.jit
@@ -160,11 +166,10 @@ def _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, str
 
 
 @triton.jit
-def _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scaling,
-           TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr):
+def _top_k(logits_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+           E_POW2: tl.constexpr, K_POW2: tl.constexpr):
     """Writes the top-k of `tokens` from their [len(tokens), E] logits (stored by every program)."""
-    ids, weights = route_from_logits(logits_ptr, expert_bias(bias_ptr, E, E_POW2), tokens, t_mask, E, scaling,
-                                     TOP_K, RENORMALIZE, E_POW2, K_POW2)
+    ids, weights = route_from_logits(logits_ptr, tokens, t_mask, E, TOP_K, RENORMALIZE, E_POW2, K_POW2)
     slots = tl.arange(0, K_POW2)
     out = tokens[:, None] * TOP_K + slots[None, :]
     out_mask = t_mask[:, None] & (slots[None, :] < TOP_K)
@@ -173,22 +178,12 @@ def _top_k(logits_ptr, bias_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, scalin
 
 
 @triton.jit
-def expert_bias(bias_ptr, E, E_POW2: tl.constexpr):
-    """The router's correction bias [E_POW2] fp32 (0 past E) for route_from_logits: a weight, so
-    a kernel may load it before its PDL wait (pdl.py)."""
-    experts = tl.arange(0, E_POW2)
-    return tl.load(bias_ptr + experts, mask=experts < E, other=0.0)
-
-
-@triton.jit
-def route_from_logits(logits_ptr, bias, tokens, t_mask, E, scaling, TOP_K: tl.constexpr,
-                      RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr, K_POW2: tl.constexpr,
-                      TOPK_SORT: tl.constexpr = False):
-    """The routing of `tokens` from their fp32 logits rows ([T, E] at logits_ptr, read past L1)
-    and the correction bias (expert_bias):
-    -> ids [len(tokens), K_POW2] int32 and weights (fp32, scaling applied), 0 in slots >= TOP_K.
-    Sigmoid scores, top-k on score + bias, weights from the unbiased scores; the same bits in
-    every kernel that calls it (the router's last program, or the expert launches). TOPK_SORT:
+def route_from_logits(logits_ptr, tokens, t_mask, E, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+                      E_POW2: tl.constexpr, K_POW2: tl.constexpr, TOPK_SORT: tl.constexpr = False):
+    """The routing of `tokens` from their fp32 logits rows ([T, E] at logits_ptr, read past L1):
+    -> ids [len(tokens), K_POW2] int32 and weights fp32, 0 in slots >= TOP_K. Sigmoid scores,
+    top-k on them, the chosen scores (renormalised with RENORMALIZE); the same bits in every
+    kernel that calls it (the router's last program, or the expert launches). TOPK_SORT:
     the K_POW2 largest keys by tl.topk's bitonic network instead of TOP_K rounds of a max (the
     keys are unique, so the same picks in the same order)."""
     experts = tl.arange(0, E_POW2)
@@ -196,8 +191,8 @@ def route_from_logits(logits_ptr, bias, tokens, t_mask, E, scaling, TOP_K: tl.co
     logits = tl.load(logits_ptr + tokens[:, None] * E + experts[None, :],
                      mask=t_mask[:, None] & e_mask[None, :], other=0.0, cache_modifier=".cg")
     scores = tl.sigmoid(logits)  # [BLOCK_T, E_POW2]
-    bits = (scores + bias[None, :]).to(tl.int32, bitcast=True)
-    order = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # int order = float order
+    bits = scores.to(tl.int32, bitcast=True)
+    order = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # int order = float order (-0.0 below +0.0)
     key = (order.to(tl.int64) << 32) | (E_POW2 - 1 - experts)[None, :]
     key = tl.where(e_mask[None, :], key, NO_KEY)
     slots = tl.arange(0, K_POW2)
@@ -214,18 +209,17 @@ def route_from_logits(logits_ptr, bias, tokens, t_mask, E, scaling, TOP_K: tl.co
     chosen = tl.where(slots[None, :] < TOP_K, tl.gather(scores, ids, axis=1), 0.0)
     if RENORMALIZE:
         chosen = chosen / tl.sum(chosen, axis=1)[:, None]
-    return ids, chosen * scaling
+    return ids, chosen
 
 
-def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,
-                scaling: float, renormalize: bool, *, tile: tuple[int, int] | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H], weight [E, H] (bf16/fp16/fp32), bias [E] fp32 -> ids [T, K] int32, weights [T, K] fp32.
+def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, *,
+                tile: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H], weight [E, H] (bf16/fp16/fp32) -> ids [T, K] int32, weights [T, K] fp32.
 
     tile: (tokens, experts) per program, powers of two: (1, any) sums products, (16, >= 16) uses
     tl.dot; None: (1, GEMV_BLOCK_E) up to GEMV_MAX_T tokens, else (16, 16-64 by the SM count)."""
-    _check_inputs(x, weight, bias, top_k)
-    return _launch(x, weight, bias, top_k, scaling, renormalize, tile, None)[:2]
+    _check_inputs(x, weight, top_k)
+    return _launch(x, weight, top_k, renormalize, tile, None)[:2]
 
 
 def folds_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -235,21 +229,20 @@ def folds_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def rms_norm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
-                         weight: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float, renormalize: bool,
+                         weight: torch.Tensor, top_k: int, renormalize: bool,
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The residual add + RMSNorm before the router, folded into it (one launch instead of two):
     -> (h = rms_norm(residual + x, norm_w) [T, H], ids, weights, residual + x [T, H] in a new
     tensor; x itself when residual is None). Computes rms_norm(x, norm_w, eps, residual)
     then router_topk(h, ...). Decode batches (folds_norm); x, residual contiguous, one dtype."""
-    _check_inputs(x, weight, bias, top_k)
+    _check_inputs(x, weight, top_k)
     check_norm_inputs("rms_norm_router_topk", x, residual, norm_w, GEMV_MAX_T)
     if not folds_norm(x, weight):
         raise ValueError(f"rms_norm_router_topk: hidden size {x.shape[1]}, expected at most "
                          f"{GEMV_TILE // GEMV_BLOCK_E} (one chunk a program)")
     h = torch.empty_like(x)
     res_out = x if residual is None else torch.empty_like(x)
-    ids, weights, _ = _launch(x, weight, bias, top_k, scaling, renormalize, (1, GEMV_BLOCK_E),
-                              (residual, res_out, h, norm_w, eps))
+    ids, weights, _ = _launch(x, weight, top_k, renormalize, (1, GEMV_BLOCK_E), (residual, res_out, h, norm_w, eps))
     return h, ids, weights, res_out
 
 
@@ -269,9 +262,9 @@ def rms_norm_router_logits(x: torch.Tensor, residual: torch.Tensor | None, norm_
                          f"most {GEMV_MAX_T} tokens and {GEMV_TILE // GEMV_BLOCK_E} (one chunk a program)")
     h = torch.empty_like(x)
     res_out = x if residual is None else torch.empty_like(x)
-    # no top-k here: the launch reads no bias (it gets the weight's pointer) and writes no ids
+    # no top-k here: the launch writes no ids
     routing = torch.empty((x.shape[0], ROUTING_WORDS), dtype=torch.int32, device=x.device)
-    _, _, logits = _launch(x, weight, weight, 1, 1.0, False, (1, GEMV_BLOCK_E), (residual, res_out, h, norm_w, eps),
+    _, _, logits = _launch(x, weight, 1, False, (1, GEMV_BLOCK_E), (residual, res_out, h, norm_w, eps),
                            routing=routing)
     return h, logits, res_out, routing
 
@@ -285,18 +278,20 @@ def rms_norm_router_logits_torch(x, residual, norm_w, eps, weight):
     return h, h.float() @ weight.float().T, res_out, routing
 
 
-def route_from_logits_torch(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
-                            renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_topk_torch from the fp32 logits [T, E] -> ids [T, K] int32, weights [T, K] fp32."""
-    scores = torch.sigmoid(logits)
-    ids = torch.topk(scores + bias.float(), top_k, dim=-1).indices
+def route_from_logits_torch(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_topk_torch from the fp32 logits [T, E] -> ids [T, K] int32, weights [T, K] fp32
+    (transformers' FlintTopKRouter after its logits; ties to the lowest expert id)."""
+    scores = torch.sigmoid(logits.float())
+    # a stable descending sort puts the lowest id first among equal scores (torch.topk's tie
+    # order is unspecified)
+    ids = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :top_k]
     weights = scores.gather(-1, ids)
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
-    return ids.to(torch.int32), weights * scaling
+    return ids.to(torch.int32), weights
 
 
-def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm, routing=None):
+def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
     """norm: (residual or None, res_out, h, norm_w, eps) to fold the RMSNorm in (decode tiles);
     routing: stop at the logits and zero this handoff buffer; -> (ids, weights, logits)."""
     t, h = x.shape
@@ -317,10 +312,10 @@ def _launch(x, weight, bias, top_k, scaling, renormalize, tile, norm, routing=No
     fp32 = torch.float32 in (x.dtype, weight.dtype)
     residual, res_out, h_out, norm_w, eps = norm or (None, x, x, x, 0.0)
     _router_kernel[tiles](
-        x_ptr=x, w_ptr=weight, bias_ptr=bias, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
+        x_ptr=x, w_ptr=weight, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
         counter_ptr=arrival_counters(tiles[0], x.device), routing_ptr=ids if routing is None else routing,
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, h_ptr=h_out, norm_w_ptr=norm_w,
-        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), scaling=float(scaling), eps=eps,
+        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32", ONE_CHUNK=one_chunk,
@@ -348,21 +343,22 @@ def _tile(t: int, e: int, device: torch.device, asked: tuple[int, int] | None) -
     return BLOCK_T, block_e
 
 
-def rms_norm_router_topk_torch(x, residual, norm_w, eps, weight, bias, top_k, scaling, renormalize):
+def rms_norm_router_topk_torch(x, residual, norm_w, eps, weight, top_k, renormalize):
     """Same signature and semantics as `rms_norm_router_topk` (residual itself is not modified)."""
     check_norm_inputs("rms_norm_router_topk", x, residual, norm_w, GEMV_MAX_T)
     res_out = x if residual is None else residual.clone()
     h = rms_norm_torch(x, norm_w, eps, residual=None if residual is None else res_out)
-    return (h, *router_topk_torch(h, weight, bias, top_k, scaling, renormalize), res_out)
+    return (h, *router_topk_torch(h, weight, top_k, renormalize), res_out)
 
 
-def router_topk_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,
-                      scaling: float, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H], weight [E, H], bias [E] fp32 -> ids [T, K] int32, weights [T, K] fp32."""
-    return route_from_logits_torch(x.float() @ weight.float().T, bias, top_k, scaling, renormalize)
+def router_topk_torch(x: torch.Tensor, weight: torch.Tensor, top_k: int,
+                      renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H], weight [E, H] (bf16/fp16/fp32) -> ids [T, K] int32, weights [T, K] fp32:
+    fp32 logits x.float() @ weight.float().T, as transformers' FlintTopKRouter."""
+    return route_from_logits_torch(x.float() @ weight.float().T, top_k, renormalize)
 
 
-def _check_inputs(x, weight, bias, top_k):
+def _check_inputs(x, weight, top_k):
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"router_topk: x has shape {tuple(x.shape)} strides {x.stride()}, "
                          "expected [T, H] with unit stride in H")
@@ -370,7 +366,7 @@ def _check_inputs(x, weight, bias, top_k):
     if h != x.shape[1] or weight.stride(-1) != 1:
         raise ValueError(f"router_topk: weight has shape {tuple(weight.shape)}, expected [E, {x.shape[1]}] "
                          "with unit stride in H")
-    if bias.shape != (e,) or bias.dtype != torch.float32 or not bias.is_contiguous():
-        raise ValueError(f"router_topk: bias is {bias.dtype} {tuple(bias.shape)}, expected contiguous float32 ({e},)")
+    if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"router_topk: weight is {weight.dtype}, expected bfloat16, float16 or float32")
     if not 1 <= top_k <= e:
         raise ValueError(f"router_topk: top_k {top_k}, expected 1..{e}")

@@ -20,6 +20,9 @@ The uniform of round r is Philox4x32-10 (Triton's tl.philox) keyed by the row's 
 (offset, r): a request's draw depends only on (seed, offset = index of the token being sampled),
 never on the other rows of the batch. `sample_torch` is the same algorithm in plain torch and
 draws the same tokens (up to fp32 summation order at a CDF boundary).
+
+Numerics: everything in fp32 over the fp32 logits. Sampling is not part of transformers'
+forward; greedy rows are its argmax (the first maximal index).
 """
 
 from __future__ import annotations

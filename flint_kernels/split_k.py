@@ -5,7 +5,8 @@ tile; the program that arrives last sums the partials in split order (determinis
 bits on every run) and writes the result, then resets the counter to 0. So a split-K GEMV
 costs one launch, no memset and no atomics on data. Counters live in a per-device cached int32
 buffer that is zero between launches; launches that run concurrently on several streams must
-not share it (the engine runs one stream).
+not share it (the engine runs one stream). Numerics: partials and their sum in fp32, so a split
+launch differs from an unsplit one by the order of the fp32 sum only.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def gemv_program(N, K, k_per_split, BLOCK_N: tl.constexpr):
     return t, nb, s, rows, rows < N, k_lo, tl.minimum(k_lo + k_per_split, K)
 
 
-# SMs assumed without a GPU: the interpreter keeps grids small; scripts/compile_kernels.py sets
+# SMs assumed without a GPU: the interpreter keeps grids small; tools/bench/compile_kernels.py sets
 # the H200's count to compile the launches a GPU would make
 HOST_SMS = 4
 

@@ -1,6 +1,12 @@
 """SwiGLU activation: silu(gate) * up on a fused [T, 2I] gate_up projection (dense MLP layers;
 the MoE kernels apply `silu_mul_rounded` in their epilogues, and the decode GEMVs of the dense
-MLP's down projection apply `silu_mul_at` to the activations they load)."""
+MLP's down projection apply `silu_mul_at` to the activations they load).
+
+Numerics are transformers' FlintMLP in the activations' dtype: gate(x) and up(x) are linear
+outputs rounded to it, silu(gate) is computed in fp32 and rounded, the product rounded. (vLLM's
+reference runtime keeps gate/up in fp32 and rounds silu(g) * u once; transformers, our oracle,
+rounds as here.) Triton's exp is not torch's: silu may differ in the last bit before rounding.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ BLOCK = 1024
 
 @triton.jit
 def silu_mul_rounded(gate, up, dtype: tl.constexpr):
-    """silu(gate) * up in fp32 math with the reference's roundings to `dtype`: gate(x) and up(x)
+    """silu(gate) * up in fp32 math with transformers' roundings to `dtype`: gate(x) and up(x)
     (linear outputs), silu, and the product."""
     g = gate.to(dtype).to(tl.float32)
     u = up.to(dtype).to(tl.float32)
@@ -64,8 +70,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [T, 2I] (gate columns first) -> [T, I], rounded like the reference's
-    silu(gate(x)) * up(x) in the input dtype."""
+    """gate_up [T, 2I] (gate columns first) -> [T, I], rounded like transformers'
+    act_fn(gate_proj(x)) * up_proj(x) in the input dtype."""
     check_gate_up(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

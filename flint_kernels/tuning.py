@@ -4,7 +4,7 @@ unless a line says otherwise; docs/performance.md holds the tables.
 
 A switch turns a variant on or off, or overrides a launch shape (None: the launcher's own
 choice). Launchers read them at each launch (`tuning.X`, never a copy taken at import), so a
-benchmark can flip one around a call (scripts/knobs.py `with_knob(tuning, "X", value, call)`)
+benchmark can flip one around a call (tools/bench/knobs.py `with_knob(tuning, "X", value, call)`)
 or between graph captures (`bench_step_timeline.py --variant flint_kernels.tuning.X=value`).
 The environment sets the ones named FLINT_<X>, read here once, at import. Fixed launch sizes
 (block sizes, warps, stages) stay beside their launchers.
@@ -39,7 +39,7 @@ def _tokens(name: str, default: int) -> int | None:
 # predecessor, as on pre-sm_90 GPUs and in the interpreter (compile_kernels.py --no-pdl).
 PDL = _flag("PDL", True)
 
-# --- NVFP4 decode of the batch-1 kernels (nvfp4.py); scripts/sweep_fp4_decode.py and
+# --- NVFP4 decode of the batch-1 kernels (nvfp4.py); tools/bench/sweep_fp4_decode.py and
 # bench_decode_ops.py time both ways of each. H200 2026-12-02, L2-cold weights, batch 1:
 # 32-bit words of 8 weights in the W4A16 GEMV: qkv 6.64 us, 7.75 as bytes.
 FP4_GEMV_WORDS = _flag("FP4_GEMV_WORDS", True)
@@ -76,6 +76,9 @@ FP4_GEMV_UNSPLIT_ROWS: int | None = 64 if INTERPRET else 4
 # Rows a program where N >= *_WIDE_N. Dense: the interpreter's only (a tiny model's LM head in few
 # programs). NVFP4: the dense MLP's gate/up (20480 rows), H200 2026-12-04: 13.3 -> 11.8-12.1 us.
 DENSE_GEMV_WIDE_N, DENSE_GEMV_WIDE_ROWS = 4096, (1024 if INTERPRET else None)
+# (Measured on the former 10240-wide dense MLP: flint-40b's official one is 6144, gate/up 12288 rows,
+# below FP4_GEMV_WIDE_N, so only the NVFP4 LM head takes 16 rows now; the long-K splits below
+# meet K = 6144: to re-measure.)
 FP4_GEMV_WIDE_N, FP4_GEMV_WIDE_ROWS = 16384, (None if INTERPRET else 16)
 # K splits of a launch whose K takes more steps than a split prefetches (the dense MLP's down,
 # K = 10240); None: the launcher's. H200 2026-12-04: BF16 one split through the pipelined loop,
@@ -86,7 +89,7 @@ FP4_GEMV_LONG_K_SPLITS: int | None = None if INTERPRET else 5
 # --- the small-batch MoE (moe_gemv.py) ---
 # Rows a program of the gate/up and the per-expert down launch; None: rows shrink until ~2
 # programs an SM. H200 2026-12-04: gate/up at 4 or 16 rows 2.380 / 2.631 ms against 2.276.
-# scripts/sweep_fp4_decode.py varies them.
+# tools/bench/sweep_fp4_decode.py varies them.
 MOE_GATE_UP_ROWS: int | None = None
 MOE_DOWN_ROWS: int | None = None
 

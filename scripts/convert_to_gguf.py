@@ -1,4 +1,5 @@
-"""Convert a BF16 HF checkpoint directory to a Flint GGUF (BF16 or NVFP4).
+"""Convert a BF16 HF checkpoint directory to a Flint GGUF (BF16 or NVFP4: the official layout,
+LM head NVFP4, embedding and router unquantised).
 
     python scripts/convert_to_gguf.py checkpoints/flint-tiny flint-tiny-nvfp4.gguf --outtype nvfp4
 """
@@ -20,15 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src", help="HF directory: config.json + *.safetensors (+ index)")
     parser.add_argument("out", help="output .gguf file")
     parser.add_argument("--outtype", choices=OUTTYPES, required=True)
-    parser.add_argument("--quantize-lm-head", action="store_true", help="NVFP4 LM head (default BF16)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
     parser.add_argument("--device", default="cpu", help="where to quantise, e.g. cuda (default cpu)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     start = time.perf_counter()
     try:
-        plan = convert_checkpoint(args.src, args.out, outtype=args.outtype, quantize_lm_head=args.quantize_lm_head,
-                                  force=args.force, device=args.device)
+        plan = convert_checkpoint(args.src, args.out, outtype=args.outtype, force=args.force, device=args.device)
     except (FileExistsError, ValueError) as e:  # CheckpointError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -3,8 +3,11 @@
 
     python scripts/make_checkpoint.py --preset flint-tiny --out checkpoints/flint-tiny [--seed 0]
 
-Writes config.json, generation_config.json, sharded *.safetensors with
-model.safetensors.index.json, and the project's GLM-4.x tokenizer files.
+Writes the official layout, which transformers' FlintForCausalLM.from_pretrained loads as it is:
+config.json (transformers' FlintConfig fields), generation_config.json, sharded *.safetensors
+with model.safetensors.index.json under the Hub's tensor names (one tensor per routed expert,
+`self_attn.softmax_offset`; sinks and router weights fp32), and the project's GLM-4.x
+tokenizer files with the chat template.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def make_checkpoint(preset: str, out: Path, seed: int = 0, shard_size: str = "5GB",
-                    dtype: str = "bf16", force: bool = False) -> FlintConfig:
+                    dtype: str = "bf16", force: bool = False, overrides: dict | None = None) -> FlintConfig:
+    """overrides: FlintConfig fields over the preset's (e.g. fewer experts for a smaller file)."""
     if out.exists() and any(out.iterdir()) and not force:
         raise FileExistsError(f"--out: {out} exists and is not empty (pass --force to overwrite)")
     tokenizer = load_tokenizer()
     stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS]
-    config = FlintConfig.preset(preset, eos_token_id=stop_ids, pad_token_id=stop_ids[0])
+    config = FlintConfig.preset(preset, **{"eos_token_id": stop_ids, "pad_token_id": stop_ids[0], **(overrides or {})})
     if config.vocab_size < len(tokenizer):
         raise ValueError(f"preset {preset}: vocab_size {config.vocab_size} < tokenizer size {len(tokenizer)}")
     out.mkdir(parents=True, exist_ok=True)

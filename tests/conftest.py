@@ -1,7 +1,11 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/oracle.py: `from oracle import ...` in every folder
 
 # Kernels run on the CPU through Triton's interpreter when no GPU is present (CI).
 if not torch.cuda.is_available():

@@ -6,6 +6,7 @@ inside functions (and under TYPE_CHECKING) included, so a rule cannot be dodged 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +54,8 @@ RULES = [
     Rule("kernels know nothing of flint_backend", ("flint_kernels",), ("flint_backend",)),
     Rule("chat knows no GPU and no engine", ("flint_backend.chat",),
          ("torch", "triton", "flint_kernels", "flint_backend.engine", "flint_backend.model", "flint_backend.ops")),
-    Rule("reference.py imports nothing it judges (model, ops, kernels, engine)", ("flint_backend.reference",),
-         ("flint_backend.model", "flint_backend.ops", "flint_kernels", "flint_backend.engine")),
+    Rule("the package serves Flint without transformers' model classes, the oracle it is judged by",
+         ("flint_backend", "flint_kernels"), ("transformers.models.flint",)),
 ]
 
 
@@ -120,3 +121,11 @@ def test_the_reader_sees_function_level_and_relative_imports(imports):
     assert ("flint_backend.ops", "flint_kernels.decode_attention") in targets
     assert ("flint_kernels.moe_grouped", "flint_kernels.moe_sort") in targets
     assert ("flint_backend.model", "flint_backend.kv_cache") in targets
+
+
+def test_nothing_registers_a_model_class_with_transformers():
+    """AutoModelForCausalLM builds transformers' own FlintForCausalLM from our checkpoints: no
+    module may put another class in its place."""
+    found = [str(path.relative_to(ROOT)) for pkg in PACKAGES for path in (ROOT / pkg).rglob("*.py")
+             if re.search(r"Auto\w+\.register\(", path.read_text())]
+    assert found == []

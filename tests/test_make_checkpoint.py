@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,11 +8,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from flint_backend.config import FlintConfig
-from flint_backend.reference import build_reference
 from flint_backend.tokenizer import STOP_TOKENS
-from flint_backend.weights.random_init import random_weights
+from flint_backend.weights.hf_state import transformers_state_dict
+from flint_backend.weights.loader import load_checkpoint
 from flint_backend.weights.schema import checkpoint_tensors
 from scripts.make_checkpoint import main, make_checkpoint
+
+from oracle import greedy
 
 PROMPTS = [
     [{"role": "user", "content": "Hello there, how are you?"}],
@@ -36,28 +40,50 @@ def test_checkpoint_layout(tiny_checkpoint):
     assert set(index["weight_map"]) == set(expected)
     tensors = _tensors(tiny_checkpoint)
     assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
-    assert tensors["model.layers.0.self_attn.sinks"].dtype == torch.float32
-    assert tensors["model.layers.2.mlp.gate.e_score_correction_bias"].dtype == torch.float32
-    assert tensors["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    assert tensors["model.layers.0.self_attn.softmax_offset"].dtype == torch.float32
+    assert tensors["model.layers.2.mlp.gate.weight"].dtype == torch.float32
+    assert tensors["model.layers.2.mlp.experts.5.up_proj.weight"].dtype == torch.bfloat16
+    assert tensors["model.layers.2.mlp.shared_expert.down_proj.weight"].shape == (64, 128)
+    assert not any("e_score_correction_bias" in name or "shared_experts" in name for name in tensors)
 
 
-def test_transformers_loads_it_and_matches_the_reference(tiny_checkpoint):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+FRESH_LOAD = """
+import json, sys, transformers
+model, info = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)
+print(json.dumps({"module": type(model).__module__, "report": {k: sorted(map(str, v)) for k, v in info.items()},
+                  "sinks": str(model.model.layers[0].self_attn.sinks.dtype)}))
+"""
+
+
+@pytest.mark.parametrize("preset", ["flint-tiny", "flint-small"])
+def test_a_fresh_interpreter_loads_it_as_transformers_flint(tmp_path, preset):
+    """No project import: transformers' own FlintForCausalLM, nothing missing, unexpected or mismatched.
+    flint-small (4.9B parameters) is written with its expert count cut to 8: the same layout."""
+    overrides = {} if preset == "flint-tiny" else {"num_experts": 8, "vocab_size": 4096 * 4}
+    make_checkpoint(preset, tmp_path, seed=0, overrides=overrides)
+    run = subprocess.run([sys.executable, "-c", FRESH_LOAD, str(tmp_path)], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result == {"module": "transformers.models.flint.modeling_flint", "sinks": "torch.float32",
+                      "report": {"error_msgs": [], "missing_keys": [], "mismatched_keys": [], "unexpected_keys": []}}
+
+
+def test_our_loader_reads_the_weights_transformers_reads(tiny_checkpoint):
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
-    config = FlintConfig.from_json(tiny_checkpoint)
-    expected = build_reference(config, dict(random_weights(config, seed=0)))
-    ids = tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, return_dict=True,
-                                        return_tensors="pt")["input_ids"]
-    logits = model(ids).logits
-    assert logits.shape == (1, ids.shape[1], config.vocab_size) and logits.dtype == torch.float32
-    torch.testing.assert_close(logits, expected(ids).logits, rtol=0, atol=0)
+    ckpt = load_checkpoint(tiny_checkpoint, dtype=torch.float32, progress=False)
+    ours = transformers_state_dict(ckpt.tensors, ckpt.config)
+    theirs = model.state_dict()
+    assert set(ours) == set(theirs)
+    for name, value in theirs.items():
+        assert torch.equal(ours[name], value), name
 
 
-def test_bf16_load_keeps_sinks_and_bias_in_fp32(tiny_checkpoint):
+def test_bf16_load_keeps_sinks_and_router_in_fp32(tiny_checkpoint):
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
     assert model.dtype == torch.bfloat16
     assert model.model.layers[0].self_attn.sinks.dtype == torch.float32
-    assert model.model.layers[2].mlp.gate.e_score_correction_bias.dtype == torch.float32
+    assert model.model.layers[2].mlp.gate.weight.dtype == torch.float32
 
 
 def test_greedy_decoding_depends_on_the_prompt(tiny_checkpoint):
@@ -67,8 +93,8 @@ def test_greedy_decoding_depends_on_the_prompt(tiny_checkpoint):
     for messages in PROMPTS:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        last_logits.append(model(torch.tensor(ids)).logits[-1])
-        outputs.append(model.generate_greedy(ids, 24))
+        last_logits.append(model(torch.tensor([ids])).logits[0, -1])
+        outputs.append(greedy(model, ids, 24))
     for out in outputs:
         assert len(set(out)) > 6, f"greedy output collapsed: {out}"
     assert len({tuple(o) for o in outputs}) == len(PROMPTS)

@@ -11,8 +11,7 @@ from flint_backend.weights.gguf_writer import PlannedTensor, write_gguf
 from flint_backend.weights.safetensors_loader import SafetensorsCheckpoint
 
 
-def convert_checkpoint(src: str | Path, out: str | Path, *, outtype: str, quantize_lm_head: bool = False,
-                       force: bool = False, device: str | torch.device = "cpu",
+def convert_checkpoint(src: str | Path, out: str | Path, *, outtype: str, force: bool = False, device: str | torch.device = "cpu",
                        progress: bool = True) -> list[PlannedTensor]:
     """Checks `src` against the schema, then writes `out` via `<out>.partial` (renamed when complete)."""
     src, out = Path(src), Path(out)
@@ -21,8 +20,8 @@ def convert_checkpoint(src: str | Path, out: str | Path, *, outtype: str, quanti
     checkpoint = SafetensorsCheckpoint(src, FlintConfig.from_json(src))
     partial = out.with_name(out.name + ".partial")
     try:
-        plan = write_gguf(partial, checkpoint.config, checkpoint.get, outtype=outtype,
-                          quantize_lm_head=quantize_lm_head, device=device, progress=progress)
+        plan = write_gguf(partial, checkpoint.config, checkpoint.get, outtype=outtype, device=device,
+                          progress=progress)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

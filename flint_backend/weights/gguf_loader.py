@@ -5,6 +5,8 @@ GGUF with `--hf-config-path`) and is checked against the GGUF metadata key by ke
 the config is built from the metadata. Every tensor is checked against the schema (name, shape,
 ggml type) before its bytes are read. NVFP4 blocks travel to the device as raw bytes and are
 repacked there (nvfp4.from_ggml_blocks); companion `<name>.scale` tensors become the global scale.
+A file that marks FP4 activations (`general.tensor_extra.prec_a4`) is refused: the format served
+is weight-only NVFP4.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from flint_backend.weights.schema import (
     gguf_companion, loaded_tensors, nvfp4_eligible, storage_dtype,
 )
 
+PREC_A4_KEY = "general.tensor_extra.prec_a4"  # FP4 activations (W4A4): refused
 _DENSE = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
           GGMLQuantizationType.BF16: torch.bfloat16}
 
@@ -57,7 +60,15 @@ def open_gguf(path: Path) -> GGUFReader:
     arch = architecture(reader)
     if arch != ARCH:
         raise CheckpointError(f"{path}: general.architecture is {arch!r}, expected {ARCH!r}")
+    prec_a4 = reader.fields.get(PREC_A4_KEY)
+    if prec_a4 is not None and _any_true(prec_a4.contents()):
+        raise CheckpointError(f"{path}: {PREC_A4_KEY} marks tensors with FP4 activations; only weight-only "
+                              f"NVFP4 (W4A16: BF16 activations) is served")
     return reader
+
+
+def _any_true(value) -> bool:
+    return any(_any_true(v) for v in value) if isinstance(value, (list, tuple)) else bool(value)
 
 
 def gguf_config(reader: GGUFReader, path: Path, hf_config_path: str | Path | None) -> FlintConfig:
@@ -76,7 +87,7 @@ def load_gguf(path: Path, reader: GGUFReader, config: FlintConfig, device: str |
               dtype: torch.dtype, keep_nvfp4: bool, progress: bool = True) -> dict[str, torch.Tensor | NVFP4Weight]:
     by_name = {t.name: t for t in reader.tensors}
     planned = list(loaded_tensors(config))
-    companions = [gguf_companion(t.gguf, suffix) for t in planned if nvfp4_eligible(t.spec, True)
+    companions = [gguf_companion(t.gguf, suffix) for t in planned if nvfp4_eligible(t.spec)
                   for suffix in (SCALE_SUFFIX, INPUT_SCALE_SUFFIX)]
     check_names([t.gguf for t in planned], [n for n in by_name if n not in set(companions)], str(path))
     out: dict[str, torch.Tensor | NVFP4Weight] = {}
@@ -85,7 +96,7 @@ def load_gguf(path: Path, reader: GGUFReader, config: FlintConfig, device: str |
         check_shape(t.gguf, t.shape, tuple(reversed(found.shape.tolist())), str(path))
         scale = _global_scale(path, t, by_name.get(gguf_companion(t.gguf, SCALE_SUFFIX)))
         if found.tensor_type is GGMLQuantizationType.NVFP4:
-            if not nvfp4_eligible(t.spec, True):
+            if not nvfp4_eligible(t.spec):
                 raise CheckpointError(f"{path}: tensor {t.gguf!r} is NVFP4, expected F32/BF16/F16 "
                                       f"for a {t.spec.kind.value} tensor")
             weight = from_ggml_blocks(_host(found.data).to(device), scale, f"{path}: {t.gguf}")
@@ -97,7 +108,7 @@ def load_gguf(path: Path, reader: GGUFReader, config: FlintConfig, device: str |
 
 def _dense(path: Path, t: LoadedTensor, found: ReaderTensor, scale: torch.Tensor, device, dtype) -> torch.Tensor:
     if found.tensor_type not in _DENSE:
-        allowed = [q.name for q in _DENSE] + (["NVFP4"] if nvfp4_eligible(t.spec, True) else [])
+        allowed = [q.name for q in _DENSE] + (["NVFP4"] if nvfp4_eligible(t.spec) else [])
         raise CheckpointError(f"{path}: tensor {t.gguf!r} has ggml type {found.tensor_type.name}, "
                               f"expected one of {allowed}")
     host = _host(found.data)

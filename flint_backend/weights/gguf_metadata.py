@@ -2,7 +2,9 @@
 
 Layer types are stored as llama.cpp's per-layer bool array `flint.attention.sliding_window_pattern`
 (true = sliding-window layer with RoPE, false = full-attention NoPE layer), the form gguf-py's
-`add_sliding_window_pattern` writes for interleaved-SWA models. The stop tokens, a list in
+`add_sliding_window_pattern` writes for interleaved-SWA models; the dense layers
+(`mlp_only_layers`) as the per-layer bool array `flint.dense_layer_pattern` (our key: Flint's
+dense layers need not lead). The stop tokens, a list in
 config.json, go to `flint.eos_token_ids` (our key); `tokenizer.ggml.eos_token_id` carries the
 first for llama.cpp tools. Floats are float32 in GGUF and compare as float32.
 """
@@ -51,14 +53,16 @@ METADATA: tuple[MetaKey, ...] = (
     _field("block_count", "num_hidden_layers"),
     _field("feed_forward_length", "intermediate_size"),
     _field("expert_feed_forward_length", "moe_intermediate_size"),
-    MetaKey("expert_shared_feed_forward_length", None, _U32, lambda c: c.shared_intermediate_size),
-    _field("expert_count", "n_routed_experts"),
+    _field("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+    _field("expert_count", "num_experts"),
     _field("expert_used_count", "num_experts_per_tok"),
-    _field("expert_shared_count", "n_shared_experts"),
-    _field("expert_weights_scale", "routed_scaling_factor", _F32),
+    MetaKey("expert_shared_count", None, _U32, lambda c: 1),
     _field("expert_weights_norm", "norm_topk_prob", _BOOL),
     MetaKey("expert_gating_func", None, _U32, lambda c: int(ExpertGatingFuncType.SIGMOID)),
-    _field("leading_dense_block_count", "first_k_dense_replace"),
+    MetaKey("dense_layer_pattern", "mlp_only_layers", _BOOL,
+            lambda c: [i in c.mlp_only_layers for i in range(c.num_hidden_layers)],
+            lambda pattern: [i for i, dense in enumerate(pattern) if dense], array=True),
+    _field("decoder_sparse_step", "decoder_sparse_step"),
     _field("attention.head_count", "num_attention_heads"),
     _field("attention.head_count_kv", "num_key_value_heads"),
     _field("attention.key_length", "head_dim"),
@@ -67,7 +71,8 @@ METADATA: tuple[MetaKey, ...] = (
     _field("attention.sliding_window", "sliding_window"),
     MetaKey("attention.sliding_window_pattern", "layer_types", _BOOL,
             lambda c: [t == SLIDING for t in c.layer_types], _layer_types, array=True),
-    _field("rope.freq_base", "rope_theta", _F32),
+    MetaKey("rope.freq_base", "rope_parameters", _F32, lambda c: c.rope_theta,
+            lambda v: {"rope_type": "default", "rope_theta": v}),
     _field("eos_token_ids", "eos_token_id", _U32, array=True),
     _field("tokenizer.ggml.bos_token_id", "bos_token_id"),
     MetaKey("tokenizer.ggml.eos_token_id", None, _U32, lambda c: c.eos_token_id[0] if c.eos_token_id else None),

@@ -1,9 +1,9 @@
 """Writes a Flint GGUF (BF16 or NVFP4) tensor by tensor, never holding the model in host memory.
 
 Tensor types (the llama.cpp convention):
-  F32    norms, attention sinks, router weight and correction bias;
-  BF16   embedding, LM head (NVFP4 with quantize_lm_head), every linear with outtype "bf16";
-  NVFP4  attention projections, dense MLP, shared and routed experts with outtype "nvfp4",
+  F32    norms, attention sinks, router weight;
+  BF16   embedding, every linear with outtype "bf16";
+  NVFP4  attention projections, dense MLP, shared and routed experts and the LM head with outtype "nvfp4",
          each followed by its F32 global-scale tensor `<name>.scale` ([1], or [E] for stacked
          experts). A linear whose K is not a multiple of 64 (ggml's NVFP4 super-block) stays
          BF16, as llama.cpp falls back for rows that do not fill whole blocks.
@@ -34,7 +34,7 @@ from flint_backend.weights.schema import (
 )
 
 OUTTYPES = ("bf16", "nvfp4")
-_F32_KINDS = frozenset({Kind.NORM, Kind.SINK, Kind.BIAS, Kind.ROUTER})
+_F32_KINDS = frozenset({Kind.NORM, Kind.SINK, Kind.ROUTER})
 log = logging.getLogger(__name__)
 
 TensorSource = Callable[[str], torch.Tensor]  # HF name (per-expert for routed experts) -> tensor
@@ -59,31 +59,29 @@ class PlannedTensor:
         return (self.tensor.shape[0],) if self.tensor.spec.scope is Scope.EXPERT else (1,)
 
 
-def plan_tensors(config: FlintConfig, outtype: str, quantize_lm_head: bool = False) -> list[PlannedTensor]:
+def plan_tensors(config: FlintConfig, outtype: str) -> list[PlannedTensor]:
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype: got {outtype!r}, expected one of {OUTTYPES}")
     plan = []
     for t in loaded_tensors(config):
         if t.spec.kind in _F32_KINDS:
             qtype = GGMLQuantizationType.F32
-        elif (outtype == "nvfp4" and nvfp4_eligible(t.spec, quantize_lm_head)
-              and t.shape[-1] % GGML_BLOCK == 0):
+        elif outtype == "nvfp4" and nvfp4_eligible(t.spec) and t.shape[-1] % GGML_BLOCK == 0:
             qtype = GGMLQuantizationType.NVFP4
         else:
             qtype = GGMLQuantizationType.BF16
         plan.append(PlannedTensor(t, qtype))
     kept = [p.tensor.gguf for p in plan if outtype == "nvfp4" and p.qtype is GGMLQuantizationType.BF16
-            and nvfp4_eligible(p.tensor.spec, quantize_lm_head)]
+            and nvfp4_eligible(p.tensor.spec)]
     if kept:
         log.warning("NVFP4 needs K %% %d == 0; %d tensor(s) stay BF16, e.g. %s", GGML_BLOCK, len(kept), kept[:3])
     return plan
 
 
 def write_gguf(path: Path, config: FlintConfig, source: TensorSource, *, outtype: str,
-               quantize_lm_head: bool = False, device: str | torch.device = "cpu",
-               progress: bool = True) -> list[PlannedTensor]:
+               device: str | torch.device = "cpu", progress: bool = True) -> list[PlannedTensor]:
     """Write `path`; returns the plan (which tensor got which ggml type)."""
-    plan = plan_tensors(config, outtype, quantize_lm_head)
+    plan = plan_tensors(config, outtype)
     writer = GGUFWriter(path=None, arch=ARCH)
     writer.add_file_type(LlamaFileType.MOSTLY_NVFP4 if outtype == "nvfp4" else LlamaFileType.MOSTLY_BF16)
     writer.add_quantization_version(GGML_QUANT_VERSION)

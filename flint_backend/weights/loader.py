@@ -4,12 +4,13 @@
     ckpt = load_checkpoint("flint-nvfp4.gguf", device="cuda",
                            hf_config_path="checkpoints/flint-tiny")               # NVFP4 GGUF
 
-`ckpt.tensors` uses HF names, except that the routed experts of a layer are stacked:
+`ckpt.tensors` uses the Hub's names, except that the routed experts of a layer are stacked:
 `model.layers.{i}.mlp.experts.{gate,up}_proj.weight` [E, I, H] and `...down_proj.weight`
-[E, H, I]. Sinks and the router correction bias are fp32, everything else `dtype`. From an
-NVFP4 GGUF (keep_nvfp4=True) the quantised linears are NVFP4Weight (nvfp4.py documents the
-layout); a linear the file stores densely (e.g. K not a multiple of 64) is a plain tensor, so
-consumers accept either. `unstack_experts` gives per-expert HF names (reference.build_reference).
+[E, H, I]. Sinks are fp32; the router weight is fp32, or `dtype` when that holds every value
+exactly (a lossless copy: the router then reads half the bytes); everything else `dtype`. From
+an NVFP4 GGUF (keep_nvfp4=True) the quantised linears, the LM head included, are NVFP4Weight
+(nvfp4.py documents the layout); a linear the file stores densely (e.g. K not a multiple of 64)
+is a plain tensor, so consumers accept either.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from flint_backend.config import ConfigError, FlintConfig
 from flint_backend.weights.gguf_loader import gguf_config, load_gguf, open_gguf
 from flint_backend.weights.nvfp4 import NVFP4Weight
 from flint_backend.weights.safetensors_loader import SafetensorsCheckpoint
-from flint_backend.weights.schema import TENSORS, CheckpointError, Scope, stacked_name
+from flint_backend.weights.schema import TENSORS, CheckpointError, Kind
 
 Weight = torch.Tensor | NVFP4Weight
 GGUF_MAGIC = b"GGUF"
@@ -46,7 +47,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu", dty
     if path.is_dir():
         config = _json_config(hf_config_path or path)
         tensors = SafetensorsCheckpoint(path, config).load(device, dtype, progress)
-        return LoadedCheckpoint(config, tensors, "safetensors", path)
+        return LoadedCheckpoint(config, exact_routers(tensors, dtype), "safetensors", path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint path {path} does not exist")
     with open(path, "rb") as f:
@@ -56,7 +57,21 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu", dty
     reader = open_gguf(path)
     config = gguf_config(reader, path, hf_config_path)
     tensors = load_gguf(path, reader, config, device, dtype, keep_nvfp4, progress)
-    return LoadedCheckpoint(config, tensors, "gguf", path)
+    return LoadedCheckpoint(config, exact_routers(tensors, dtype), "gguf", path)
+
+
+_ROUTERS = [re.compile(re.escape(s.hf).replace(r"\{i\}", r"\d+") + "$") for s in TENSORS if s.kind is Kind.ROUTER]
+
+
+def exact_routers(tensors: dict[str, Weight], dtype: torch.dtype) -> dict[str, Weight]:
+    """Each fp32 router weight in `dtype` where that copy holds every value exactly."""
+    for name, value in tensors.items():
+        if (isinstance(value, torch.Tensor) and value.dtype == torch.float32 and dtype != torch.float32
+                and any(p.match(name) for p in _ROUTERS)):
+            low = value.to(dtype)
+            if torch.equal(low.float(), value):
+                tensors[name] = low
+    return tensors
 
 
 def _json_config(path: str | Path) -> FlintConfig:
@@ -64,22 +79,3 @@ def _json_config(path: str | Path) -> FlintConfig:
         return FlintConfig.from_json(path)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
-
-
-_STACKED = [(re.compile(re.escape(stacked_name(s)).replace(r"\{i\}", r"(\d+)") + "$"), s)
-            for s in TENSORS if s.scope is Scope.EXPERT]
-
-
-def unstack_experts(tensors: dict[str, Weight]) -> dict[str, Weight]:
-    """Stacked routed experts [E, N, K] -> E tensors under per-expert HF names; the rest as is."""
-    out: dict[str, Weight] = {}
-    for name, value in tensors.items():
-        found = [(match, spec) for pattern, spec in _STACKED if (match := pattern.match(name))]
-        if not found:
-            out[name] = value
-            continue
-        match, spec = found[0]
-        layer = int(match.group(1))
-        for e in range(value.shape[0]):
-            out[spec.hf.format(i=layer, e=e)] = value[e]
-    return out

@@ -55,6 +55,7 @@ GGML_BLOCK_BYTES = 36      # 4 scale bytes + 32 nibble bytes
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 _UE4M3_ZERO_ALIAS = 0x7F   # ggml decodes it as 0; float8_e4m3fn decodes it as NaN
+_UE4M3_INVALID = 0xFF      # refused (vLLM's Flint GGUF loader does so too)
 
 
 def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, scale: torch.Tensor,
@@ -147,16 +148,17 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
 def from_ggml_blocks(blocks: torch.Tensor, scale: torch.Tensor, name: str = "tensor") -> NVFP4Weight:
     """ggml NVFP4 bytes [..., N, K/64*36] + global scale [...] -> NVFP4Weight, lossless.
 
-    Runs on the blocks' device. Raises CheckpointError if a UE4M3 scale byte has bit 7 set
-    (ggml's scales are 7-bit; llama.cpp's converter strips the sign bit).
+    Runs on the blocks' device. A UE4M3 scale byte is 7 bits: bit 7 is ignored (as ggml and
+    gguf-py decode it) and 0x7F decodes as 0; 0xFF is no scale at all and raises CheckpointError.
     """
     if blocks.dtype != torch.uint8 or blocks.shape[-1] % GGML_BLOCK_BYTES:
         raise CheckpointError(f"{name}: NVFP4 rows of {blocks.shape[-1]} bytes ({blocks.dtype}), "
                               f"expected uint8 rows of a multiple of {GGML_BLOCK_BYTES} bytes")
     sb = blocks.unflatten(-1, (-1, GGML_BLOCK_BYTES))           # [..., N, K/64, 36]
     d = sb[..., :4].flatten(-2)                                 # [..., N, K/16] UE4M3 bytes
-    if bool((d & 0x80).any()):
-        raise CheckpointError(f"{name}: an NVFP4 block-scale byte has bit 7 set; expected 7-bit UE4M3 scales")
+    if bool((d == _UE4M3_INVALID).any()):
+        raise CheckpointError(f"{name}: an NVFP4 block-scale byte is 0xFF, which is no UE4M3 value")
+    d = d & 0x7F
     d = torch.where(d == _UE4M3_ZERO_ALIAS, torch.zeros_like(d), d)
     qs = sb[..., 4:].unflatten(-1, (4, 8))                      # [..., N, K/64, 4 sub-blocks, 8]
     codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)             # [..., N, K/64, 4, 16] in k order

@@ -3,8 +3,7 @@
 Each tensor has its own generator seeded from (seed, name), so a tensor's values do not
 depend on sharding, order or which other tensors are built. Scales keep activations in a
 sane range through every layer: unit-RMS inputs to every projection give unit-variance
-outputs, residual-writing projections are halved, sinks and router biases are O(1)/O(0.1)
-so that both visibly matter.
+outputs, residual-writing projections are halved, sinks are O(1) so that they visibly matter.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ Weight = torch.Tensor | NVFP4Weight
 
 OUTPUT_SCALE = 0.5  # o_proj / down_proj: keep the residual stream from growing layer over layer
 NORM_JITTER = 0.1   # norm weights 1 + N(0, 0.1): a test notices a norm whose weight is ignored
-BIAS_STD = 0.1      # router correction bias: changes some top-k choices, not most
 
 
 def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
@@ -44,8 +42,6 @@ def random_tensor(name: str, shape: tuple[int, ...], kind: Kind, seed: int = 0,
         return 1.0 + NORM_JITTER * x
     if kind is Kind.SINK:
         return x
-    if kind is Kind.BIAS:
-        return BIAS_STD * x
     scale = 1.0 / math.sqrt(shape[-1])  # LINEAR, OUTPUT, ROUTER: fan-in scaling
     if kind is Kind.OUTPUT:
         scale *= OUTPUT_SCALE

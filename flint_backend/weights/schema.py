@@ -1,8 +1,12 @@
-"""The checkpoint's tensors, declared once: HF name, llama.cpp-style GGUF name, shape, kind.
+"""The checkpoint's tensors, declared once: Hub name, GGUF name, shape, kind.
 
 Every loader, writer and converter walks this table; nothing else spells a tensor name.
-`{i}` is the layer index, `{e}` the routed-expert index. GGUF stacks the routed experts of a
-layer into one tensor (`*_exps`, shape [E, N, K]); HF stores one tensor per expert.
+`{i}` is the layer index, `{e}` the routed-expert index. Names are those of the official
+checkpoint (`RecursiveSI/flint`, and what transformers' `save_pretrained` writes): one tensor per
+routed expert, the sinks as `self_attn.softmax_offset`. transformers' in-memory naming is read
+too (ALIASES: the fused `mlp.experts.gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I], and
+`self_attn.sinks`). GGUF names are those of vLLM's Flint GGUF loader; GGUF stacks the routed
+experts of a layer into one tensor (`*_exps`, shape [E, N, K]).
 """
 
 from __future__ import annotations
@@ -20,16 +24,15 @@ class Kind(Enum):
     EMBEDDING = "embedding"  # [V, H] row lookup
     LINEAR = "linear"        # [N, K] weight of y = x @ W.T
     OUTPUT = "output"        # LINEAR whose result lands on the residual stream (o_proj, down_proj)
-    ROUTER = "router"        # [E, H] router weight, used in fp32
+    ROUTER = "router"        # [E, H] router weight, fp32 (logits in fp32)
     NORM = "norm"            # RMSNorm weight
     SINK = "sink"            # [heads] attention-sink logits, fp32
-    BIAS = "bias"            # [E] router correction bias, fp32
 
 
 class Scope(Enum):
     GLOBAL = "global"  # once per model
     LAYER = "layer"    # every layer
-    DENSE = "dense"    # layers < first_k_dense_replace
+    DENSE = "dense"    # dense MLP layers (mlp_only_layers)
     MOE = "moe"        # MoE layers
     EXPERT = "expert"  # every routed expert of every MoE layer
 
@@ -45,12 +48,12 @@ class TensorSpec:
 
 def _q(c): return c.num_attention_heads * c.head_dim
 def _kv(c): return c.num_key_value_heads * c.head_dim
-def _shared(c): return c.shared_intermediate_size
+def _shared(c): return c.shared_expert_intermediate_size
 
 
 _L = "model.layers.{i}."
 _E = _L + "mlp.experts.{e}."
-_S = _L + "mlp.shared_experts."
+_S = _L + "mlp.shared_expert."
 
 TENSORS: tuple[TensorSpec, ...] = (
     TensorSpec("model.embed_tokens.weight", "token_embd.weight", Kind.EMBEDDING, Scope.GLOBAL,
@@ -69,22 +72,20 @@ TENSORS: tuple[TensorSpec, ...] = (
                lambda c: (c.head_dim,)),
     TensorSpec(_L + "self_attn.k_norm.weight", "blk.{i}.attn_k_norm.weight", Kind.NORM, Scope.LAYER,
                lambda c: (c.head_dim,)),
-    TensorSpec(_L + "self_attn.sinks", "blk.{i}.attn_sinks.weight", Kind.SINK, Scope.LAYER,
+    TensorSpec(_L + "self_attn.softmax_offset", "blk.{i}.attn_sinks.weight", Kind.SINK, Scope.LAYER,
                lambda c: (c.num_attention_heads,)),
     TensorSpec(_L + "post_attention_layernorm.weight", "blk.{i}.ffn_norm.weight", Kind.NORM, Scope.LAYER,
                lambda c: (c.hidden_size,)),
-    # dense SwiGLU (layers 0..first_k_dense_replace-1)
+    # dense SwiGLU (mlp_only_layers)
     TensorSpec(_L + "mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight", Kind.LINEAR, Scope.DENSE,
                lambda c: (c.intermediate_size, c.hidden_size)),
     TensorSpec(_L + "mlp.up_proj.weight", "blk.{i}.ffn_up.weight", Kind.LINEAR, Scope.DENSE,
                lambda c: (c.intermediate_size, c.hidden_size)),
     TensorSpec(_L + "mlp.down_proj.weight", "blk.{i}.ffn_down.weight", Kind.OUTPUT, Scope.DENSE,
                lambda c: (c.hidden_size, c.intermediate_size)),
-    # MoE: router, correction bias, shared expert
+    # MoE: router, shared expert
     TensorSpec(_L + "mlp.gate.weight", "blk.{i}.ffn_gate_inp.weight", Kind.ROUTER, Scope.MOE,
-               lambda c: (c.n_routed_experts, c.hidden_size)),
-    TensorSpec(_L + "mlp.gate.e_score_correction_bias", "blk.{i}.exp_probs_b.bias", Kind.BIAS, Scope.MOE,
-               lambda c: (c.n_routed_experts,)),
+               lambda c: (c.num_experts, c.hidden_size)),
     TensorSpec(_S + "gate_proj.weight", "blk.{i}.ffn_gate_shexp.weight", Kind.LINEAR, Scope.MOE,
                lambda c: (_shared(c), c.hidden_size)),
     TensorSpec(_S + "up_proj.weight", "blk.{i}.ffn_up_shexp.weight", Kind.LINEAR, Scope.MOE,
@@ -104,8 +105,9 @@ TENSORS: tuple[TensorSpec, ...] = (
                lambda c: (c.vocab_size, c.hidden_size)),
 )
 
-# fp32 in every checkpoint (tiny, precision-critical); everything else is stored in bf16
-FP32_KINDS = frozenset({Kind.SINK, Kind.BIAS})
+# fp32 in every checkpoint (transformers keeps them so: `_keep_in_fp32_modules_strict`);
+# everything else is stored in the checkpoint's dtype
+FP32_KINDS = frozenset({Kind.SINK, Kind.ROUTER})
 
 
 def storage_dtype(kind: Kind, dtype: torch.dtype) -> torch.dtype:
@@ -135,7 +137,7 @@ def checkpoint_tensors(config: FlintConfig) -> Iterator[tuple[str, tuple[int, ..
     """(HF name, shape, spec) of every tensor, layer by layer (embedding first, norm + LM head last)."""
     for spec, i in _walk(config):
         if spec.scope is Scope.EXPERT:
-            for e in range(config.n_routed_experts):
+            for e in range(config.num_experts):
                 yield spec.hf.format(i=i, e=e), spec.shape(config), spec
         else:
             yield spec.hf.format(i=i), spec.shape(config), spec
@@ -163,7 +165,7 @@ def loaded_tensors(config: FlintConfig) -> Iterator[LoadedTensor]:
     """Every tensor of a loaded checkpoint (the engine's naming), in checkpoint order."""
     for spec, i in _walk(config):
         if spec.scope is Scope.EXPERT:
-            shape = (config.n_routed_experts, *spec.shape(config))
+            shape = (config.num_experts, *spec.shape(config))
             yield LoadedTensor(stacked_name(spec).format(i=i), spec.gguf.format(i=i), shape, spec, i)
         else:
             yield LoadedTensor(spec.hf.format(i=i), spec.gguf.format(i=i), spec.shape(config), spec, i)
@@ -171,14 +173,41 @@ def loaded_tensors(config: FlintConfig) -> Iterator[LoadedTensor]:
 
 def expert_names(config: FlintConfig, tensor: LoadedTensor) -> list[str]:
     """Per-expert HF names of a stacked routed-expert tensor, expert 0 first."""
-    return [tensor.spec.hf.format(i=tensor.layer, e=e) for e in range(config.n_routed_experts)]
+    return [tensor.spec.hf.format(i=tensor.layer, e=e) for e in range(config.num_experts)]
 
 
-def nvfp4_eligible(spec: TensorSpec, quantize_lm_head: bool = False) -> bool:
-    """Attention projections, dense MLP, shared and routed experts (and the LM head on request)."""
-    if spec.kind not in (Kind.LINEAR, Kind.OUTPUT):
-        return False
-    return spec.scope is not Scope.GLOBAL or quantize_lm_head
+def nvfp4_eligible(spec: TensorSpec) -> bool:
+    """What an NVFP4 GGUF quantises: attention projections, dense MLP, shared and routed experts
+    and the LM head; the embedding, norms, sinks and router stay unquantised."""
+    return spec.kind in (Kind.LINEAR, Kind.OUTPUT)
+
+
+# transformers' in-memory names (a FlintForCausalLM's state_dict): each holds one or more loaded
+# tensors (the engine's naming, routed experts stacked) concatenated along dim -2.
+@dataclass(frozen=True)
+class Alias:
+    name: str                 # with {i}
+    parts: tuple[str, ...]    # loaded names, with {i}
+
+
+_X = _L + "mlp.experts."
+ALIASES: tuple[Alias, ...] = (
+    Alias(_L + "self_attn.sinks", (_L + "self_attn.softmax_offset",)),
+    Alias(_X + "gate_up_proj", (_X + "gate_proj.weight", _X + "up_proj.weight")),  # [E, 2I, H]
+    Alias(_X + "down_proj", (_X + "down_proj.weight",)),                           # [E, H, I]
+)
+
+
+def aliases(config: FlintConfig) -> dict[str, tuple[str, ...]]:
+    """transformers' name -> the loaded names it holds, for every layer that has them."""
+    by_loaded = {t.name: t for t in loaded_tensors(config)}
+    out = {}
+    for alias in ALIASES:
+        for i in range(config.num_hidden_layers):
+            parts = tuple(p.format(i=i) for p in alias.parts)
+            if all(p in by_loaded for p in parts):
+                out[alias.name.format(i=i)] = parts
+    return out
 
 
 def check_shape(name: str, expected: tuple[int, ...], found: tuple[int, ...], where: str) -> None:

@@ -1,6 +1,5 @@
 """The engine loads checkpoints through the weights loader and runs the Triton kernels."""
 
-import torch
 
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs

@@ -1,21 +1,17 @@
-"""Request lifecycle: aborts free the KV pool, bad input is refused, logits match the reference."""
+"""Request lifecycle: aborts free the KV pool, bad input is refused, logits match the oracle."""
 
 import random
 
 import pytest
-import torch
 
 from flint_backend.config import FlintConfig
-from flint_backend.engine.engine import LLMEngine, RequestError
+from flint_backend.engine.engine import RequestError
 from flint_backend.engine.engine_args import EngineArgs, EngineArgsError
 from flint_backend.engine.engine_thread import EngineThread
 from flint_backend.engine.sampling_params import SamplingParams
-from flint_backend.engine.scheduler import ScheduledBatch
 from flint_backend.engine.step_batch import build_step_batch
-from flint_backend.reference import build_reference
-from flint_backend.weights.random_init import random_weights
-
-from engine_cases import make_engine, random_prompts, run_to_completion
+from engine_cases import make_engine, random_prompts
+from oracle import logits
 
 
 def test_hundreds_of_aborts_return_the_pool_to_free():
@@ -69,26 +65,20 @@ def test_kv_pool_smaller_than_the_context_is_refused():
         make_engine(num_kv_blocks=4, block_size=4, max_model_len=64)
 
 
-@pytest.mark.parametrize("dtype, ref_dtype, tol", [("float32", torch.float64, 2e-4),
-                                                    ("bfloat16", torch.bfloat16, 2e-2)])
-def test_engine_logits_match_the_reference(dtype, ref_dtype, tol):
-    """Last-token logits of prompts prefilled together (one chunked over two steps), logits ~N(0, 1).
-    fp32 engine vs fp64 reference: rounding only. bf16 engine vs the bf16 reference: the same
-    roundings in the same places, up to accumulation order (bf16 vs fp64 differs by up to ~0.7 here
-    where bf16 rounding flips a router choice, so that comparison is no test of the engine)."""
+def test_engine_logits_match_the_oracle(tiny_oracle):
+    """Last-token logits (~N(0, 1)) of prompts prefilled together, one chunked over two steps: the
+    fp32 engine against the float64 oracle differs by rounding only."""
     config = FlintConfig.preset("flint-tiny")
-    weights = dict(random_weights(config, 0, getattr(torch, dtype)))
-    ref = build_reference(config, weights, dtype=ref_dtype)
-    engine = make_engine(dtype=dtype, max_num_batched_tokens=64)
-    prompts = random_prompts(5, 2, 30, seed=11)
-    seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=1)) for p in prompts]
+    engine = make_engine(max_num_batched_tokens=64)
+    for p in random_prompts(5, 2, 30, seed=11):
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=1))
     scheduled = engine.scheduler.schedule()
     batch = build_step_batch(scheduled.entries, engine.runner.kv_spec.block_size, config.sliding_window, engine.device)
-    logits = engine.runner.model.forward(batch, engine.runner.kv)
+    got = engine.runner.model.forward(batch, engine.runner.kv)
     for row, seq in enumerate(batch.sample_seqs):
-        expected = ref(torch.tensor(seq.token_ids)).logits[-1]
-        err = (logits[row].double() - expected.double()).abs().max().item()
-        assert err < tol, f"{dtype}: max |logit error| {err}"
+        expected = logits(tiny_oracle, seq.token_ids)[-1]
+        err = (got[row].double() - expected).abs().max().item()
+        assert err < 2e-4, f"max |logit error| {err}"
 
 
 def test_engine_thread_streams_and_aborts():

@@ -1,8 +1,9 @@
 """The engine on every Triton kernel (kernel_backend="triton", CPU interpreter): greedy tokens equal
-the reference's, on dense weights and on an NVFP4 GGUF (W4A16). fp32 activations: the kernels
-differ from the reference only in summation order, so tokens are exact away from near-ties (the
-oracle skips those prompts). Small on purpose: every kernel runs in Triton's interpreter, so the
-model is flint-tiny cut to 4 layers (dense 0-1, MoE 2-3; sliding 0-2, full attention 3)."""
+transformers' FlintForCausalLM's, on dense weights and on an NVFP4 GGUF (W4A16). fp32 activations:
+the kernels differ from the oracle only in summation order, so tokens are exact away from
+near-ties (the oracle skips those prompts). Small on purpose: every kernel runs in Triton's
+interpreter, so the model is flint-tiny cut to 4 layers (dense 0-1, MoE 2-3; full attention 0, 1
+and 3, sliding 2)."""
 
 import pytest
 import torch
@@ -11,15 +12,14 @@ from flint_backend.config import FlintConfig
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.sampling_params import SamplingParams
-from flint_backend.reference import build_reference
 from flint_backend.weights.convert import convert_checkpoint
 from flint_backend.weights.loader import load_checkpoint
 from flint_backend.weights.nvfp4 import NVFP4Weight
 from flint_backend.weights.random_init import random_stacked_weights, random_weights
-from flint_backend.weights.reference_weights import reference_state_dict
 from flint_backend.weights.safetensors_writer import write_sharded
 
-from engine_cases import TIE_MARGIN, random_prompts, run_to_completion
+from engine_cases import random_prompts, run_to_completion
+from oracle import TIE_MARGIN, NearTie, greedy, oracle_model
 
 NEW_TOKENS = 6
 # one prefill step for all prompts (T > SMALL_BATCH_TOKENS: the grouped MoE path), then decode
@@ -32,21 +32,15 @@ def tiny_config(**overrides) -> FlintConfig:
     return FlintConfig.preset("flint-tiny", num_hidden_layers=4, **overrides)
 
 
-def fair_cases(reference_state: dict, config: FlintConfig, count: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt, greedy continuation of the fp64 reference) for prompts free of near-ties."""
-    ref = build_reference(config, reference_state, dtype=torch.float64)
+def fair_cases(tensors: dict, config: FlintConfig, count: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt, greedy continuation of the float64 oracle on `tensors`) for prompts free of near-ties."""
+    oracle = oracle_model(config, tensors, torch.float64)
     cases = []
     for prompt in random_prompts(3 * count, 3, 20, seed=5):
-        ids, out = list(prompt), []
-        with torch.no_grad():
-            while len(out) < NEW_TOKENS:
-                top = ref(torch.tensor(ids)).logits[-1].topk(2)
-                if top.values[0] - top.values[1] < TIE_MARGIN:
-                    break
-                out.append(int(top.indices[0]))
-                ids.append(out[-1])
-        if len(out) == NEW_TOKENS:
-            cases.append((prompt, out))
+        try:
+            cases.append((prompt, greedy(oracle, prompt, NEW_TOKENS, tie_margin=TIE_MARGIN)))
+        except NearTie:
+            pass
     assert len(cases) >= count
     return cases[:count]
 
@@ -58,20 +52,20 @@ def run_greedy(engine: LLMEngine, prompts: list[list[int]], new_tokens: int = NE
     return [s.output_ids for s in seqs]
 
 
-def test_triton_backend_greedy_equals_reference():
+def test_triton_backend_greedy_equals_the_oracle():
     config = tiny_config()
-    cases = fair_cases(dict(random_weights(config, 0, torch.float32)), config, 4)
-    engine = LLMEngine(EngineArgs(kernel_backend="triton", **ENGINE), config=config,
-                       weights=random_stacked_weights(config, 0, torch.float32))
+    weights = random_stacked_weights(config, 0, torch.float32)
+    cases = fair_cases(weights, config, 4)
+    engine = LLMEngine(EngineArgs(kernel_backend="triton", **ENGINE), config=config, weights=weights)
     assert engine.runner.sampler.fused_sample is not None
     assert run_greedy(engine, [p for p, _ in cases]) == [out for _, out in cases]
 
 
 @pytest.fixture(scope="module")
 def nvfp4_checkpoint(tmp_path_factory):
-    """64-wide experts (every linear's K is a multiple of 64, so every linear but the LM head is
-    NVFP4), written as HF safetensors, converted to an NVFP4 GGUF, loaded with keep_nvfp4."""
-    config = tiny_config(moe_intermediate_size=64)
+    """Every linear's K a multiple of 64, so every linear (the LM head too) is NVFP4: written as
+    HF safetensors, converted to an NVFP4 GGUF, loaded with keep_nvfp4."""
+    config = tiny_config()
     hf_dir = tmp_path_factory.mktemp("w4a16") / "flint-tiny"
     write_sharded(random_weights(config, 0), hf_dir, 1 << 30)
     config.to_json(hf_dir)
@@ -80,13 +74,14 @@ def nvfp4_checkpoint(tmp_path_factory):
     ckpt = load_checkpoint(gguf, hf_config_path=hf_dir, dtype=torch.float32, keep_nvfp4=True, progress=False)
     assert isinstance(ckpt.tensors["model.layers.3.mlp.experts.down_proj.weight"], NVFP4Weight)
     assert isinstance(ckpt.tensors["model.layers.0.self_attn.k_proj.weight"], NVFP4Weight)
+    assert isinstance(ckpt.tensors["lm_head.weight"], NVFP4Weight)
     return ckpt
 
 
 @pytest.mark.parametrize("backend,prompts,new_tokens", [("torch", 4, NEW_TOKENS), ("triton", 2, 4)])
-def test_w4a16_greedy_equals_the_w4a16_reference(backend, prompts, new_tokens, nvfp4_checkpoint):
-    """The reference on the exactly dequantised weights (reference_state_dict) is the W4A16 oracle."""
-    cases = fair_cases(reference_state_dict(nvfp4_checkpoint.tensors), nvfp4_checkpoint.config, prompts)
+def test_w4a16_greedy_equals_the_oracle_on_the_dequantised_weights(backend, prompts, new_tokens, nvfp4_checkpoint):
+    """The oracle on the exactly dequantised weights (weights.hf_state) is the W4A16 oracle."""
+    cases = fair_cases(nvfp4_checkpoint.tensors, nvfp4_checkpoint.config, prompts)
     engine = LLMEngine(EngineArgs(kernel_backend=backend, **ENGINE), config=nvfp4_checkpoint.config,
                        weights=nvfp4_checkpoint.tensors)
     assert run_greedy(engine, [p for p, _ in cases], new_tokens) == [out[:new_tokens] for _, out in cases]

@@ -1,14 +1,14 @@
-"""Prompt logprobs: each prompt token's logprob and top N equal the reference's, whatever the
+"""Prompt logprobs: each prompt token's logprob and top N equal the oracle's, whatever the
 chunking, block size or preemption, handed over once with the first generated token."""
 
 import pytest
-import torch
 
 from flint_backend.engine.sampling_params import SamplingParams, SamplingParamsError
 
 from engine_cases import make_engine, run_to_completion
+from oracle import logits
 
-TOL = 1e-4  # the fp32 engine against the fp64 reference
+TOL = 1e-4  # the fp32 engine against the float64 oracle
 
 
 @pytest.mark.parametrize("overrides", [
@@ -17,7 +17,7 @@ TOL = 1e-4  # the fp32 engine against the fp64 reference
     dict(block_size=16, max_num_batched_tokens=5),
     dict(num_kv_blocks=40, max_model_len=160, max_num_batched_tokens=64),  # preemption: prompts recomputed
 ], ids=["default", "block1-chunk7", "block16-chunk5", "preemption"])
-def test_prompt_logprobs_equal_the_reference(overrides, tiny_reference, fair_prompts):
+def test_prompt_logprobs_equal_the_oracles(overrides, tiny_oracle, fair_prompts):
     engine = make_engine(**overrides)
     seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, prompt_logprobs=2))
             for p in fair_prompts]
@@ -30,8 +30,7 @@ def test_prompt_logprobs_equal_the_reference(overrides, tiny_reference, fair_pro
         assert carrying == [0] and mine[0].new_token_ids  # once, with the first token
         got = mine[0].prompt_logprobs
         assert [token for token, _ in got] == prompt and got[0][1] is None
-        with torch.no_grad():
-            reference = tiny_reference(torch.tensor(prompt)).logits[:-1].log_softmax(-1)  # [len - 1, V]
+        reference = logits(tiny_oracle, prompt)[:-1].log_softmax(-1)  # [len - 1, V]
         for p, (token, logprobs) in enumerate(got[1:]):
             assert logprobs.token_logprob == pytest.approx(float(reference[p, token]), abs=TOL)
             assert len(logprobs.top) == 2

@@ -1,15 +1,17 @@
 """attention_torch (the oracle for both attention kernels and the engine's torch backend)
-against flint_backend.reference: its masks and softmax-with-sink on whole sequences, and a
-whole reference attention layer rebuilt from qk_norm_rope_torch + attention_torch."""
+against dense masked attention with sinks on whole sequences (transformers' eager_attention_forward),
+and transformers' FlintAttention layer rebuilt from qk_norm_rope_torch + attention_torch over
+chunked prefill and decode steps."""
 
 import math
 
 import pytest
 import torch
+import transformers
+from transformers.models.flint import modeling_flint as hf
 
-from flint_backend import reference
 from flint_backend.config import SLIDING, FlintConfig
-from flint_backend.weights.random_init import random_weights
+from flint_backend.model import rope_cos_sin_cache
 from flint_kernels.attention import attention_torch
 from flint_kernels.decode_attention import decode_attention_torch
 from flint_kernels.prefill_attention import prefill_attention_torch
@@ -19,20 +21,37 @@ from kv_cases import make_step
 TOL = {torch.bfloat16: dict(rtol=1e-2, atol=1e-2), torch.float32: dict(rtol=1e-5, atol=1e-5)}
 
 
+def additive_mask(t: int, window: int | None, rows: slice = slice(None)) -> torch.Tensor:
+    """[T, T] fp32, 0 where query i may attend key j (causal; within `window` counting the query
+    itself), -inf elsewhere: what transformers' (sliding-window) causal mask holds."""
+    i = torch.arange(t)[:, None]
+    j = torch.arange(t)[None, :]
+    allowed = j <= i
+    if window:
+        allowed &= j > i - window
+    return torch.zeros(t, t).masked_fill(~allowed, float("-inf"))[rows]
+
+
+class _Sinks(torch.nn.Module):
+    """What eager_attention_forward reads from its module: the sinks and the GQA group."""
+
+    def __init__(self, sinks, groups):
+        super().__init__()
+        self.sinks, self.num_key_value_groups = sinks, groups
+
+
 def dense_reference(step, i, sm_scale, window):
-    """Sequence i's new queries against all its positions, written like FlintAttention.forward."""
+    """Sequence i's new queries against all its positions through transformers'
+    eager_attention_forward (fp32 scores and softmax with the sink)."""
     s, e = int(step.query_start_loc[i]), int(step.query_start_loc[i + 1])
     ctx = int(step.context_lens[i])
-    q = reference.upcast(step.q[s:e]).transpose(0, 1)  # [Hq, n, D]
-    group = q.shape[0] // step.k.shape[1]
-    k = reference.upcast(step.keys[i]).transpose(0, 1).repeat_interleave(group, 0)  # [Hq, T, D]
-    v = reference.upcast(step.values[i]).transpose(0, 1).repeat_interleave(group, 0)
-    scores = q @ k.transpose(-1, -2) * sm_scale  # [Hq, n, T]
-    mask = reference.attention_mask(ctx + e - s, window or None)[ctx:]
-    scores = scores.masked_fill(~mask, float("-inf"))
-    sink = step.sinks.view(-1, 1, 1).expand(-1, e - s, 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    return (probs @ v).transpose(0, 1).to(step.q.dtype)
+    q = step.q[s:e].float().transpose(0, 1)[None]  # [1, Hq, n, D]
+    k = step.keys[i].float().transpose(0, 1)[None]  # [1, Hk, T, D]
+    v = step.values[i].float().transpose(0, 1)[None]
+    mask = additive_mask(ctx + e - s, window, slice(ctx, None))[None, None]  # [1, 1, n, T]
+    module = _Sinks(step.sinks.float(), q.shape[1] // k.shape[1]).eval()
+    out, _ = hf.eager_attention_forward(module, q, k, v, mask, scaling=sm_scale)
+    return out[0].to(step.q.dtype)  # [n, Hq, D]
 
 
 SEQS = [(0, 1), (3, 1), (8, 1), (9, 1), (10, 1), (20, 1), (0, 7), (0, 12), (5, 4), (9, 9), (14, 6)]
@@ -86,47 +105,65 @@ def test_input_errors():
                         step.v_cache, step.sinks, 0.25, 9)
 
 
-@pytest.mark.parametrize("layer", [0, 3])  # a sliding (RoPE, ring cache) and a full (NoPE, paged) layer
-def test_reference_layer_rebuilt_from_torch_ops(layer):
+def transformers_attention(config, layer, seed):
+    """transformers' FlintAttention of `layer` (eager), fp32, with random weights and sinks."""
+    hf_config = transformers.FlintConfig(**config.to_dict())
+    hf_config._attn_implementation = "eager"
+    attn = hf.FlintAttention(hf_config, layer).eval()
+    g = torch.Generator().manual_seed(seed)
+    for name, p in attn.named_parameters():
+        if name.endswith("norm.weight"):
+            p.data = 1 + 0.2 * torch.randn(p.shape, generator=g)
+        else:
+            p.data = torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 1)
+    return attn, hf_config
+
+
+@pytest.mark.parametrize("layer", [2, 0])  # a sliding (RoPE, ring cache) and a full (NoPE, paged) layer
+def test_transformers_layer_rebuilt_from_torch_ops(layer):
     """Chunked prefill and decode steps through qk_norm_rope_torch + attention_torch + o_proj
-    equal the reference layer run on the whole sequence (fp64; cos/sin tables are fp32)."""
+    equal transformers' FlintAttention run on the whole sequence (fp32; its scores and softmax
+    are fp32 either way)."""
     config = FlintConfig.preset("flint-tiny")
-    model = reference.build_reference(config, dict(random_weights(config, 1)), dtype=torch.float64)
-    attn = model.model.layers[layer].self_attn
+    attn, hf_config = transformers_attention(config, layer, seed=layer + 1)
     hq, hk, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     sliding = config.layer_types[layer] == SLIDING
+    assert sliding == config.has_rope(layer)
     window = config.sliding_window if sliding else 0
-    x = torch.randn(27, config.hidden_size, dtype=torch.float64)
-    expected = attn(x[None])[0]
+    x = torch.randn(27, config.hidden_size, generator=torch.Generator().manual_seed(7))
+    position_embeddings = hf.FlintRotaryEmbedding(hf_config)(x, torch.arange(27)[None])
+    with torch.no_grad():
+        expected = attn(x[None], position_embeddings, additive_mask(27, window)[None, None])[0][0]
 
-    w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-    cos, sin = reference.rope_cos_sin(torch.arange(64), d, config.rope_theta)
-    cos_sin = torch.cat([cos[:, :d // 2], sin[:, :d // 2]], dim=-1).float() if sliding else None
+    w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+    cos_sin = rope_cos_sin_cache(64, d, config.rope_theta, "cpu") if sliding else None
     rows_per = window if sliding else 4  # ring width = window; paged block size 4
-    k_cache = torch.full((3 if sliding else 8, rows_per, hk, d), float("nan"), dtype=torch.float64)
+    k_cache = torch.full((3 if sliding else 8, rows_per, hk, d), float("nan"))
     v_cache = torch.full_like(k_cache, float("nan"))
     ring_rows = torch.tensor([2], dtype=torch.int32)
     block_tables = torch.tensor([[5, 1, 7, 0, 2, 6, 4, 3]], dtype=torch.int32)
     chunks = [5, 1, 9, 1, 10, 1]
     outs, ctx = [], 0
+    q_w, k_w, o_w, sinks = (t.detach() for t in (attn.q_norm.weight, attn.k_norm.weight, attn.o_proj.weight,
+                                                  attn.sinks))
     for n in chunks:
         pos = torch.arange(ctx, ctx + n)
         if sliding:  # the engine writes the ring after attention
-            q, k, v = qk_norm_rope_torch(x[ctx:ctx + n] @ w_qkv.T, attn.q_norm.weight, attn.k_norm.weight,
-                                         pos, cos_sin, config.rms_norm_eps, hq, hk)
+            q, k, v = qk_norm_rope_torch(x[ctx:ctx + n] @ w_qkv.T, q_w, k_w, pos, cos_sin,
+                                         config.rms_norm_eps, hq, hk)
         else:  # paged: the fused write happens before attention
             slots = block_tables[0].long()[pos // 4] * 4 + pos % 4
-            q, k, v = qk_norm_rope_torch(x[ctx:ctx + n] @ w_qkv.T, attn.q_norm.weight, attn.k_norm.weight,
-                                         pos, None, config.rms_norm_eps, hq, hk, k_cache, v_cache, slots)
+            q, k, v = qk_norm_rope_torch(x[ctx:ctx + n] @ w_qkv.T, q_w, k_w, pos, None,
+                                         config.rms_norm_eps, hq, hk, k_cache, v_cache, slots)
         heads = attention_torch(q, k, v, torch.tensor([0, n], dtype=torch.int32),
                                 torch.tensor([ctx], dtype=torch.int32), k_cache, v_cache,
-                                attn.sinks.float(), 1 / math.sqrt(d), window,
+                                sinks.float(), 1 / math.sqrt(d), window,
                                 block_tables=None if sliding else block_tables,
                                 ring_rows=ring_rows if sliding else None)
         if sliding:
             for j in range(n):
                 k_cache[2, (ctx + j) % rows_per] = k[j]
                 v_cache[2, (ctx + j) % rows_per] = v[j]
-        outs.append(heads.reshape(n, -1) @ attn.o_proj.weight.T)
+        outs.append(heads.reshape(n, -1) @ o_w.T)
         ctx += n
-    torch.testing.assert_close(torch.cat(outs), expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(torch.cat(outs), expected, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,5 @@
 """Every kernel launch of the real shapes compiles for sm_90 (H200) without a GPU: Triton's
-NVIDIA backend plus the bundled ptxas, within shared-memory limits (scripts/compile_kernels.py);
+NVIDIA backend plus the bundled ptxas, within shared-memory limits (tools/bench/compile_kernels.py);
 with programmatic dependent launch the PTX waits for the previous grid before any global access."""
 
 import os
@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def compile_output(*args) -> str:
-    """stdout of scripts/compile_kernels.py --arch 90 ARGS (exit 0 asserted)."""
+    """stdout of tools/bench/compile_kernels.py --arch 90 ARGS (exit 0 asserted)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py"), "--arch", "90", *args],
+    script = ROOT / "tools" / "bench" / "compile_kernels.py"
+    result = subprocess.run([sys.executable, str(script), "--arch", "90", *args],
                             capture_output=True, text=True, env=env, timeout=600)
     if "ptxas" in result.stderr and "No such file" in result.stderr:
         pytest.skip("Triton's bundled ptxas is missing")
@@ -93,9 +94,10 @@ def test_occupancy_of_the_batch1_bf16_launches():
     """The occupancy columns (flint_kernels/registers.py): ptxas's own register choice leaves the
     batch-1 BF16 qkv GEMV (640 programs, four an SM) more programs than the 132 SMs hold at once
     (capping its registers to fit one wave spilled and measured slower on the H200, 2026-12-05:
-    BF16 2.754 -> 2.877 ms a token). The MoE down launch fits one wave without spilling at two warps
-    a program (moe_gemv.DOWN_DENSE_WARPS: 512 programs, four an SM; at four warps three an SM,
-    1.29 waves)."""
+    BF16 2.754 -> 2.877 ms a token). The MoE down launch (8 slots: 6 routed experts and the shared
+    expert of 1024 as two slots of 512) runs four warps a program (moe_gemv.DOWN_DENSE_WARPS):
+    no spill, three programs an SM, 1.29 waves; at two warps it fits one wave but spills 66-98
+    bytes a thread, and measured slower (H100 2026-12-06: 22.9 against 20.1 us at T=1)."""
     rows = {(row[0], row[1]): row for row in compile_rows("--only", "bf16 T=1") + compile_rows("--only", "qkv T=1")}
     def occupancy(case, kernel):  # (registers, spilled bytes, programs, an SM, waves)
         row = rows[(case, kernel)]
@@ -105,18 +107,18 @@ def test_occupancy_of_the_batch1_bf16_launches():
         (regs, per_sm, waves)
     assert SM90_REGISTERS // program_registers(regs, 4) == per_sm  # bound by registers
     regs, spilled, programs, per_sm, waves = occupancy("moe small routed bf16 T=1", "_moe_down_dense_kernel")
-    assert rows[("moe small routed bf16 T=1", "_moe_down_dense_kernel")][3] == "2"  # warps
-    assert programs == 512 and per_sm == 4 and waves < 1 and spilled == 0, (regs, spilled, per_sm, waves)
-    assert SM90_REGISTERS // program_registers(regs, 2) == per_sm  # bound by registers
+    assert rows[("moe small routed bf16 T=1", "_moe_down_dense_kernel")][3] == "4"  # warps
+    assert programs == 512 and per_sm == 3 and 1 < waves < 1.3 and spilled == 0, (regs, spilled, per_sm, waves)
+    assert SM90_REGISTERS // program_registers(regs, 4) == per_sm  # bound by registers
 
 
 def test_set_compiles_with_a_knob_changed():
-    """--set module.ATTR=value (as bench_step_timeline.py --variant): the MoE down at its former 4
-    warps a program takes three an SM, 1.29 waves."""
+    """--set module.ATTR=value (as bench_step_timeline.py --variant): the MoE down at 2 warps a
+    program takes four an SM, one wave."""
     (row,) = [row for row in compile_rows("--only", "moe small routed bf16 T=1",
-                                          "--set", "flint_kernels.moe_gemv.DOWN_DENSE_WARPS=4")
+                                          "--set", "flint_kernels.moe_gemv.DOWN_DENSE_WARPS=2")
               if row[1] == "_moe_down_dense_kernel"]
-    assert (row[3], row[9], row[10]) == ("4", "3", "1.29"), row
+    assert (row[3], row[9], row[10]) == ("2", "4", "0.97"), row
 
 
 def _sass_line(address: int, text: str, write: int | None = None, wait: tuple = ()) -> str:
@@ -132,7 +134,7 @@ def test_load_waits_reads_the_scoreboards():
     scoreboards 2 and 3, an instruction waiting on 2 (pending: a W), two more loads and a cp.async
     commit (not a load), a wait on 3 (pending), a wait on 5 that no load set (no W). Imported from
     its own module: compile_kernels.py turns Triton's interpreter off when imported."""
-    from scripts.sass_scoreboards import load_waits, sass_scoreboards
+    from tools.bench.sass_scoreboards import load_waits, sass_scoreboards
     sass = "".join([
         _sass_line(0x10, "LDG.E.128 R4, desc[UR4][R2.64]", write=0),  # before the PDL wait: not counted
         _sass_line(0x20, "ACQBULK"),

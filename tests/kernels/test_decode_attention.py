@@ -1,5 +1,5 @@
 """decode_attention (split-KV kernel + reduce kernel; one non-empty split finishes by itself) vs
-decode_attention_torch (= attention_torch, itself checked against flint_backend.reference in
+decode_attention_torch (= attention_torch, itself checked against transformers' attention in
 test_attention.py)."""
 
 import math

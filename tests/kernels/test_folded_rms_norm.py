@@ -79,20 +79,22 @@ def test_nvfp4_gemv(t, n, k, splits, has_residual, words):
     torch.testing.assert_close(res_out, res_torch, **BF16)  # the interpreter truncates to bf16
 
 
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("has_residual", [True, False], ids=["residual", "layer-0"])
 @pytest.mark.parametrize("t,e,h", [(1, 64, 512), (3, 40, 256), (8, 16, 96)])
-def test_router(t, e, h, has_residual):
+def test_router(t, e, h, has_residual, w_dtype):
+    """bf16 activations with a bf16 or an fp32 router weight (the loader keeps it fp32 unless
+    exact in bf16)."""
     x, residual, norm_w = inputs(t, h, has_residual, seed=e)
-    w = torch.randn(e, h, device=DEVICE).to(torch.bfloat16)
-    bias = torch.randn(e, device=DEVICE) * 0.1
-    h_out, ids, weights, res_out = rms_norm_router_topk(x, residual, norm_w, 1e-5, w, bias, 6, 2.5, True)
+    w = torch.randn(e, h, device=DEVICE).to(w_dtype)
+    h_out, ids, weights, res_out = rms_norm_router_topk(x, residual, norm_w, 1e-5, w, 6, True)
     h_expected, expected_res = unfused_norm(x, residual, norm_w)
     assert torch.equal(res_out, expected_res)
     assert_same_bits_on_cpu(h_out, h_expected)
-    expected_ids, expected_weights = router_topk(h_expected, w, bias, 6, 2.5, True)
+    expected_ids, expected_weights = router_topk(h_expected, w, 6, True)
     assert torch.equal(ids, expected_ids)
     torch.testing.assert_close(weights, expected_weights, rtol=1e-5, atol=1e-6)
-    h_torch, _, _, res_torch = rms_norm_router_topk_torch(x, residual, norm_w, 1e-5, w, bias, 6, 2.5, True)
+    h_torch, _, _, res_torch = rms_norm_router_topk_torch(x, residual, norm_w, 1e-5, w, 6, True)
     assert_scaled_close(h_out, h_torch)  # interpreter: bf16 roundings truncate
     torch.testing.assert_close(res_out, res_torch, **BF16)  # the interpreter truncates to bf16
 
@@ -106,11 +108,10 @@ def test_errors_name_the_argument():
         rms_norm_dense_gemv(x, residual.float(), norm_w, 1e-5, w)
     with pytest.raises(ValueError, match=r"expected contiguous \[T <= 4"):
         rms_norm_nvfp4_linear(x.repeat(3, 1), None, norm_w, 1e-5, quantize_nvfp4(w.float().cpu()).to(DEVICE))
-    bias = torch.zeros(8, device=DEVICE)
     with pytest.raises(ValueError, match="hidden size 4096"):
         big, _, big_w = inputs(1, 4096, False)
         rms_norm_router_topk(big, None, big_w, 1e-5, torch.zeros(8, 4096, device=DEVICE, dtype=torch.bfloat16),
-                             bias, 2, 1.0, True)
+                             2, True)
 
 
 @pytest.mark.parametrize("t", [1, 5, 9], ids=["fused", "gemm", "prefill-router"])
@@ -132,12 +133,12 @@ def test_ops_fold_at_decode_sizes_and_compose_beyond(t, monkeypatch):
         assert_scaled_close(y, y_ref)  # interpreter: bf16 roundings truncate
         torch.testing.assert_close(res, res_ref, **BF16)
     assert calls == (["rms_norm_dense_gemv", "rms_norm_nvfp4_linear"] if t == 1 else [])
-    router_w, bias = torch.randn(16, 128, device=DEVICE).to(torch.bfloat16), torch.randn(16, device=DEVICE)
-    got = triton_ops.norm_router(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 1.5, False)
-    expected = torch_ops.norm_router(x, residual.clone(), norm_w, 1e-5, router_w, bias, 4, 1.5, False)
+    router_w = torch.randn(16, 128, device=DEVICE)  # fp32, as the loader keeps it
+    got = triton_ops.norm_router(x, residual.clone(), norm_w, 1e-5, router_w, 4, False)
+    expected = torch_ops.norm_router(x, residual.clone(), norm_w, 1e-5, router_w, 4, False)
     assert_scaled_close(got[0], expected[0])
     h = got[0]  # the router's picks from the same h: equal (the ops' h differ by roundings only)
-    ids, weights = torch_ops.router(h, router_w, bias, 4, 1.5, False)
+    ids, weights = torch_ops.router(h, router_w, 4, False)
     assert torch.equal(got[1].sort(1).values, ids.sort(1).values)
     torch.testing.assert_close(got[2].sort(1).values, weights.sort(1).values, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got[3], expected[3], **BF16)
@@ -157,9 +158,9 @@ def test_real_shapes(t):
     y, res_out = rms_norm_nvfp4_linear(x, residual, norm_w, 1e-5, w4)
     assert torch.equal(res_out, expected_res)
     torch.testing.assert_close(y, nvfp4_linear(h, w4), **BF16)
-    router_w, bias = (torch.randn(256, 2048, device=DEVICE) / 45).to(torch.bfloat16), torch.randn(256, device=DEVICE)
-    h_out, ids, weights, res_out = rms_norm_router_topk(x, residual, norm_w, 1e-5, router_w, bias, 6, 2.5, True)
+    router_w = (torch.randn(256, 2048, device=DEVICE) / 45).to(torch.bfloat16)
+    h_out, ids, weights, res_out = rms_norm_router_topk(x, residual, norm_w, 1e-5, router_w, 6, True)
     assert torch.equal(res_out, expected_res)
     torch.testing.assert_close(h_out, h, **BF16)
-    expected_ids, _ = router_topk(h_out, router_w, bias, 6, 2.5, True)
+    expected_ids, _ = router_topk(h_out, router_w, 6, True)
     assert torch.equal(ids, expected_ids)

@@ -1,4 +1,4 @@
-"""scripts/bench_fp4_mma.py's repacked weight and x fragments, run through a torch emulation of
+"""tools/bench/bench_fp4_mma.py's repacked weight and x fragments, run through a torch emulation of
 what its inline PTX does (E2M1 pairs of each word scaled by their block scale, two
 mma.m16n8k16 per lane's word pair, with the PTX ISA's fragment layouts): the emulated GEMV
 must equal dequantise-then-matmul. The PTX itself runs only on the GPU (the benchmark checks
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flint_backend.weights.nvfp4 import dequantize_nvfp4
-from scripts.bench_fp4_mma import LAYOUTS, fields, random_weight, repack, x_fragments
+from tools.bench.bench_fp4_mma import LAYOUTS, fields, random_weight, repack, x_fragments
 
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 

@@ -1,11 +1,12 @@
 """fused_moe, both kernel paths (small-batch GEMVs, grouped GEMM), dense and NVFP4 experts, vs
-fused_moe_torch; and the torch twin vs the reference's FlintMoE."""
+fused_moe_torch; and the torch twin (and the kernels) vs transformers' FlintSparseMoeBlock."""
 
 import pytest
 import torch
+import transformers
+from transformers.models.flint import modeling_flint as hf
 
 from flint_backend.config import FlintConfig
-from flint_backend.reference import FlintMoE
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
 from flint_kernels import moe_gemv, tuning
@@ -15,9 +16,9 @@ from kv_cases import assert_scaled_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 x (dense fp32 or NVFP4 weights): accumulation order only. bf16 x: gate, up, silu, the
-# product, every expert output and the combine are rounded to bf16 as in the reference (exactly
-# there: test_bf16_rounding_points_are_the_references). Triton's interpreter truncates those
-# casts where the GPU rounds to nearest, a bias that reaches ~3% of the output scale on the CPU.
+# product, every expert output and the combine are rounded to bf16 at moe.py's points (exactly
+# there: test_bf16_rounding_points_are_moes). Triton's interpreter truncates those casts where
+# the GPU rounds to nearest, a bias that reaches ~3% of the output scale on the CPU.
 FP32_TOL = dict(rtol=1e-4, atol=1e-5)
 BF16_REL = 4e-2
 PATHS = ["small", "grouped"]
@@ -155,24 +156,40 @@ def test_one_expert_for_every_token_and_no_shared_expert(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_shared_expert_wider_than_the_routed_ones(path):
-    # n_shared_experts = 2: the shared intermediate is 2I, a (K+1)-th expert of another size
-    t, e, k = 3, 8, 2
-    w13, w2, _, _ = experts(e, 64, 32, 32, torch.float32, "dense", seed=3)
-    _, _, s13, s2 = experts(e, 64, 32, 64, torch.float32, "dense", seed=4)
-    ids, weights = routing(t, e, k, seed=3)
-    x = torch.randn(t, 64, device=DEVICE)
+@pytest.mark.parametrize("fmt,dtype", [("dense", torch.float32), ("dense", torch.bfloat16), ("nvfp4", torch.bfloat16),
+                                       ("nvfp4", torch.float32)])
+@pytest.mark.parametrize("t,k,wide", [(1, 6, 2), (3, 2, 2), (5, 6, 2), (17, 6, 2), (3, 7, 2), (5, 4, 4)],
+                         ids=["T1-2I", "T3-2I", "T5-2I", "T17-2I", "T3-K7-2I-one-slot", "T5-4I"])
+def test_shared_expert_wider_than_the_routed_ones(path, fmt, dtype, t, k, wide, words):
+    """flint-40b's shared expert is 2I wide (1024 against 512), added in full: the small-batch
+    launches take it as 2I / I slots of I rows beside the K routed ones (moe_gemv.shared_chunks),
+    or as one slot of 2I rows where K + 2 exceeds the 8 slots (K = 7); 4I as four slots."""
+    if words and (path, fmt) != ("small", "nvfp4"):
+        pytest.skip("the NVFP4 decode is the small-batch path's NVFP4 decode")
+    e, i = 8, 32
+    w13, w2, s13, s2 = experts(e, 64, i, wide * i, dtype, fmt, seed=t + k)
+    ids, weights = routing(t, e, k, seed=t)
+    x = torch.randn(t, 64, device=DEVICE).to(dtype)
     check(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
-          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.float32)
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+
+
+def test_shared_chunks():
+    assert moe_gemv.shared_chunks(512, 1024, 6) == (2, 512)   # flint-40b: 6 routed + 2 shared slots
+    assert moe_gemv.shared_chunks(512, 512, 6) == (1, 512)
+    assert moe_gemv.shared_chunks(512, 1024, 7) == (1, 1024)  # 7 + 2 > 8 slots: one wide slot
+    assert moe_gemv.shared_chunks(64, 96, 2) == (1, 96)       # not a multiple: one slot
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="emulates the interpreter's truncating fp32 -> bf16 casts")
 @pytest.mark.parametrize("path", PATHS)
-def test_bf16_rounding_points_are_the_references(path):
-    """The reference's bf16 roundings, each emulated as the interpreter casts (truncation), in
-    fp64 otherwise: the kernels' outputs are bit-identical, so they round at exactly those points."""
+@pytest.mark.parametrize("i_s", [32, 64], ids=["Is=I", "Is=2I"])
+def test_bf16_rounding_points_are_moes(path, i_s):
+    """moe.py's bf16 roundings, each emulated as the interpreter casts (truncation), in fp64
+    otherwise: the kernels' outputs are bit-identical, so they round at exactly those points (the
+    shared expert's output once, also when its 2I rows run as two slots)."""
     t, e, k = 3, 16, 4
-    w13, w2, s13, s2 = experts(e, 64, 32, 32, torch.bfloat16, "dense", seed=6)
+    w13, w2, s13, s2 = experts(e, 64, 32, i_s, torch.bfloat16, "dense", seed=6)
     ids, weights = routing(t, e, k, seed=6)
     x = torch.randn(t, 64).to(torch.bfloat16)
 
@@ -217,20 +234,40 @@ def test_sort_pairs_kernel_matches_torch(t, e, k, shared, block_m):
         assert torch.equal(got[0][run].sort().values, expected[0][run].sort().values)
 
 
-def test_twin_matches_the_reference_moe():
-    config = FlintConfig.preset("flint-tiny")
-    moe = FlintMoE(config).to(DEVICE)
-    g = torch.Generator().manual_seed(5)
+def transformers_moe(config, seed, dtype):
+    """transformers' FlintSparseMoeBlock with random weights (the router's in fp32), in dtype ->
+    (block, (w13, w2, shared_w13, shared_w2) in our stacked layout)."""
+    moe = hf.FlintSparseMoeBlock(transformers.FlintConfig(**config.to_dict()))
+    g = torch.Generator().manual_seed(seed)
     for p in moe.parameters():
-        p.data = (torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5).to(DEVICE)
-    x = torch.randn(9, config.hidden_size, device=DEVICE)
-    ids, weights = moe.gate(x)
-    stack = lambda name: torch.stack([getattr(ex, name).weight for ex in moe.experts])  # noqa: E731
-    w13 = torch.cat([stack("gate_proj"), stack("up_proj")], dim=1)
-    sh = moe.shared_experts
-    s13 = torch.cat([sh.gate_proj.weight, sh.up_proj.weight])
-    got = fused_moe_torch(x, ids.int(), weights, w13, stack("down_proj"), s13, sh.down_proj.weight)
-    torch.testing.assert_close(got, moe(x), **FP32_TOL)
+        p.data = torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5
+    moe = moe.to(DEVICE, dtype)
+    moe.gate.weight.data = moe.gate.weight.data.float()  # kept in fp32, as from_pretrained keeps it
+    sh = moe.shared_expert
+    # gate_up_proj [E, 2I, H] is gate rows then up rows: our w13 layout
+    return moe, (moe.experts.gate_up_proj.data, moe.experts.down_proj.data,
+                 torch.cat([sh.gate_proj.weight, sh.up_proj.weight]).detach(), sh.down_proj.weight.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_twin_matches_transformers_moe(dtype):
+    """fused_moe_torch (and both kernel paths) on transformers' router picks == its
+    FlintSparseMoeBlock: the shared expert 2I wide (flint-tiny: 128 against 64), added ungated.
+    bf16: transformers accumulates the weighted expert outputs in bf16, we in fp32 (moe.py)."""
+    config = FlintConfig.preset("flint-tiny")
+    assert config.shared_expert_intermediate_size == 2 * config.moe_intermediate_size
+    moe, weights = transformers_moe(config, 5, dtype)
+    x = torch.randn(9, config.hidden_size, device=DEVICE).to(dtype)
+    with torch.no_grad():
+        _, topk_weights, ids = moe.gate(x)
+        expected = moe(x[None])[0]
+    got = fused_moe_torch(x, ids.int(), topk_weights, *weights)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, **FP32_TOL)
+    else:
+        assert_scaled_close(got, expected, rel=1e-2)
+    for path in PATHS:
+        check(fused_moe(x, ids.int(), topk_weights, *weights, path=path), got, dtype)
 
 
 def test_errors_name_the_argument():
@@ -258,7 +295,7 @@ def test_real_shapes(path, fmt, t, words):
     if words and (path, fmt) != ("small", "nvfp4"):
         pytest.skip("the NVFP4 decode is the small-batch path's NVFP4 decode")
     e, k = 256, 6
-    w13, w2, s13, s2 = experts(e, 2048, 512, 512, torch.bfloat16, fmt)
+    w13, w2, s13, s2 = experts(e, 2048, 512, 1024, torch.bfloat16, fmt)
     ids, weights = routing(t, e, k)
     x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
     assert_scaled_close(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),

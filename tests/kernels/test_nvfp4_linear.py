@@ -135,11 +135,11 @@ def test_empty_batch_and_errors():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 4, 8, 64, 8192])
-@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (20480, 2048), (2048, 10240), (151552, 2048)])
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (12288, 2048), (2048, 6144), (150144, 2048)])
 def test_real_shapes(t, n, k, words):
     if words and t > GEMV_MAX_TOKENS:
         pytest.skip("the NVFP4 decode is the GEMV's")
-    if n == 151552 and t > 64:
+    if n == 150144 and t > 64:
         pytest.skip("LM head runs on sampled rows only")
     w = quantize_nvfp4(torch.randn(n, k, device=DEVICE) / k ** 0.5)
     x = torch.randn(t, k, device=DEVICE, dtype=torch.bfloat16)
@@ -223,8 +223,8 @@ def test_silu_folded_errors_name_the_argument():
 @pytest.mark.gpu
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 300.0])
 @pytest.mark.parametrize("t", [1, 4])
-@pytest.mark.parametrize("name,n,k", [("qkv", 5120, 2048), ("o", 2048, 4096), ("gate_up", 20480, 2048),
-                                      ("down", 2048, 10240)])
+@pytest.mark.parametrize("name,n,k", [("qkv", 5120, 2048), ("o", 2048, 4096), ("gate_up", 12288, 2048),
+                                      ("down", 2048, 6144)])
 def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
     """tuning.FP4_GEMV_F16 (each word's products summed in fp16 pairs) at flint-40b's decode
     GEMVs, bf16 activations of three scales, with the RMSNorm (qkv, gate/up) or the SwiGLU

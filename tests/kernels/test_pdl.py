@@ -86,7 +86,7 @@ def _decode_chain(x, res, p):
     """Batch-1 decode-shaped chain: every kernel reads what the one before wrote; torch ops
     (launched without PDL) in between. -> (sampled tokens [1], final hidden [1, H])."""
     from flint_kernels.moe_gemv import moe_gemv
-    from flint_kernels.nvfp4_linear import nvfp4_linear
+    from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_logits
     from flint_kernels.rms_norm import rms_norm
     from flint_kernels.router import router_topk
     from flint_kernels.sampling import sample
@@ -95,11 +95,11 @@ def _decode_chain(x, res, p):
     res = res.clone()
     for _ in range(p["layers"]):
         h = rms_norm(x, p["norm"], 1e-5, residual=res)
-        ids, weights = router_topk(h, p["router"], p["bias"], 6, 2.5, True)
+        ids, weights = router_topk(h, p["router"], 6, True)
         x = moe_gemv(h, ids, weights, p["w13"], p["w2"])
         x = x + moe_gemv(h, ids, weights, p["w13_fp4"], p["w2_fp4"])  # down reads ids before its wait
         x = x + nvfp4_linear(silu_mul(nvfp4_linear(h, p["up"])), p["down"])
-    logits = nvfp4_linear(rms_norm(x, p["norm"], 1e-5, residual=res), p["head"]).float()
+    logits = nvfp4_logits(rms_norm(x, p["norm"], 1e-5, residual=res), p["head"])
     return sample(logits, *p["sampling"]), x
 
 
@@ -119,7 +119,7 @@ def _chain_weights(h=2048, i=512, experts=32, vocab=4096):
     def fp4_experts(n, k):
         return quantize_nvfp4(torch.randn(experts, n, k, generator=g) * k ** -0.5).to(DEVICE)
 
-    return dict(layers=4, norm=1 + rand(h), router=rand(experts, h), bias=torch.zeros(experts, device=DEVICE),
+    return dict(layers=4, norm=1 + rand(h), router=rand(experts, h),
                 w13=rand(experts, 2 * i, h), w2=rand(experts, h, i), up=fp4(2 * i, h), down=fp4(h, i),
                 w13_fp4=fp4_experts(2 * i, h), w2_fp4=fp4_experts(h, i),
                 head=fp4(vocab, h), sampling=sampling)

@@ -1,5 +1,5 @@
 """prefill_attention vs prefill_attention_torch (= attention_torch, itself checked against
-flint_backend.reference in test_attention.py)."""
+transformers' attention in test_attention.py)."""
 
 import math
 

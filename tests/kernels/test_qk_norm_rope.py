@@ -1,9 +1,13 @@
-"""qk_norm_rope: kernel vs qk_norm_rope_torch vs flint_backend.reference (rms_norm, rope)."""
+"""qk_norm_rope: kernel vs qk_norm_rope_torch vs transformers' FlintRMSNorm (per head) and
+apply_rotary_pos_emb with FlintRotaryEmbedding's cos/sin."""
 
 import pytest
 import torch
+import transformers
+from transformers.models.flint import modeling_flint as hf
 
-from flint_backend import reference
+from flint_backend.config import FlintConfig
+from flint_backend.model import rope_cos_sin_cache
 from flint_kernels import qk_norm_rope as qk_module
 from flint_kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_torch
 
@@ -15,9 +19,8 @@ TOL = {torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2), torch.float32: dict(rtol=
 
 
 def cos_sin_table(max_pos, d):
-    """What the engine builds: fp64 angles (reference.rope_cos_sin), stored fp32 as cos | sin halves."""
-    cos, sin = reference.rope_cos_sin(torch.arange(max_pos), d, THETA)
-    return torch.cat([cos[:, :d // 2], sin[:, :d // 2]], dim=-1).float()
+    """What the engine builds (model.rope_cos_sin_cache): fp32 cos | sin halves."""
+    return rope_cos_sin_cache(max_pos, d, THETA, "cpu")
 
 
 def _inputs(n, hq, hk, d, dtype, seed=0, max_pos=64):
@@ -29,22 +32,50 @@ def _inputs(n, hq, hk, d, dtype, seed=0, max_pos=64):
     return [x.to(DEVICE) for x in (qkv, qw, kw, pos, cos_sin_table(max_pos, d))]
 
 
+def transformers_q_k(qkv, qw, kw, pos, eps, hq, hk, d, rope):
+    """q [N, Hq, D], k [N, Hk, D] as transformers' FlintAttention forms them: q_norm / k_norm per
+    head, then (sliding layers) apply_rotary_pos_emb with FlintRotaryEmbedding's cos/sin."""
+    n = qkv.shape[0]
+    config = transformers.FlintConfig(**FlintConfig.preset("flint-tiny", head_dim=d, rms_norm_eps=eps,
+                                                           rope_parameters={"rope_type": "default",
+                                                                            "rope_theta": THETA}).to_dict())
+    q_norm, k_norm = hf.FlintRMSNorm(d, eps=eps), hf.FlintRMSNorm(d, eps=eps)
+    q_norm.weight.data, k_norm.weight.data = qw, kw
+    q = q_norm(qkv[:, :hq * d].view(1, n, hq, d)).transpose(1, 2)  # [1, Hq, N, D]
+    k = k_norm(qkv[:, hq * d:(hq + hk) * d].view(1, n, hk, d)).transpose(1, 2)
+    if rope:
+        cos, sin = hf.FlintRotaryEmbedding(config).to(qkv.device)(q, pos[None])
+        q, k = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    return q[0].transpose(0, 1), k[0].transpose(0, 1)
+
+
+def test_cos_sin_table_is_transformers():
+    """model.rope_cos_sin_cache == FlintRotaryEmbedding's fp32 cos/sin, at long positions too."""
+    d = 128
+    config = transformers.FlintConfig(**FlintConfig.preset("flint-40b").to_dict())
+    pos = torch.arange(0, 262144, 997)
+    cos, sin = hf.FlintRotaryEmbedding(config)(torch.zeros(1), pos[None])
+    table = rope_cos_sin_cache(262144, d, config.rope_parameters["rope_theta"], "cpu")[pos]
+    assert torch.equal(table, torch.cat([cos[0, :, :d // 2], sin[0, :, :d // 2]], dim=-1))
+
+
 @pytest.mark.parametrize("rope", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_torch_version_is_the_reference(dtype, rope):
+def test_torch_version_is_transformers(dtype, rope):
     n, hq, hk, d = 6, 8, 2, 16
     qkv, qw, kw, pos, cs = _inputs(n, hq, hk, d, dtype)
     q, k, v = qk_norm_rope_torch(qkv, qw, kw, pos, cs if rope else None, 1e-5, hq, hk)
-    # the reference's layout: [B, heads, T, D] with cos/sin [T, D]
-    rq = reference.rms_norm(qkv[:, :hq * d].view(1, n, hq, d).transpose(1, 2), qw, 1e-5)
-    rk = reference.rms_norm(qkv[:, hq * d:(hq + hk) * d].view(1, n, hk, d).transpose(1, 2), kw, 1e-5)
-    if rope:
-        cos, sin = reference.rope_cos_sin(pos, d, THETA)
-        rq, rk = reference.apply_rope(rq, cos, sin), reference.apply_rope(rk, cos, sin)
-    # fp64 angles rounded to fp32 either way; the table only changes where they are computed
-    exact = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=2 ** -8, atol=1e-5)
-    torch.testing.assert_close(q, rq[0].transpose(0, 1), **exact)
-    torch.testing.assert_close(k, rk[0].transpose(0, 1), **exact)
+    rq, rk = transformers_q_k(qkv, qw, kw, pos, 1e-5, hq, hk, d, rope)
+    if dtype == torch.float32 or not rope:  # the same fp32 ops (the norm: the same bits)
+        exact = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=0, atol=0)
+        torch.testing.assert_close(q, rq, **exact)
+        torch.testing.assert_close(k, rk, **exact)
+    else:  # transformers rotates in bf16 (cos/sin, each product and the sum rounded): a few ulps
+        exp_q, exp_k = transformers_q_k(qkv.float(), qw.float(), kw.float(), pos, 1e-5, hq, hk, d, rope)
+        for got, theirs, exact in ((q, rq, exp_q), (k, rk, exp_k)):
+            torch.testing.assert_close(got, theirs, rtol=2 ** -6, atol=2 ** -6)
+            # one rounding: ours is closer to the fp32 rotation of the same normed heads
+            assert (got.float() - exact).abs().mean() < (theirs.float() - exact).abs().mean()
     torch.testing.assert_close(v, qkv[:, (hq + hk) * d:].view(n, hk, d), rtol=0, atol=0)
 
 

@@ -1,9 +1,10 @@
-"""rms_norm: kernel vs rms_norm_torch vs flint_backend.reference.rms_norm."""
+"""rms_norm: kernel vs rms_norm_torch vs transformers' FlintRMSNorm (fp32 throughout, the weight
+applied before the one rounding)."""
 
 import pytest
 import torch
+from transformers.models.flint import modeling_flint as hf
 
-from flint_backend import reference
 from flint_kernels.rms_norm import rms_norm, rms_norm_torch
 from flint_kernels.tuning import INTERPRET
 
@@ -23,15 +24,48 @@ def _inputs(t, h, dtype, seed=0):
     return x.to(DEVICE), w.to(DEVICE), res.to(DEVICE)
 
 
+def hf_norm(w, eps):
+    norm = hf.FlintRMSNorm(w.shape[0], eps=eps).to(w.device)
+    norm.weight.data = w
+    return norm
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_torch_version_is_the_reference(dtype):
+def test_torch_version_is_transformers(dtype):
+    """Bit-identical to FlintRMSNorm, and with a residual to its decoder layer's `residual + x`
+    (rounded) then the norm of the rounded sum."""
     x, w, res = _inputs(7, 64, dtype)
-    torch.testing.assert_close(rms_norm_torch(x, w, 1e-5), reference.rms_norm(x, w, 1e-5), rtol=0, atol=0)
+    norm = hf_norm(w, 1e-6)
+    torch.testing.assert_close(rms_norm_torch(x, w, 1e-6), norm(x), rtol=0, atol=0)
     expected_stream = res + x
-    expected = reference.rms_norm(expected_stream, w, 1e-5)
-    got = rms_norm_torch(x, w, 1e-5, residual=res)
+    expected = norm(expected_stream)
+    got = rms_norm_torch(x, w, 1e-6, residual=res)
     torch.testing.assert_close(res, expected_stream, rtol=0, atol=0)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def _bf16(v, truncate):
+    """v rounded to bf16 as torch rounds (to nearest) or as Triton's interpreter casts (truncation)."""
+    if truncate:
+        return (v.float().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+    return v.to(torch.bfloat16)
+
+
+def test_one_rounding_in_bf16():
+    """The weight multiplies the fp32 normalised value, one rounding at the end (FlintRMSNorm),
+    not the normalised value rounded first (the Llama convention): the twin and the kernel give
+    the one-rounding bits, which differ from the two-rounding ones in many places."""
+    x, w, _ = _inputs(4, 256, torch.bfloat16)
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    for got, truncate in ((rms_norm_torch(x, w, 1e-6), False), (rms_norm(x, w, 1e-6), INTERPRET)):
+        one = _bf16(w.float() * normed, truncate)
+        two = _bf16(_bf16(normed, truncate).float() * w.float(), truncate)
+        assert (one != two).sum() > 100
+        if DEVICE == "cpu":  # on a GPU rsqrt is approximate: a few last-bit differences
+            assert torch.equal(got, one)
+        else:
+            assert (got != one).sum() < (got != two).sum() / 10
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

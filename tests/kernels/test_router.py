@@ -1,11 +1,12 @@
 """router_topk (one launch: logits per expert block + top-k by the last program) vs router_topk_torch,
-and the torch twin vs the reference's FlintRouter."""
+and the torch twin vs transformers' FlintTopKRouter (fp32 and bf16 router weights)."""
 
 import pytest
 import torch
+import transformers
+from transformers.models.flint import modeling_flint as hf
 
 from flint_backend.config import FlintConfig
-from flint_backend.reference import FlintRouter
 from flint_kernels.router import router_topk, router_topk_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -13,12 +14,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WEIGHT_TOL = dict(rtol=1e-5, atol=1e-6)
 
 
-def inputs(t, e, h, dtype, seed=0):
+def inputs(t, e, h, dtype, seed=0, w_dtype=None):
+    """x [T, H] in dtype, router weight [E, H] in w_dtype (default: dtype)."""
     g = torch.Generator(DEVICE).manual_seed(seed)
     x = torch.randn(t, h, device=DEVICE, generator=g).to(dtype)
-    w = (torch.randn(e, h, device=DEVICE, generator=g) / h ** 0.5).to(dtype)
-    bias = 0.1 * torch.randn(e, device=DEVICE, generator=g)
-    return x, w, bias
+    w = (torch.randn(e, h, device=DEVICE, generator=g) / h ** 0.5).to(w_dtype or dtype)
+    return x, w
 
 
 def assert_same_routing(got, expected):
@@ -26,89 +27,103 @@ def assert_same_routing(got, expected):
     torch.testing.assert_close(got[1], expected[1], **WEIGHT_TOL)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                           (torch.bfloat16, torch.float32)], ids=["fp32", "bf16", "bf16-x-fp32-w"])
 @pytest.mark.parametrize("t,e,h,k,renorm", [
     (1, 16, 64, 4, True),      # decode
     (3, 16, 96, 16, True),     # every expert chosen (K = E)
     (5, 40, 64, 6, False),     # E not a power of two, unnormalised
     (17, 16, 64, 4, True),     # two token tiles
 ])
-def test_matches_torch(t, e, h, k, renorm, dtype):
-    x, w, bias = inputs(t, e, h, dtype, seed=t)
-    got = router_topk(x, w, bias, k, 2.5, renorm)
+def test_matches_torch(t, e, h, k, renorm, dtype, w_dtype):
+    x, w = inputs(t, e, h, dtype, seed=t, w_dtype=w_dtype)
+    got = router_topk(x, w, k, renorm)
     assert got[0].dtype == torch.int32 and got[1].dtype == torch.float32
-    assert_same_routing(got, router_topk_torch(x, w, bias, k, 2.5, renorm))
+    assert_same_routing(got, router_topk_torch(x, w, k, renorm))
 
 
 @pytest.mark.parametrize("tile", [(1, 1), (1, 4), (1, 64), (16, 16), (16, 64)])
 @pytest.mark.parametrize("t", [1, 5, 17])
 def test_every_tile_shape(t, tile):
     """Expert blocks wider than E = 40 or not dividing it; one-token programs or 16-token dot tiles."""
-    x, w, bias = inputs(t, 40, 96, torch.bfloat16, seed=t + tile[1])
-    got = router_topk(x, w, bias, 6, 2.5, True, tile=tile)
-    assert_same_routing(got, router_topk_torch(x, w, bias, 6, 2.5, True))
+    x, w = inputs(t, 40, 96, torch.bfloat16, seed=t + tile[1])
+    got = router_topk(x, w, 6, True, tile=tile)
+    assert_same_routing(got, router_topk_torch(x, w, 6, True))
 
 
 @pytest.mark.parametrize("t", [2, 17])
-def test_ties_go_to_the_lower_expert_and_negative_scores_order(t):
-    x, w, _ = inputs(t, 16, 64, torch.float32)
+def test_ties_go_to_the_lower_expert(t):
+    x, w = inputs(t, 16, 64, torch.float32)
     w[8:] = w[0]  # experts 8..15 score exactly as expert 0
-    bias = torch.zeros(16, device=DEVICE)
-    ids, _ = router_topk(x, w, bias, 16, 1.0, False)
+    ids, _ = router_topk(x, w, 16, False)
     for row in ids.tolist():
         assert row.index(0) < row.index(8) < row.index(9) < row.index(15)
-    bias = -3.0 - torch.arange(16, device=DEVICE) / 32  # every biased score negative
-    assert_same_routing(router_topk(x, w[:8].contiguous(), bias[:8], 3, 1.0, True),
-                        router_topk_torch(x, w[:8].contiguous(), bias[:8], 3, 1.0, True))
+    assert torch.equal(ids, router_topk_torch(x, w, 16, False)[0])  # the twin's ties too
+    # saturated sigmoids: many experts score exactly 1.0, the lowest ids win
+    big = torch.zeros(16, 64, device=DEVICE)
+    big[::2, 0] = 1000.0
+    ones = torch.ones(t, 64, device=DEVICE)
+    ids, weights = router_topk(ones, big, 3, True)
+    assert ids.tolist() == [[0, 2, 4]] * t
+    torch.testing.assert_close(weights, torch.full((t, 3), 1 / 3, device=DEVICE), **WEIGHT_TOL)
 
 
-def test_fp32_router_weight_with_bf16_activations():
-    x, _, bias = inputs(3, 16, 64, torch.bfloat16)
-    w = torch.randn(16, 64, device=DEVICE) / 8
-    assert_same_routing(router_topk(x, w, bias, 4, 1.0, True), router_topk_torch(x, w, bias, 4, 1.0, True))
-
-
-def test_bias_picks_but_never_weighs():
-    x, w, _ = inputs(2, 16, 64, torch.float32)
-    bias = torch.zeros(16, device=DEVICE)
-    bias[[3, 11]] = 100.0  # forces experts 3 and 11 first
-    ids, weights = router_topk(x, w, bias, 4, 1.0, False)
-    assert (ids[:, :2].sort(dim=1).values == torch.tensor([3, 11], device=DEVICE)).all()
+def test_weights_are_the_chosen_sigmoid_scores():
+    """No correction bias, no scaling factor: unnormalised weights are the chosen sigmoid scores,
+    normalised ones sum to 1."""
+    x, w = inputs(2, 16, 64, torch.float32)
+    ids, weights = router_topk(x, w, 4, False)
     scores = torch.sigmoid(x @ w.T)
+    assert torch.equal(ids.long(), scores.topk(4, dim=-1).indices)
     torch.testing.assert_close(weights, scores.gather(1, ids.long()), **WEIGHT_TOL)
+    _, normed = router_topk(x, w, 4, True)
+    torch.testing.assert_close(normed.sum(-1), torch.ones(2, device=DEVICE), **WEIGHT_TOL)
 
 
-def test_twin_matches_the_reference_router():
-    config = FlintConfig.preset("flint-tiny")
-    router = FlintRouter(config).to(DEVICE)
-    x, w, bias = inputs(7, config.n_routed_experts, config.hidden_size, torch.float32, seed=9)
-    router.weight.data, router.e_score_correction_bias = w, bias
-    ids, weights = router(x)
-    got = router_topk_torch(x, w, bias, config.num_experts_per_tok, config.routed_scaling_factor,
-                            config.norm_topk_prob)
+def hf_router(config, w):
+    """transformers' FlintTopKRouter of `config` holding the router weight w (fp32 or bf16)."""
+    router = hf.FlintTopKRouter(transformers.FlintConfig(**config.to_dict())).to(DEVICE)
+    router.weight.data = w
+    return router
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                             (torch.bfloat16, torch.bfloat16)],
+                         ids=["fp32", "bf16-x-fp32-w", "bf16"])
+@pytest.mark.parametrize("renorm", [True, False])
+def test_twin_matches_transformers_router(x_dtype, w_dtype, renorm):
+    """router_topk_torch == transformers' FlintTopKRouter (fp32 logits of either weight dtype)."""
+    config = FlintConfig.preset("flint-tiny", norm_topk_prob=renorm)
+    x, w = inputs(7, config.num_experts, config.hidden_size, x_dtype, seed=9, w_dtype=w_dtype)
+    logits, weights, ids = hf_router(config, w)(x)
+    assert logits.dtype == torch.float32
+    got = router_topk_torch(x, w, config.num_experts_per_tok, config.norm_topk_prob)
     assert torch.equal(got[0].long(), ids)
     torch.testing.assert_close(got[1], weights, **WEIGHT_TOL)
+    # and the kernel, on the same inputs
+    assert_same_routing(router_topk(x, w, config.num_experts_per_tok, renorm), (ids.int(), weights))
 
 
 def test_errors_name_the_argument():
-    x, w, bias = inputs(2, 16, 64, torch.float32)
+    x, w = inputs(2, 16, 64, torch.float32)
     with pytest.raises(ValueError, match="top_k"):
-        router_topk(x, w, bias, 17, 1.0, True)
-    with pytest.raises(ValueError, match="bias"):
-        router_topk(x, w, bias.double(), 4, 1.0, True)
-    assert router_topk(x[:0], w, bias, 4, 1.0, True)[0].shape == (0, 4)
+        router_topk(x, w, 17, True)
+    with pytest.raises(ValueError, match="weight is torch.float64"):
+        router_topk(x, w.double(), 4, True)
+    assert router_topk(x[:0], w, 4, True)[0].shape == (0, 4)
     for tile in [(2, 16), (16, 8), (1, 3)]:
         with pytest.raises(ValueError, match="tile"):
-            router_topk(x, w, bias, 4, 1.0, True, tile=tile)
+            router_topk(x, w, 4, True, tile=tile)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("t", [1, 8, 64, 8192])
-def test_real_shapes(t):
-    x, w, bias = inputs(t, 256, 2048, torch.bfloat16)
-    got, expected = router_topk(x, w, bias, 6, 2.5, True), router_topk_torch(x, w, bias, 6, 2.5, True)
-    # rows whose 6th and 7th biased scores are closer than fp32 summation noise may swap experts
-    scores = torch.sigmoid(x.float() @ w.float().T) + bias
+def test_real_shapes(t, w_dtype):
+    x, w = inputs(t, 256, 2048, torch.bfloat16, w_dtype=w_dtype)
+    got, expected = router_topk(x, w, 6, True), router_topk_torch(x, w, 6, True)
+    # rows whose 6th and 7th scores are closer than fp32 summation noise may swap experts
+    scores = torch.sigmoid(x.float() @ w.float().T)
     top = scores.topk(7, dim=-1).values
     clear = (top[:, 5] - top[:, 6]) > 1e-5
     assert torch.equal(got[0][clear], expected[0][clear])

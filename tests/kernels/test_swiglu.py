@@ -1,4 +1,5 @@
-"""silu_mul (dense MLP activation) vs silu_mul_torch, which rounds like the reference; and
+"""silu_mul (dense MLP activation) vs silu_mul_torch, which rounds like transformers' bf16
+FlintMLP (silu(gate) rounded, times up, rounded); and
 ops.silu_linear, which folds it into the down projection's decode GEMV."""
 
 import pytest
@@ -55,8 +56,8 @@ def test_ops_silu_linear_folds_at_decode_sizes(t, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 4])
 def test_real_shapes(t):
-    """flint-40b's NVFP4 dense MLP down (2048 x 10240) with the SwiGLU folded in, at the GPU's
+    """flint-40b's NVFP4 dense MLP down (2048 x 6144) with the SwiGLU folded in, at the GPU's
     launch shapes: the bits of silu_mul then the GEMV."""
-    gate_up = (3 * torch.randn(t, 20480, device=DEVICE)).to(torch.bfloat16)
-    w4 = quantize_nvfp4(torch.randn(2048, 10240, device=DEVICE) / 100)
+    gate_up = (3 * torch.randn(t, 12288, device=DEVICE)).to(torch.bfloat16)
+    w4 = quantize_nvfp4(torch.randn(2048, 6144, device=DEVICE) / 100)
     assert torch.equal(silu_nvfp4_linear(gate_up, w4), nvfp4_linear(silu_mul(gate_up), w4))

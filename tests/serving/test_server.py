@@ -284,12 +284,12 @@ def test_perf_analyzer_streaming_run_has_no_errors(server, tmp_path):
 
 
 def test_gpu_serve_check_phases_agree_with_the_server(server, tmp_path):
-    """scripts/gpu_serve_check.py on the CPU (its GPU run is scripts/gpu_serve_check.sh): the engine
+    """tools/gpu/gpu_serve_check.py on the CPU (its GPU run is tools/gpu/gpu_serve_check.sh): the engine
     phase on the server's own repository, the client phase's flint_model and flint streams, and the
     report, which finds the served tokens and text equal to the in-process engine's."""
     import sys
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_serve_check.py"
+    script = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "gpu_serve_check.py"
     files = {name: str(tmp_path / f"{name}.json") for name in ("engine", "client", "all")}
 
     def phase(*args):

@@ -101,7 +101,7 @@ def test_stop_words_abort_the_request_in_whichever_instance_owns_it(server, refe
 
 
 def test_multi_gpu_check_client_runs_against_two_instances(server, tmp_path):
-    """scripts/multi_gpu_check.py's load + report (its GPU run is scripts/multi_gpu_check.sh), with a
+    """tools/gpu/multi_gpu_check.py's load + report (its GPU run is tools/gpu/multi_gpu_check.sh), with a
     stand-in nvidia-smi. Triton hands each request to whichever instance waits, so 8 streams may all
     land on one (test_concurrent_streams_spread_over_both_instances... shows both serving under a burst of 24): this
     checks the client's per-instance accounting, not the spread."""
@@ -110,7 +110,7 @@ def test_multi_gpu_check_client_runs_against_two_instances(server, tmp_path):
     fake.write_text("#!/bin/sh\necho '0, Stand-in GPU, 1000, 80000'\necho '1, Stand-in GPU, 900, 80000'\n")
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
-    script = Path(__file__).resolve().parents[2] / "scripts" / "multi_gpu_check.py"
+    script = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "multi_gpu_check.py"
     run = subprocess.run([sys.executable, str(script), "load", "--url", server.http_url, "--metrics-url",
                           f"127.0.0.1:{server.metrics_port}", "--streams", "8", "--tokens", "6", "--label", "two",
                           "--out", str(tmp_path / "two.json")], env=env, capture_output=True, text=True, timeout=120)

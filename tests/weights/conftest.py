@@ -1,8 +1,8 @@
-"""Tiny checkpoints for the weight tests, made once per session.
+"""Tiny checkpoints for the weight tests, made once per test run.
 
-The tiny preset's MoE intermediate size is raised from 32 to 64 so that every NVFP4-eligible
-tensor has K % 64 == 0 and really becomes NVFP4 (ggml's super-block is 64 weights); the plain
-preset, whose down projections stay BF16, is covered by test_bench_load.
+Every NVFP4-eligible tensor of the tiny preset has K % 64 == 0 (ggml's super-block is 64
+weights), so in the NVFP4 GGUF every linear, the LM head included, really is NVFP4; a preset
+whose K is not, cut to 32, shows the BF16 fallback (test_gguf_roundtrip).
 """
 
 from pathlib import Path
@@ -31,7 +31,7 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def config() -> FlintConfig:
-    return FlintConfig.preset("flint-tiny", moe_intermediate_size=64)
+    return FlintConfig.preset("flint-tiny")
 
 
 def make_checkpoint(config: FlintConfig, out: Path, seed: int = 0, tensors=None) -> Path:
@@ -60,8 +60,10 @@ def bf16_gguf(bf16_dir, tmp_path_factory) -> Path:
 
 
 def rewrite_gguf(src: Path, dst: Path, *, arch: str | None = None, drop: tuple[str, ...] = (),
-                 replace: dict[str, np.ndarray] | None = None, kv: dict | None = None) -> Path:
-    """Copy a GGUF with edits: another architecture, tensors dropped or replaced, KV values changed."""
+                 replace: dict[str, np.ndarray] | None = None, kv: dict | None = None,
+                 add_kv: dict[str, tuple] | None = None) -> Path:
+    """Copy a GGUF with edits: another architecture, tensors dropped or replaced, KV values changed,
+    KV pairs added (key -> (value, GGUFValueType[, array element type]))."""
     reader = GGUFReader(src)
     writer = GGUFWriter(dst, arch or reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
@@ -72,6 +74,8 @@ def rewrite_gguf(src: Path, dst: Path, *, arch: str | None = None, drop: tuple[s
             writer.add_key_value(name, value, GGUFValueType.ARRAY, sub_type=field.types[-1])
         else:
             writer.add_key_value(name, value, field.types[0])
+    for name, (value, vtype, *sub) in (add_kv or {}).items():
+        writer.add_key_value(name, value, vtype, sub_type=sub[0] if sub else None)
     for t in reader.tensors:
         if t.name in drop:
             continue

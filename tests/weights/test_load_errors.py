@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from gguf import GGUFValueType
 
 from flint_backend.weights.loader import load_checkpoint
 from flint_backend.weights.random_init import random_weights
@@ -56,12 +57,25 @@ def test_misshaped_expert_scale(nvfp4_gguf, tmp_path, edit_gguf):
     fails(bad, re.escape("tensor 'blk.2.ffn_gate_exps.scale' has shape (3,), expected (16,)"))
 
 
+@pytest.mark.parametrize("value", [(True, GGUFValueType.BOOL),
+                                   ([False, True, False], GGUFValueType.ARRAY, GGUFValueType.BOOL)])
+def test_a_gguf_with_fp4_activations_is_refused(nvfp4_gguf, tmp_path, edit_gguf, value):
+    bad = edit_gguf(nvfp4_gguf, tmp_path / "w4a4.gguf", add_kv={"general.tensor_extra.prec_a4": value})
+    fails(bad, r"general\.tensor_extra\.prec_a4 marks tensors with FP4 activations; only weight-only NVFP4")
+
+
+def test_a_gguf_marking_no_fp4_activations_loads(nvfp4_gguf, tmp_path, edit_gguf):
+    ok = edit_gguf(nvfp4_gguf, tmp_path / "w4a16.gguf",
+                   add_kv={"general.tensor_extra.prec_a4": ([False, False], GGUFValueType.ARRAY, GGUFValueType.BOOL)})
+    assert load_checkpoint(ok, progress=False).format == "gguf"
+
+
 def test_hf_config_disagrees_with_gguf_metadata(config, nvfp4_gguf, tmp_path):
     other = tmp_path / "config"
     other.mkdir()
-    dataclasses.replace(config, rope_theta=20000.0).to_json(other)
+    dataclasses.replace(config, rope_parameters={"rope_type": "default", "rope_theta": 20000.0}).to_json(other)
     message = fails(nvfp4_gguf, "config/GGUF mismatch", hf_config_path=other / "config.json")
-    assert "'rope_theta'" in message and "'flint.rope.freq_base'" in message
+    assert "'rope_parameters'" in message and "'flint.rope.freq_base'" in message
     assert "20000.0" in message and "10000.0" in message
 
 

@@ -72,11 +72,20 @@ def test_every_ggml_scale_byte_and_code_repacks_losslessly():
     assert torch.equal(to_ggml_blocks(w), expected)
 
 
-def test_scale_byte_with_bit_7_is_rejected():
-    blocks = torch.zeros(1, 36, dtype=torch.uint8)
-    blocks[0, 2] = 0x85
-    with pytest.raises(CheckpointError, match="bit 7"):
-        from_ggml_blocks(blocks, torch.tensor(1.0), "blk.0.attn_q.weight")
+def test_scale_bytes_with_bit_7_decode_as_gguf_py_does_and_0xff_is_refused():
+    g = torch.Generator().manual_seed(3)
+    blocks = torch.randint(0, 256, (4, 2, 36 * 4), generator=g, dtype=torch.uint8)  # [E, N, K/64 * 36]
+    scales = blocks.view(4, 2, 4, 36)[..., :4]
+    scales |= 0x80                        # bit 7 set on every scale byte: ignored, as gguf-py does
+    scales[scales == 0xFF] = 0xFE
+    scales[1, 1, 1, 1] = 0x80             # bit 7 alone: a zero scale
+    scale = torch.tensor([1.0, 0.5, 2.0, 3.0])
+    w = from_ggml_blocks(blocks, scale)
+    assert not torch.isnan(w.scales.float()).any()
+    assert np.array_equal(bits(w.dequantize(torch.float32)), bits(gguf_reference(blocks, scale)))
+    blocks.view(4, 2, 4, 36)[2, 0, 3, 0] = 0xFF
+    with pytest.raises(CheckpointError, match="0xFF"):
+        from_ggml_blocks(blocks, scale, "blk.0.attn_q.weight")
 
 
 def test_quantisation_error_on_gaussian_weights():

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""End-to-end decode benchmark of the full-size model on one GPU (random weights built on the GPU).
+
+    python tools/bench/bench.py --formats bf16,nvfp4 --contexts 1024,32768,100000 [--out FILE]
+
+For each weight format: batch-1 decode ms/token end to end (consecutive engine.step() calls: forward
++ LM head + sampling + the Python that async scheduling does not hide) at each context, with CUDA
+graphs and eagerly, and the median of one step between two syncs; the GPU time of one graph
+replay; a per-kernel breakdown of one decode step; the roofline floor (bytes one step must read /
+measured copy bandwidth) and the achieved fraction; throughput at 8 and 64 streams (1K in / 512
+out, after an untimed run of the same requests that compiles their kernels); TTFT of a 100K-token
+prompt (the second such prompt: the first, which may still compile, is reported apart); GPU
+memory. Long contexts are set up by filling the KV cache with random values (decode speed does
+not depend on what the cache holds); the TTFT run prefills for real. With several formats each
+runs in its own process (on the H200 the BF16 engine built after the NVFP4 one in the same
+process spent 0.49-0.62 ms a step outside the graph replay, 0.30 in a process of its own).
+Prints markdown tables and writes JSON (--out; by default benchmarks/<gpu>/<date>-<commit>-bench.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, run as a file
+
+from flint_backend.config import FlintConfig  # noqa: E402
+from flint_backend.engine.engine import LLMEngine  # noqa: E402
+from flint_backend.engine.engine_args import EngineArgs  # noqa: E402
+from flint_backend.engine.sampling_params import SamplingParams  # noqa: E402
+from flint_backend.engine.sequence import SequenceStatus  # noqa: E402
+from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
+from flint_kernels import tuning  # noqa: E402
+from tools.bench.format_processes import run_in_child  # noqa: E402
+from tools.bench.timing import copy_bandwidth, nbytes, result_path, run_meta  # noqa: E402
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def weight_bytes_per_token(engine: LLMEngine) -> int:
+    """Weight bytes a batch-1 decode step reads: every dense weight, the chosen + shared experts, one
+    embedding row, the LM head."""
+    c, total = engine.config, 0
+    m = engine.runner.model
+    total += c.hidden_size * m.embed.element_size() + nbytes(m.lm_head) + nbytes(m.norm)
+    for layer in m.layers:
+        a = layer.self_attn
+        total += sum(nbytes(w) for w in (a.qkv_proj, a.o_proj, a.q_norm, a.k_norm, a.sinks,
+                                         layer.input_norm, layer.post_norm))
+        mlp = layer.mlp
+        if hasattr(mlp, "router"):
+            share = c.num_experts_per_tok / c.num_experts
+            total += nbytes(mlp.router) + nbytes(mlp.shared_w13) + nbytes(mlp.shared_w2)
+            total += int(share * (nbytes(mlp.w13) + nbytes(mlp.w2)))
+        else:
+            total += nbytes(mlp.gate_up) + nbytes(mlp.down)
+    return total
+
+
+def kv_bytes_per_token(config: FlintConfig, context: int) -> int:
+    per_pos = config.num_key_value_heads * config.head_dim * 2 * 2  # K and V, bf16
+    return per_pos * (len(config.full_attention_layers) * context
+                      + len(config.sliding_attention_layers) * min(context, config.sliding_window))
+
+
+def start_at_context(engine: LLMEngine, context: int, max_tokens: int):
+    """A running sequence whose first `context` positions are in the cache (random K/V)."""
+    seq = engine.add_request([1 + i % 1000 for i in range(context + 1)],
+                             SamplingParams(max_tokens=max_tokens, **GREEDY))
+    sched = engine.scheduler
+    sched.waiting.remove(seq)
+    engine.blocks.grow(seq, context + 1)
+    seq.status = SequenceStatus.RUNNING
+    sched.running.append(seq)
+    bs = engine.blocks.block_size
+    blocks = torch.tensor(seq.block_table, device=engine.device)
+    for cache in (c for kv in engine.runner.kv.full.values() for c in kv):
+        cache.index_copy_(0, blocks, torch.randn((len(blocks), *cache.shape[1:]), device=cache.device,
+                                                 dtype=cache.dtype))
+    for cache in (c for kv in engine.runner.kv.ring.values() for c in kv):
+        cache[seq.ring_row].normal_()  # a basic index: a view, filled in place
+    seq.num_computed = context
+    assert len(seq.block_table) * bs >= context + 1
+    return seq
+
+
+def decode_ms(engine: LLMEngine, context: int, steps: int) -> dict:
+    """One sequence decoding at `context`. ms_per_token: the wall time of `steps` consecutive
+    engine.step() calls, no sync between them (as a client sees them: with async scheduling the
+    host work of a step overlaps the device's next one), over the tokens they delivered. The clock
+    starts when the first of them returns and counts the tokens of the others: under async
+    scheduling the first call only launches a step and returns the token of the warm-up step
+    already done before it (counting that token, as bench.py did until 2026-12-04, put
+    ms_per_token (steps - 1) / steps of the step period, 3% low at 30 steps).
+    synced_step_ms: the median wall time of one engine.step() between two device syncs, so that no
+    step overlaps another (what ms_per_token measured before async scheduling)."""
+    seq = start_at_context(engine, context, 2 * steps + 5)
+    for _ in range(2):
+        engine.step()  # warm-up (compiles any eager variant); with async scheduling a step is now in flight
+    ms_per_token, gaps = unsynced_steps(engine, steps)
+    slowest = max(range(steps), key=gaps.__getitem__)
+    times = []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        engine.step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    engine.abort(seq.request_id)
+    return {"ms_per_token": ms_per_token, "synced_step_ms": statistics.median(times) * 1e3,
+            # where a one-off stall falls in the unsynced run (the first context an engine measures)
+            "slowest_step": slowest, "slowest_step_ms": gaps[slowest] * 1e3}
+
+
+def unsynced_steps(engine: LLMEngine, steps: int) -> tuple[float, list[float]]:
+    """decode_ms's ms/token, for a running sequence with `steps` + 1 steps still to make: after a
+    sync, one engine.step() (async: launches a step, returns the previous one's token; sync: one
+    whole step), then the clock over `steps` calls with no sync between them.
+    -> (ms per delivered token, each timed call's wall time in s, host side)"""
+    sync()
+    engine.step()
+    t0 = time.perf_counter()
+    ends, tokens = [], 0
+    for _ in range(steps):
+        tokens += sum(len(out.new_token_ids) for out in engine.step())
+        ends.append(time.perf_counter())
+    return (ends[-1] - t0) / tokens * 1e3, [b - a for a, b in zip([t0] + ends, ends)]
+
+
+def graph_replay_ms(engine: LLMEngine, context: int) -> float | None:
+    graphs = engine.runner.graphs
+    if graphs is None or not graphs.graphs:
+        return None
+    seq = start_at_context(engine, context, 10)
+    graphs._fill([seq], 1, 0)
+    sync()  # the inputs' copy (a side stream)
+    g = graphs.graphs[1, 0]
+    for _ in range(3):
+        g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        g.replay()
+    end.record()
+    end.synchronize()
+    engine.abort(seq.request_id)
+    return start.elapsed_time(end) / 20
+
+
+def kernel_breakdown(engine: LLMEngine, context: int) -> list[dict]:
+    """CUDA time per kernel name for one eager decode step at `context` (torch.profiler)."""
+    seq = start_at_context(engine, context, 10)
+    batch = build_step_batch([(seq, 1)], engine.blocks.block_size, engine.config.sliding_window, engine.device)
+    model, kv = engine.runner.model, engine.runner.kv
+    forward = model.forward  # what batch 1 runs (the regular path, replayed or eager)
+    forward(batch, kv)
+    sync()
+    cuda = engine.device.type == "cuda"
+    activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as prof:
+        forward(batch, kv)
+        sync()
+    engine.abort(seq.request_id)
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    for event in prof.events():
+        if event.device_type == kind:
+            name = event.name if len(event.name) < 60 else event.name[:57] + "..."
+            totals[name][0] += event.device_time_total if cuda else event.self_cpu_time_total
+            totals[name][1] += 1
+    rows = [{"kernel": k, "us": round(v[0], 1), "calls": v[1]} for k, v in totals.items()]
+    return sorted(rows, key=lambda r: -r["us"])
+
+
+def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len: int = 512,
+               warmup: bool = True) -> dict:
+    """Output tokens/s of `streams` requests submitted at once, over the whole run and over its
+    decode part. warmup: the same requests with WARMUP_TOKENS output tokens run first, untimed:
+    Triton compiles a kernel for each new specialisation on its first launch, and the engine's
+    start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and a short prompt, not every
+    batch of prompts; a compile would otherwise land in the timed prefill."""
+    if warmup:
+        throughput(engine, streams, prompt_len, WARMUP_TOKENS, warmup=False)
+    seqs = [engine.add_request([1 + (i * 31 + j) % 5000 for j in range(prompt_len)],
+                               SamplingParams(max_tokens=out_len, **GREEDY)) for i in range(streams)]
+    sync()
+    t0 = time.perf_counter()
+    first = None
+    while engine.has_work():
+        engine.step()
+        if first is None and all(s.num_output_tokens > 0 for s in seqs):
+            first = time.perf_counter()
+    total = time.perf_counter() - t0
+    decode = time.perf_counter() - first
+    return {"streams": streams, "prompt": prompt_len, "output": out_len,
+            "output_tok_s": round(streams * out_len / total, 1),
+            "decode_tok_s": round(streams * (out_len - 1) / decode, 1),
+            "ms_per_step": round(decode / (out_len - 1) * 1e3, 3)}
+
+
+WARMUP_TOKENS = 4
+
+
+def ttft(engine: LLMEngine, prompt_len: int) -> float:
+    seq = engine.add_request([1 + i % 5000 for i in range(prompt_len)], SamplingParams(max_tokens=1, **GREEDY))
+    sync()
+    t0 = time.perf_counter()
+    while seq.num_output_tokens == 0:
+        engine.step()
+    return time.perf_counter() - t0
+
+
+def bench_format(fmt: str, args, bandwidth: float) -> dict:
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    engine_args = dict(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None, dtype="bfloat16",
+                       device=args.device, kernel_backend=args.kernel_backend, block_size=64, max_num_seqs=64,
+                       max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
+                       kv_cache_memory_fraction=args.kv_fraction,
+                       async_scheduling=not args.no_async_scheduling, warmup=False if args.no_engine_warmup else None)
+    engine = LLMEngine(EngineArgs(**engine_args))
+    sync()
+    build_s = time.perf_counter() - t0
+    weights = weight_bytes_per_token(engine)
+    result = {"format": fmt, "build_s": round(build_s, 1), "weight_bytes_per_token": weights,
+              "weights_gib": round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None, "decode": []}
+    for context in args.contexts:
+        kv = kv_bytes_per_token(engine.config, context)
+        timed = decode_ms(engine, context, args.steps)
+        ms = timed["ms_per_token"]
+        replay = graph_replay_ms(engine, context)
+        floor = (weights + kv) / bandwidth * 1e3
+        result["decode"].append({"context": context, "ms_per_token": round(ms, 3),
+                                 "synced_step_ms": round(timed["synced_step_ms"], 3),
+                                 "slowest_step": timed["slowest_step"],
+                                 "slowest_step_ms": round(timed["slowest_step_ms"], 3),
+                                 "tokens_per_s": round(1e3 / ms, 1),
+                                 "graph_replay_ms": None if replay is None else round(replay, 3),
+                                 "bytes": weights + kv, "floor_ms": round(floor, 3),
+                                 "roofline_fraction": round(floor / ms, 3)})
+        print(f"  {fmt} context {context}: {ms:.3f} ms/token (synced step {timed['synced_step_ms']:.3f} ms, "
+              f"graph replay {replay}, slowest step {timed['slowest_step']}: {timed['slowest_step_ms']:.1f} ms), "
+              f"floor {floor:.3f} ms", flush=True)
+    result["breakdown_context"] = args.contexts[-1]
+    result["breakdown"] = kernel_breakdown(engine, args.contexts[-1])[:40]
+    if not args.skip_throughput:
+        result["throughput"] = [throughput(engine, s) for s in (8, 64)]
+    if args.ttft:  # the first prompt of that length compiles its prefill kernels: timed apart
+        result["ttft_first_s"] = {str(args.ttft): round(ttft(engine, args.ttft), 3)}
+        result["ttft_s"] = {str(args.ttft): round(ttft(engine, args.ttft), 3)}
+    graphs, engine.runner.graphs = engine.runner.graphs, None  # the same engine, eager steps
+    result["eager_ms_per_token"] = {str(c): round(decode_ms(engine, c, args.steps // 2)["ms_per_token"], 3)
+                                    for c in args.contexts}
+    engine.runner.graphs = graphs
+    if cuda:
+        result["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        free, total = torch.cuda.mem_get_info()
+        result["gpu_used_gib"] = round((total - free) / 2**30, 2)
+    del engine
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def print_tables(results: dict) -> None:
+    m = results["meta"]
+    print(f"\n{m['command']}\n{m['gpu']}, {m['date']}, commit {m['commit']}, "
+          f"copy bandwidth {m['copy_tb_s']} TB/s\n")
+    print("| format | context | ms/token (graphs) | synced step ms | tok/s | eager ms/token | graph replay ms "
+          "| floor ms | roofline |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results["formats"]:
+        for d in r["decode"]:
+            print(f"| {r['format']} | {d['context']} | {d['ms_per_token']} | {d['synced_step_ms']} | "
+                  f"{d['tokens_per_s']} | "
+                  f"{r['eager_ms_per_token'][str(d['context'])]} | {d['graph_replay_ms']} | {d['floor_ms']} | "
+                  f"{d['roofline_fraction']:.0%} |")
+    for r in results["formats"]:
+        print(f"\n{r['format']}: weights {r['weights_gib']} GiB, peak {r.get('peak_gpu_gib')} GiB, "
+              f"build {r['build_s']} s, TTFT {r.get('ttft_s')} (first {r.get('ttft_first_s')}), "
+              f"throughput {r.get('throughput')}")
+        print(f"top kernels of one eager decode step at {r['breakdown_context']} tokens (us):")
+        for k in r["breakdown"][:12]:
+            print(f"  {k['us']:9.1f}  x{k['calls']:<4} {k['kernel']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="flint-40b")
+    parser.add_argument("--formats", default="bf16,nvfp4")
+    parser.add_argument("--contexts", default="1024,32768,100000")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
+    parser.add_argument("--ttft", type=int, default=100000, help="prompt length for TTFT (0: skip)")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--no-engine-warmup", action="store_true",
+                        help="the engine skips its start-up warm-up (EngineArgs.warmup false): ttft_first_s "
+                             "then includes compiling the chunk's prefill kernels")
+    parser.add_argument("--kv-fraction", type=float, default=0.5)
+    parser.add_argument("--max-model-len", type=int, default=262144)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--kernel-backend", default="triton")
+    parser.add_argument("--no-async-scheduling", action="store_true",
+                        help="every step synchronous (the engine default launches decode steps ahead)")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/<gpu>/<date>-<commit>-bench.json")
+    args = parser.parse_args()
+    args.contexts = [int(c) for c in args.contexts.split(",")]
+    args.out = args.out or result_path("bench", args.device)
+    bandwidth = copy_bandwidth(args.device, 1 << 30 if args.device == "cuda" else 1 << 24)
+    results = {"meta": {**run_meta(__file__, bandwidth / 1e12, args.device),
+                        "async_scheduling": not args.no_async_scheduling,
+                        # ms_per_token's clock starts after a step() that only launches (decode_ms);
+                        # runs without this key counted a token made before the clock
+                        "clock": "after-first-step", "steps": args.steps,
+                        # every tuning switch as this run had it (the environment sets them:
+                        # flint_kernels/tuning.py)
+                        "tuning": tuning.snapshot()},
+               "formats": []}
+    formats = args.formats.split(",")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for fmt in formats:
+        if len(formats) == 1:
+            results["formats"].append(bench_format(fmt, args, bandwidth))
+        else:  # each format in a fresh process: the second engine must not inherit the first's allocator
+            results["formats"].append(run_in_child([__file__], fmt))
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print_tables(results)
+
+
+if __name__ == "__main__":
+    main()
