@@ -9,10 +9,11 @@ outputs keep every input's GPU, date, commit and command next to its numbers. Th
 last input of each format as "latest" and every input, in the order given, as the history (so the
 run to show as latest goes last). benchmarks/results.* are made by
 
-    python tools/bench/report_results.py benchmarks/h100/2026-12-05-b923e06-bench-nvfp4.json \
-        benchmarks/h200/2026-12-05-bce6bfe-bench-ttft-throughput.json \
+    python tools/bench/report_results.py benchmarks/h200/2026-12-05-bce6bfe-bench-ttft-throughput.json \
         benchmarks/h200/2026-12-05-bce6bfe-bench-nvfp4-repeat[12].json \
-        benchmarks/h200/2026-12-05-bce6bfe-bench.json
+        benchmarks/h200/2026-12-05-bce6bfe-bench.json benchmarks/h100/2026-12-05-b923e06-bench-nvfp4.json \
+        benchmarks/h100/2026-12-06-c81b1b9-bench-nvfp4-100k.json benchmarks/h100/2026-12-06-b9e4ca6-bench-nvfp4-100k.json \
+        benchmarks/h100/2026-12-06-12862c8-bench-nvfp4.json
 """
 
 from __future__ import annotations
