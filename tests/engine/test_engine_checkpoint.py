@@ -27,7 +27,7 @@ def test_engine_from_an_hf_checkpoint_equals_random_init(tiny_checkpoint):
 def test_triton_kernels_give_the_reference_tokens(greedy_oracle, fair_prompts):
     """The whole engine on the Triton kernels (interpreted on the CPU), fp32, mixed prefill + decode."""
     engine = make_engine(kernel_backend="triton", max_num_batched_tokens=24)
-    prompts = fair_prompts[:4]
+    prompts = fair_prompts[:2]  # test_engine_triton.py runs more prompts on fewer layers
     seqs = [engine.add_request(p, GREEDY) for p in prompts]
     run_to_completion(engine)
     for prompt, seq in zip(prompts, seqs):

@@ -360,9 +360,9 @@ def bench_router(shape, device, smoke):
     return cases
 
 
-def bench_w4a16(shape, device, smoke):
+def bench_w4a16(shape, device, smoke, prefill_tokens=PREFILL_TOKENS):
     """NVFP4 linears of the real projections: bytes = packed weights + block scales + x + y. At
-    a prefill chunk's size (PREFILL_TOKENS; not the LM head, which a prefill applies to its last
+    a prefill chunk's size (prefill_tokens; not the LM head, which a prefill applies to its last
     token only) each GEMM also runs as the BF16 matmul of the dequantised weight ("bf16 linear"),
     the rate a BF16 checkpoint's prefill gets, and in nvfp4_linear's other forms: the tiles that
     decode the weight in their K loop ("decoding tiles", tuning.FP4_DEQUANT_MIN_TOKENS None) and the
@@ -377,7 +377,7 @@ def bench_w4a16(shape, device, smoke):
     for name, (n, k) in shapes.items():
         w = random_nvfp4(n, k, device=device)
         ws = [w] + [random_nvfp4(n, k, device=device) for _ in range(_cold_sets(w.nbytes(), device, smoke) - 1)]
-        for t in ([1, 5] if smoke else ([1, 4, 8, 64, PREFILL_TOKENS] if name != "lm_head" else [1, 8, 64])):
+        for t in ([1, 5] if smoke else ([1, 4, 8, 64, prefill_tokens] if name != "lm_head" else [1, 8, 64])):
             x = torch.randn(t, k, device=device, dtype=torch.bfloat16)
             turns = Rotation(ws)  # the weights from HBM, as in a step
             cases.append(Case(
@@ -385,7 +385,7 @@ def bench_w4a16(shape, device, smoke):
                 run=lambda x=x, turns=turns: nvfp4_linear(x, turns.next()),
                 reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
                 bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
-            if t == PREFILL_TOKENS:  # the prefill GEMM's other forms (its tuning switches)
+            if t == prefill_tokens:  # the prefill GEMM's other forms (its tuning switches)
                 for label, knob, value in [("decoding tiles", "FP4_DEQUANT_MIN_TOKENS", None),
                                            ("128x256 tiles", "FP4_DEQUANT_GEMM_TILES", (128, 256, 8, 3))]:
                     cases.append(Case(
