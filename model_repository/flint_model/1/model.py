@@ -5,7 +5,8 @@ with its own KV pool; its metrics carry the label `instance`. The engine runs on
 thread; `execute` hands requests over and returns at once; outputs leave through the host's
 queue, which a response thread drains until the sentinel. An abort control request may
 reach any instance: the relay forwards it to the owner (abort_relay.py). `finalize` stops
-the engine, then joins the response thread, then the relay and the metrics.
+the engine, then joins the response thread, then the relay and the metrics. Without a
+`finalize` (tritonserver killed) or on SIGTERM, ParentWatch aborts everything and exits.
 """
 
 import dataclasses
@@ -26,6 +27,7 @@ from flint_backend.serving.abort_relay import AbortRelay  # noqa: E402
 from flint_backend.serving.chunks import chunk_arrays  # noqa: E402
 from flint_backend.serving.engine_host import EngineHost  # noqa: E402
 from flint_backend.serving.metrics import MetricsPublisher  # noqa: E402
+from flint_backend.serving.parent_watch import ParentWatch  # noqa: E402
 from flint_backend.serving.placement import InstancePlacement  # noqa: E402
 from flint_backend.serving.tensors import scalar  # noqa: E402
 
@@ -55,6 +57,7 @@ class TritonPythonModel:
         self.metrics = MetricsPublisher(pb_utils, self.host.engine.metrics, labels).start()
         self.response_thread = threading.Thread(target=self._response_loop, name="flint-responses", daemon=True)
         self.response_thread.start()
+        self.watch = ParentWatch(stop=self.finalize, name=f"flint_model {placement.name}").start()
 
     def execute(self, requests):
         for request in requests:
@@ -87,6 +90,7 @@ class TritonPythonModel:
                     self.host.abort(chunk.key)
 
     def finalize(self):
+        self.watch.close()
         self.host.shutdown()
         self.response_thread.join()
         self.relay.close()
