@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.chat.request_error import ChatRequestError, describe
+from flint_backend.chat.tool_schema import check_schema
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 CHOICES = ("none", "auto", "required")
@@ -71,8 +72,11 @@ def _tool_name(path: str, tool: object) -> str:
     # null counts as absent: some clients serialise unset fields
     if function.get("description") is not None and not isinstance(function["description"], str):
         raise ChatRequestError(f"{path}.function.description", "a string", describe(function["description"]))
-    if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
-        raise ChatRequestError(f"{path}.function.parameters", "a JSON Schema object", describe(function["parameters"]))
+    if function.get("parameters") is not None:
+        if not isinstance(function["parameters"], dict):
+            raise ChatRequestError(f"{path}.function.parameters", "a JSON Schema object",
+                                   describe(function["parameters"]))
+        check_schema(f"{path}.function.parameters", function["parameters"])  # what the tool-call parser reads
     return name
 
 

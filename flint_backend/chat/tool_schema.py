@@ -10,12 +10,19 @@ an argument can only be read off the tool's JSON schema:
 - a property the schema does not declare is a string; a declared property with no type
   information at all (`{}`, a `$ref`) may be anything, so it follows the rule above
   with every type allowed.
+
+`check_schema` refuses, before anything runs, a tool schema that breaks the JSON Schema
+basics the parser reads (`type`, `properties`, `anyOf`/`oneOf`, `enum`) or that a JSON
+Schema validator (OpenAI's among them) refuses (`allOf`, `items`); other keywords pass
+unread, as do `$ref` and boolean schemas.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+from flint_backend.chat.request_error import ChatRequestError, describe
 
 STRING = "string"
 JSON_TYPES = frozenset({"string", "integer", "number", "boolean", "null", "object", "array"})
@@ -54,6 +61,43 @@ def schema_types(schema: object) -> frozenset[str]:
     if "const" in schema:
         types.add(json_type_of(schema["const"]))
     return frozenset(types) & JSON_TYPES or JSON_TYPES
+
+
+_TYPE_NAMES = "one of string, integer, number, boolean, null, object, array (or a non-empty array of them)"
+_SCHEMA = "a JSON Schema (an object or true/false)"
+
+
+def check_schema(path: str, schema: object) -> None:
+    """Raises ChatRequestError naming the first malformed keyword at `path` or below (a keyword
+    that is null counts as absent, as elsewhere in a request)."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise ChatRequestError(path, _SCHEMA, describe(schema))
+    given = {key: value for key, value in schema.items() if value is not None}
+    if "type" in given and not _known_types(given["type"]):
+        raise ChatRequestError(f"{path}.type", _TYPE_NAMES, describe(given["type"]))
+    if "properties" in given:
+        if not isinstance(given["properties"], dict):
+            raise ChatRequestError(f"{path}.properties", "an object of property schemas", describe(given["properties"]))
+        for key, sub in given["properties"].items():
+            check_schema(f"{path}.properties.{key}", sub)
+    for combinator in ("anyOf", "oneOf", "allOf"):
+        subs = given.get(combinator, [True])
+        if not isinstance(subs, list) or not subs:
+            raise ChatRequestError(f"{path}.{combinator}", "a non-empty array of schemas", describe(subs))
+        for i, sub in enumerate(subs):
+            check_schema(f"{path}.{combinator}[{i}]", sub)
+    if "enum" in given and not isinstance(given["enum"], list):
+        raise ChatRequestError(f"{path}.enum", "an array of values", describe(given["enum"]))
+    items = given.get("items", True)  # a schema, or (drafts before 2020-12) an array of them, one a position
+    for i, sub in enumerate(items) if isinstance(items, list) else [(None, items)]:
+        check_schema(f"{path}.items" if i is None else f"{path}.items[{i}]", sub)
+
+
+def _known_types(declared: object) -> bool:
+    names = declared if isinstance(declared, list) else [declared]
+    return bool(names) and all(isinstance(t, str) and t in JSON_TYPES for t in names)
 
 
 def _matches(value: object, types: frozenset[str]) -> bool:

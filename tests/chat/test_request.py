@@ -7,7 +7,7 @@ import re
 import pytest
 
 from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS, ChatOptions
-from flint_backend.chat.output_parser import parse_chat_output
+from flint_backend.chat.output_parser import ChatOutputParser, parse_chat_output
 from flint_backend.chat.request import RenderedPrompt, encode_text_input, load_json_field, render_chat_request
 from flint_backend.chat.request_error import ChatRequestError
 from flint_backend.chat.tool_choice import unmet_tool_choice
@@ -208,6 +208,32 @@ def test_null_description_and_parameters_count_as_absent(tok):
     assert render(tok, ASK, tools=[bare]).tools_for_parser == [bare]
 
 
+# JSON Schemas as clients write them (OpenAI and vLLM take these): every one is accepted, and the
+# tool-call parser reads each without error.
+ACCEPTED_SCHEMAS = [
+    {}, {"type": "object"}, {"type": "object", "properties": {}},
+    {"type": "object", "properties": {"q": {}, "on": True, "off": False, "ref": {"$ref": "#/$defs/q"}},
+     "$defs": {"q": {"type": "string"}}, "required": ["q"], "additionalProperties": False},
+    {"type": ["object", "null"], "properties": {"n": {"type": ["integer", "null"], "minimum": 0}}},
+    {"type": "object", "properties": None, "anyOf": None, "enum": None},  # null keywords count as absent
+    {"properties": {"maybe": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                    "one": {"oneOf": [{"const": 1}, {"enum": ["a", None]}]}, "all": {"allOf": [{"type": "number"}]},
+                    "list": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}},
+                    "pair": {"type": "array", "items": [{"type": "string"}, {"type": "integer"}]},
+                    "x-extension": {"type": "string", "format": "date", "x-unknown-keyword": 5}}},
+]
+
+
+@pytest.mark.parametrize("parameters", ACCEPTED_SCHEMAS)
+def test_json_schemas_clients_send_are_accepted_and_parsed(tok, parameters):
+    prompt = render(tok, ASK, tools=[tool_with(parameters)])
+    parser = ChatOutputParser(prompt.thinking, prompt.tools_for_parser, prompt.tool_choice,
+                              reasoning_parser="glm47", tool_call_parser="glm47")
+    parser.feed("</think><tool_call>f<arg_key>n</arg_key><arg_value>3</arg_value></tool_call>")
+    parser.finish()
+    assert [c.name for c in parser.result().tool_calls] == ["f"]
+
+
 def test_tool_choice_none_works_without_auto_tool_choice(tok):
     prompt = render(tok, ASK, ChatOptions(), tools=TOOLS, tool_choice="none")
     assert prompt.prompt_text == "[gMASK]<sop>" + TOOLS_BLOCK + ASK_PROMPT
@@ -300,6 +326,10 @@ def call(arguments, name="search"):
                                                  "function": {"name": name, "arguments": arguments}}]}
 
 
+def tool_with(parameters):
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
 ERRORS = [
     # (request, message pattern)
     ({"messages": []}, r"^messages: expected a non-empty array of messages, got array \[\]"),
@@ -348,6 +378,28 @@ ERRORS = [
      r"^tools\[0\]\.function\.description: expected a string, got 1"),
     ({"messages": [USER], "tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
      r'^tools\[0\]\.function\.parameters: expected a JSON Schema object, got string "{}"'),
+    ({"messages": [USER], "tools": [tool_with({"type": "banana", "properties": 5})]},
+     r"^tools\[0\]\.function\.parameters\.type: expected one of string, integer, number, boolean, null, object, "
+     r'array \(or a non-empty array of them\), got string "banana"'),
+    ({"messages": [USER], "tools": [tool_with({"type": "object", "properties": 5})]},
+     r"^tools\[0\]\.function\.parameters\.properties: expected an object of property schemas, got 5"),
+    ({"messages": [USER], "tools": [tool_with({"properties": ["city"]})]},
+     r'^tools\[0\]\.function\.parameters\.properties: expected an object of property schemas, got array \["city"\]'),
+    ({"messages": [USER], "tools": [tool_with({"properties": {"city": "string"}})]},
+     r"^tools\[0\]\.function\.parameters\.properties\.city: expected a JSON Schema \(an object or true/false\), "
+     r'got string "string"'),
+    ({"messages": [USER], "tools": [tool_with({"properties": {"n": {"type": ["integer", "int"]}}})]},
+     r"^tools\[0\]\.function\.parameters\.properties\.n\.type: expected one of .*, got array"),
+    ({"messages": [USER], "tools": [tool_with({"properties": {"n": {"type": []}}})]},
+     r"^tools\[0\]\.function\.parameters\.properties\.n\.type: expected one of .*, got array \[\]"),
+    ({"messages": [USER], "tools": [tool_with({"properties": {"n": {"anyOf": 5}}})]},
+     r"^tools\[0\]\.function\.parameters\.properties\.n\.anyOf: expected a non-empty array of schemas, got 5"),
+    ({"messages": [USER], "tools": [tool_with({"properties": {"n": {"oneOf": [{"type": "integer"}, 3]}}})]},
+     r"^tools\[0\]\.function\.parameters\.properties\.n\.oneOf\[1\]: expected a JSON Schema .*, got 3"),
+    ({"messages": [USER], "tools": [tool_with({"properties": {"n": {"enum": "abc"}}})]},
+     r'^tools\[0\]\.function\.parameters\.properties\.n\.enum: expected an array of values, got string "abc"'),
+    ({"messages": [USER], "tools": [tool_with({"properties": {"l": {"items": {"type": "list"}}}})]},
+     r"^tools\[0\]\.function\.parameters\.properties\.l\.items\.type: expected one of"),
     ({"messages": [USER], "tools": [SEARCH_TOOL, WEATHER_TOOL, SEARCH_TOOL]},
      r'^tools\[2\]\.function\.name: expected a name no other tool has \(tools\[0\] has it\), got string "search"'),
     ({"messages": [USER], "tools": TOOLS, "chat_template_kwargs": "thinking"},

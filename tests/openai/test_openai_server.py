@@ -372,6 +372,8 @@ def test_unknown_model_is_404(client):
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": "hello " * 600}]}, "messages"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "banana", "properties": 5}}}]},
+     "tools[0].function.parameters.type"),
 ])
 def test_bad_requests_are_400_naming_the_field(client, kwargs, param):
     kwargs = {"model": "flint", "messages": MESSAGES, "max_tokens": 4, **kwargs}
@@ -379,6 +381,21 @@ def test_bad_requests_are_400_naming_the_field(client, kwargs, param):
         client.chat.completions.create(**kwargs)
     assert caught.value.body["param"] == param, caught.value.body
     assert caught.value.body["message"].startswith(param + ":")
+
+
+def test_a_tool_schema_the_parser_cannot_use_is_a_400_before_anything_runs(client, triton):
+    """Issue 44: it was a 500 from the postprocessor while the engine generated to max_tokens."""
+    prompts = triton.metric("flint:prompt_tokens_total")
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 5}}}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="flint", messages=MESSAGES, tools=bad, max_tokens=400,
+                                           stream=stream, extra_body={"ignore_eos": True})
+        assert caught.value.body["param"] == "tools[0].function.parameters.properties"
+        assert caught.value.body["message"] == ("tools[0].function.parameters.properties: expected an object of "
+                                                "property schemas, got 5")
+    time.sleep(1.0)  # the engine's metrics are published every 0.5 s
+    assert triton.metric("flint:prompt_tokens_total") == prompts and triton.metric("flint:num_requests_running") == 0
 
 
 def test_prompt_over_the_context_is_400_in_a_stream_too(client):

@@ -200,6 +200,9 @@ def test_logprobs_are_the_references_streamed_or_not(server, tiny_checkpoint, to
     ({"text_input": "hi", "sampling_parameters": "{\"temprature\": 1}"}, "sampling_parameters.temprature"),
     ({"text_input": "hi", "max_tokens": -5}, "max_tokens"),
     ({"text_input": "hello " * 600, "max_tokens": 4}, f"context of {MAX_MODEL_LEN} tokens"),
+    ({"messages": "[{\"role\": \"user\", \"content\": \"hi\"}]", "max_tokens": 4, "tools": json.dumps([
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 5}}}])},
+     "tools[0].function.parameters.properties: expected an object of property schemas, got 5"),
 ])
 def test_bad_requests_get_an_error_naming_the_problem_and_the_server_goes_on(server, body, field):
     status, out = server.generate(body)
