@@ -13,10 +13,16 @@ generated token.
 
 Streaming: one `TextDelta` per chunk that adds something, the last one final. Not
 streaming: nothing until the final chunk, then everything in one `TextDelta`.
+
+An error while a request's chunk is applied (a bug, or input the request checks let through)
+ends that request alone: its final delta carries the error (finish_reason "error"), its later
+chunks are dropped as a cancelled request's are, and, while the engine may still run it, the
+outcome asks for the engine request's abort, so it stops generating and frees its KV cache.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 
@@ -28,6 +34,7 @@ from flint_backend.chat.tool_parser import ToolCallDelta
 from flint_backend.chat.tool_choice import unmet_tool_choice
 from flint_backend.serving.chunks import EngineChunk, OutputConfig, TextDelta
 
+log = logging.getLogger(__name__)
 MAX_REMEMBERED_CANCELS = 4096  # cancelled keys kept until their final chunk, at most
 
 
@@ -132,7 +139,7 @@ class _Entry:
 @dataclass
 class Outcome:
     outputs: list[TextDelta]      # to send now, in order (empty: nothing)
-    abort_engine: bool = False    # a stop string ended the output: abort the engine request
+    abort_engine: bool = False    # a stop string or an error ended the output: abort the engine request
 
 
 class Postprocessor:
@@ -156,21 +163,34 @@ class Postprocessor:
             entry = self._entries.setdefault(chunk.key, _Entry())
             entry.early[chunk.index] = chunk
             outputs, finished = [], False
-            while entry.next_index in entry.early:
-                ready = entry.early.pop(entry.next_index)
-                entry.next_index += 1
-                if entry.text is None:
-                    entry.text = RequestText(self.tokenizer, OutputConfig.from_json(ready.config or "{}"),
-                                             self._logprob_entries)
-                delta = entry.text.apply(ready)
-                if delta is not None:
-                    outputs.append(delta)
-                finished = finished or ready.finished
+            try:
+                while entry.next_index in entry.early:
+                    ready = entry.early.pop(entry.next_index)
+                    entry.next_index += 1
+                    finished = finished or ready.finished
+                    if entry.text is None:
+                        entry.text = RequestText(self.tokenizer, OutputConfig.from_json(ready.config or "{}"),
+                                                 self._logprob_entries)
+                    delta = entry.text.apply(ready)
+                    if delta is not None:
+                        outputs.append(delta)
+            except Exception as error:
+                return self._fail(chunk.key, entry, finished, error)
             if finished:
                 del self._entries[chunk.key]
             abort = bool(entry.text and entry.text.stopped and not finished and not entry.abort_sent)
             entry.abort_sent = entry.abort_sent or abort
             return Outcome(_merge(outputs), abort)
+
+    def _fail(self, key: str, entry: _Entry, finished: bool, error: Exception) -> Outcome:
+        """The request ends with the error; its engine request is aborted unless it is done."""
+        log.exception("postprocess: request %s failed", key)
+        del self._entries[key]
+        engine_done = finished or any(c.finished for c in entry.early.values())
+        if not engine_done:
+            self._remember_cancelled(key)
+        failure = TextDelta(final=True, finish_reason="error", error=f"postprocess: {type(error).__name__}: {error}")
+        return Outcome([failure], abort_engine=not engine_done and not entry.abort_sent)
 
     def process_all(self, chunks: list[EngineChunk]) -> list[Outcome]:
         """Chunks that queued up together (the postprocessor fell behind): a request's outputs go
@@ -192,10 +212,13 @@ class Postprocessor:
                 return False
             self._entries.pop(key, None)
             if not finished:
-                self._cancelled[key] = None
-                while len(self._cancelled) > MAX_REMEMBERED_CANCELS:
-                    del self._cancelled[next(iter(self._cancelled))]
+                self._remember_cancelled(key)
             return not finished
+
+    def _remember_cancelled(self, key: str) -> None:
+        self._cancelled[key] = None
+        while len(self._cancelled) > MAX_REMEMBERED_CANCELS:
+            del self._cancelled[next(iter(self._cancelled))]
 
 
 def _merge(outputs: list[TextDelta]) -> list[TextDelta]:

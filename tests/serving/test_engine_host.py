@@ -11,6 +11,8 @@ from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.serving.abort_relay import AbortRelay
 from flint_backend.serving.chunks import chunk_arrays, chunk_from_arrays
 from flint_backend.serving.engine_host import EngineHost
+from flint_backend.serving.postprocess import Postprocessor, RequestText
+from flint_backend.tokenizer import load_tokenizer
 
 
 class Sender:
@@ -101,6 +103,36 @@ def test_cancelled_sender_aborts_the_request_once():
         host.shutdown()
     assert chunk.finish_reason == "abort" and chunk.num_output_tokens < 50
     assert host.engine.blocks.usage == 0.0 and request.cancelled
+
+
+def test_a_postprocess_error_aborts_the_engine_request(monkeypatch):
+    """flint_postprocess's loop without Triton: each chunk through the Postprocessor, whose outcome's
+    abort reaches the engine (there through a control request to flint_model). Issue 44: an error
+    there left the engine generating to max_tokens."""
+    real_apply = RequestText.apply
+
+    def apply(self, chunk):
+        if chunk.index == 1:
+            raise AttributeError("'int' object has no attribute 'items'")
+        return real_apply(self, chunk)
+
+    monkeypatch.setattr(RequestText, "apply", apply)
+    host, post = make_host(), Postprocessor(load_tokenizer())
+    errors = []
+    try:
+        host.submit(Sender(), inputs([1, 2, 3], max_tokens=50, ignore_eos=True))
+        for _, chunk in host.responses():
+            outcome = post.process(chunk)
+            errors += [d.error for d in outcome.outputs if d.error]
+            if outcome.abort_engine:
+                host.abort(chunk.key)
+            if chunk.finished:
+                break
+    finally:
+        host.shutdown()
+    assert errors == ["postprocess: AttributeError: 'int' object has no attribute 'items'"]
+    assert chunk.finish_reason == "abort" and chunk.num_output_tokens < 50
+    assert host.engine.metrics.num_running == 0 and host.engine.blocks.usage == 0.0 and post.num_open == 0
 
 
 def test_an_abort_taken_by_another_instance_stops_the_owners_request():

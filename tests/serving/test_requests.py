@@ -11,7 +11,7 @@ from flint_backend.chat.request_error import ChatRequestError
 from flint_backend.engine.sampling_params import SamplingParamsError
 from flint_backend.serving.chunks import EngineChunk, OutputConfig
 from flint_backend.serving.generate_request import parse_generate_request
-from flint_backend.serving.postprocess import Postprocessor
+from flint_backend.serving.postprocess import Postprocessor, RequestText
 from flint_backend.serving.preprocess import Preprocessor
 from flint_backend.tokenizer import load_tokenizer
 
@@ -229,6 +229,42 @@ def test_errors_are_reported_as_client_errors_when_refused(tokenizer):
     (out,) = post.process(EngineChunk("k", 0, [], True, "rejected", 3, 0, "prompt: too long",
                                       OutputConfig().to_json())).outputs
     assert out.error == "prompt: too long" and out.client_error and out.final
+
+
+def test_an_error_in_a_request_ends_it_alone_and_asks_for_one_engine_abort(tokenizer, monkeypatch):
+    """Issue 44: a request whose text step raised kept running in the engine to max_tokens."""
+    texts = {"a": "first request text here and more", "b": "second one, other words"}
+    chunks = {k: chunks_for(tokenizer, t, OutputConfig(stream=True), key=k) for k, t in texts.items()}
+    real_apply = RequestText.apply
+
+    def apply(self, chunk):
+        if chunk.key == "a" and chunk.index == 2:
+            raise AttributeError("'int' object has no attribute 'items'")
+        return real_apply(self, chunk)
+
+    monkeypatch.setattr(RequestText, "apply", apply)
+    post = Postprocessor(tokenizer)
+    a, b = chunks["a"], chunks["b"]
+    outcomes = post.process_all([a[0], b[0], a[1], a[2], b[1]])
+    failed = outcomes[3]
+    assert failed.abort_engine and [o.abort_engine for o in outcomes] == [False, False, False, True, False]
+    (error,) = failed.outputs
+    assert error.final and error.finish_reason == "error" and not error.client_error
+    assert error.error == "postprocess: AttributeError: 'int' object has no attribute 'items'"
+    later = [post.process(c) for c in a[3:]]  # the engine's chunks until its abort lands: dropped
+    assert all(o.outputs == [] and not o.abort_engine for o in later)
+    rest = "".join(d.text for c in b[2:] for d in post.process(c).outputs)
+    assert outcomes[4].outputs[0].text + rest == texts["b"]  # the other request is untouched
+    assert post.num_open == 0 and not post.cancel("a", finished=True)
+
+
+def test_an_error_on_a_final_chunk_asks_for_no_abort(tokenizer, monkeypatch):
+    monkeypatch.setattr(RequestText, "apply", lambda self, chunk: 1 / 0)
+    post = Postprocessor(tokenizer)
+    only = EngineChunk("k", 0, [5, 6], True, "stop", 3, 2, config=OutputConfig().to_json())
+    outcome = post.process(only)  # the request's only chunk is its final one: the engine is done with it
+    assert not outcome.abort_engine and outcome.outputs[0].error.startswith("postprocess: ZeroDivisionError")
+    assert post.num_open == 0
 
 
 def test_chunks_queued_together_answer_once_per_request(tokenizer):

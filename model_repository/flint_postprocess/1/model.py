@@ -2,8 +2,8 @@
 
 Decoupled: each chunk answers with one response or none (a non-streamed request is
 answered once, at its final chunk; chunks of one request handed over together answer once,
-with the last of them). A stop string, or a client that cancelled (the
-ensemble marks the chunks it forwards after that as cancelled), aborts the engine
+with the last of them). A stop string, a client that cancelled (the ensemble marks the
+chunks it forwards after that as cancelled) or an error in this step aborts the engine
 request through a control request to the engine model.
 """
 
@@ -55,9 +55,11 @@ class TritonPythonModel:
                 batch.append((sender, chunk))
         try:
             outcomes = self.post.process_all([chunk for _, chunk in batch])
-        except Exception as error:
-            for sender, _ in batch:
+        except Exception as error:  # Postprocessor fails a request alone; this is for its own faults
+            for sender, chunk in batch:
                 self._fail(sender, error)
+                if self.post.cancel(chunk.key, chunk.finished):
+                    self._abort(chunk.key)
             return None
         for (sender, chunk), outcome in zip(batch, outcomes):
             if outcome.abort_engine:
