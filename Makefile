@@ -13,6 +13,11 @@ SERVE_ARGS ?=
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+# what tritonserver's HTTP, gRPC and metrics ports bind to. Empty: `make serve` listens on all
+# interfaces (Triton is the API there, for clients on other hosts too; 127.0.0.1 if FLINT_API_KEY
+# is set), `make serve-openai` on 127.0.0.1 (the OpenAI server and its key are the front door:
+# Triton, which checks no key, must not be reachable around it). ADDRESS=0.0.0.0 or a host's address.
+ADDRESS ?=
 OPENAI_STAMP := $(VENV)/.installed-openai
 OPENAI_PORT ?= 9000
 # the announcement's flags: the repository gets them (for direct Triton clients) and so does the OpenAI server
@@ -47,7 +52,7 @@ $(SERVE_STAMP): $(STAMP)
 
 serve: $(SERVE_STAMP) checkpoint
 	$(PY) -m flint_backend.serving.configure --model $(CKPT) $(SERVE_ARGS)
-	$(PY) -m flint_backend.serving.launch --model-repository model_repository \
+	$(PY) -m flint_backend.serving.launch --model-repository model_repository $(if $(ADDRESS),--address $(ADDRESS)) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 $(OPENAI_STAMP): $(SERVE_STAMP)
@@ -56,7 +61,7 @@ $(OPENAI_STAMP): $(SERVE_STAMP)
 
 serve-openai: $(OPENAI_STAMP) checkpoint
 	$(PY) -m flint_backend.serving.configure --model $(CKPT) $(CHAT_FLAGS) $(SERVE_ARGS)
-	PYTHON=$(PY) HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
+	PYTHON=$(PY) ADDRESS=$(or $(ADDRESS),127.0.0.1) HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
 		scripts/serve_openai.sh --port $(OPENAI_PORT) $(CHAT_FLAGS) $(OPENAI_ARGS)
 
 clean:

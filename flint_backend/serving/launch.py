@@ -1,7 +1,13 @@
 """Start tritonserver on a model repository (`make serve`, the tests and the Dockerfile use this).
 
-    python -m flint_backend.serving.launch --model-repository model_repository [--http-port 8000 ...]
-    [-- extra tritonserver flags]
+    python -m flint_backend.serving.launch [--model-repository model_repository] [--address 127.0.0.1]
+    [--http-port 8000 ...] [-- extra tritonserver flags]
+
+--address binds the HTTP, gRPC and metrics ports (tritonserver's --http-address, --grpc-address,
+--metrics-address). Without it they listen on all interfaces (tritonserver's 0.0.0.0: Triton
+itself is the API, as `make serve` and the Docker image serve it), unless FLINT_API_KEY is set:
+then on 127.0.0.1, since a key means the OpenAI server is the front door, and Triton, which
+checks no key, must not be reachable around it.
 
 The server is the system's `tritonserver` when there is one (NVIDIA's image), else the one
 the nvidia-pytriton wheel bundles (tritonserver 2.51 with the Python backend and a stub per
@@ -29,6 +35,7 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BACKEND_ROOT = PROJECT_ROOT / "build" / "triton_backends"
+ADDRESS_FLAGS = ("--http-address", "--grpc-address", "--metrics-address")
 SYSTEM_SERVERS = ("/opt/tritonserver/bin/tritonserver",)
 
 
@@ -81,15 +88,27 @@ def check_numpy() -> None:
                            "numpy<2 (FP32 outputs come back wrong); pip install 'numpy<2'")
 
 
+def default_address() -> str | None:
+    """127.0.0.1 when an API key is set (the OpenAI server's FLINT_API_KEY); else tritonserver's own."""
+    return "127.0.0.1" if os.environ.get("FLINT_API_KEY") else None
+
+
+def address_flags(address: str | None, extra: list[str]) -> list[str]:
+    """tritonserver's three address flags, except those that `extra` gives itself."""
+    given = {e.split("=")[0] for e in extra}
+    return [f"{flag}={address}" for flag in ADDRESS_FLAGS if address and flag not in given]
+
+
 def server_command(repository: str | Path, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
                    extra: list[str] | None = None, backend_root: Path = DEFAULT_BACKEND_ROOT,
-                   use_system: bool = True) -> ServerCommand:
+                   use_system: bool = True, address: str | None = None) -> ServerCommand:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                                if p and p != str(PROJECT_ROOT)])
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     argv = ["--model-repository", str(Path(repository).resolve()), f"--http-port={http_port}",
-            f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}", *(extra or [])]
+            f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}", *address_flags(address, extra or []),
+            *(extra or [])]
     system = find_system_server() if use_system else None
     if system:
         return ServerCommand([system, *argv], env)
@@ -105,6 +124,9 @@ def server_command(repository: str | Path, http_port: int = 8000, grpc_port: int
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"))
+    parser.add_argument("--address", default=default_address(),
+                        help="bind HTTP, gRPC and metrics to this address (default: all interfaces, "
+                             "127.0.0.1 when FLINT_API_KEY is set)")
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
@@ -114,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     extra = [e for e in extra if e != "--"]
     try:
         command = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, extra,
-                                 use_system=not args.bundled)
+                                 use_system=not args.bundled, address=args.address)
     except RuntimeError as error:
         sys.exit(f"launch: {error}")
     if args.print_command:

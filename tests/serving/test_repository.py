@@ -188,6 +188,25 @@ def test_bundled_server_command_sets_up_the_python_backend(tmp_path):
     assert command.env["PATH"].split(":")[0] == str(Path(launch.sys.executable).parent)
 
 
+def test_address_binds_the_three_ports_and_defaults_to_the_loopback_with_an_api_key(monkeypatch, capsys):
+    def flags(argv):
+        launch.main(["--print-command", "--model-repository", str(REPO), *argv])
+        line = capsys.readouterr().out.splitlines()[-1].split()
+        return sorted(a for a in line if a.split("=")[0] in launch.ADDRESS_FLAGS)
+
+    monkeypatch.delenv("FLINT_API_KEY", raising=False)
+    assert flags([]) == []  # tritonserver's default: all interfaces
+    assert flags(["--address", "127.0.0.1"]) == ["--grpc-address=127.0.0.1", "--http-address=127.0.0.1",
+                                                 "--metrics-address=127.0.0.1"]
+    assert flags(["--address", "127.0.0.1", "--", "--grpc-address=0.0.0.0"]) == [
+        "--grpc-address=0.0.0.0", "--http-address=127.0.0.1", "--metrics-address=127.0.0.1"]
+    monkeypatch.setenv("FLINT_API_KEY", "sk-test")
+    assert flags([]) == ["--grpc-address=127.0.0.1", "--http-address=127.0.0.1", "--metrics-address=127.0.0.1"]
+    assert flags(["--address", "0.0.0.0"])[0] == "--grpc-address=0.0.0.0"
+    entry = (ROOT / "scripts" / "docker_entrypoint.sh").read_text()
+    assert '--address "${ADDRESS:-0.0.0.0}"' in entry  # the image listens on all interfaces, key or not
+
+
 def test_dockerfile_lints_and_serves_as_make_serve_does():
     hadolint = shutil.which("hadolint") or str(Path(launch.sys.executable).parent / "hadolint")
     if not Path(hadolint).exists():
@@ -203,7 +222,8 @@ def test_dockerfile_lints_and_serves_as_make_serve_does():
 
 @pytest.mark.parametrize("script", ["tools/gpu/multi_gpu_check.sh", "tools/gpu/gpu_serve_check.sh",
                                     "tools/gpu/gpu_bundle_venv.sh", "tools/gpu/pack_gpu_bundle.sh",
-                                    "scripts/wait_server_ready.sh", "scripts/docker_entrypoint.sh"])
+                                    "scripts/wait_server_ready.sh", "scripts/docker_entrypoint.sh",
+                                    "scripts/serve_openai.sh"])
 def test_gpu_and_docker_scripts_pass_shellcheck(script):
     """The GPU checks cannot run here: at least they must be sound shell."""
     shellcheck = shutil.which("shellcheck") or str(Path(launch.sys.executable).parent / "shellcheck")
