@@ -7,6 +7,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 CKPT   ?= checkpoints/flint-tiny
+# the configured repository that serve and serve-openai write and serve: a copy of the tracked
+# model_repository/ (left as it is) with the configuration of CKPT and SERVE_ARGS; git ignores build/
+REPOSITORY ?= build/model_repository
 # more flint_backend.serving.configure flags, e.g. SERVE_ARGS="--device cuda --kernel-backend triton
 #   --enable-auto-tool-choice --tool-call-parser glm47 --reasoning-parser glm47"
 SERVE_ARGS ?=
@@ -51,8 +54,8 @@ $(SERVE_STAMP): $(STAMP)
 	touch $(SERVE_STAMP)
 
 serve: $(SERVE_STAMP) checkpoint
-	$(PY) -m flint_backend.serving.configure --model $(CKPT) $(SERVE_ARGS)
-	$(PY) -m flint_backend.serving.launch --model-repository model_repository $(if $(ADDRESS),--address $(ADDRESS)) \
+	$(PY) -m flint_backend.serving.configure --repository $(REPOSITORY) --model $(CKPT) $(SERVE_ARGS)
+	$(PY) -m flint_backend.serving.launch --model-repository $(REPOSITORY) $(if $(ADDRESS),--address $(ADDRESS)) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 $(OPENAI_STAMP): $(SERVE_STAMP)
@@ -60,8 +63,8 @@ $(OPENAI_STAMP): $(SERVE_STAMP)
 	touch $(OPENAI_STAMP)
 
 serve-openai: $(OPENAI_STAMP) checkpoint
-	$(PY) -m flint_backend.serving.configure --model $(CKPT) $(CHAT_FLAGS) $(SERVE_ARGS)
-	PYTHON=$(PY) ADDRESS=$(or $(ADDRESS),127.0.0.1) HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
+	$(PY) -m flint_backend.serving.configure --repository $(REPOSITORY) --model $(CKPT) $(CHAT_FLAGS) $(SERVE_ARGS)
+	PYTHON=$(PY) REPOSITORY=$(REPOSITORY) ADDRESS=$(or $(ADDRESS),127.0.0.1) HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
 		scripts/serve_openai.sh --port $(OPENAI_PORT) $(CHAT_FLAGS) $(OPENAI_ARGS)
 
 clean:

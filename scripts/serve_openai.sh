@@ -4,11 +4,12 @@
 #
 #   scripts/serve_openai.sh [OpenAI server flags: --port 9000 --enable-auto-tool-choice ... --api-key KEY]
 #
-# Environment: PYTHON (.venv/bin/python), REPOSITORY (model_repository), HTTP_PORT, GRPC_PORT,
-# METRICS_PORT (8000 8001 8002), ADDRESS (127.0.0.1: what tritonserver's three ports bind to; the
-# OpenAI server, which checks the API key, is the front door, so Triton is not reachable around it;
-# ADDRESS=0.0.0.0 opens them to every interface). The OpenAI server answers 503 until Triton is
-# ready (GET /health). A second SIGINT or SIGTERM while stopping kills both at once.
+# Environment: PYTHON (.venv/bin/python), REPOSITORY (build/model_repository, where configure
+# writes), HTTP_PORT, GRPC_PORT, METRICS_PORT (8000 8001 8002), ADDRESS (127.0.0.1: what
+# tritonserver's three ports bind to; the OpenAI server, which checks the API key, is the front
+# door, so Triton is not reachable around it; ADDRESS=0.0.0.0 opens them to every interface).
+# The OpenAI server answers 503 until Triton is ready (GET /health). A second SIGINT or SIGTERM
+# while stopping kills both at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -31,7 +32,7 @@ trap stop_all EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-"$PY" -m flint_backend.serving.launch --model-repository "${REPOSITORY:-model_repository}" --address "$ADDRESS" \
+"$PY" -m flint_backend.serving.launch --model-repository "${REPOSITORY:-build/model_repository}" --address "$ADDRESS" \
   --http-port "${HTTP_PORT:-8000}" --grpc-port "$GRPC_PORT" --metrics-port "$METRICS_PORT" &
 triton=$!
 "$PY" -m flint_backend.openai --triton-url "$TRITON_HOST:$GRPC_PORT" \

@@ -5,7 +5,9 @@ flint_tokenizer step), `engine_host` (the flint_model step: engine thread + resp
 `postprocess` (the flint_postprocess step: detokenise, stop strings, parsers), `chunks` (what
 passes between the steps: OutputConfig, EngineChunk, TextDelta and their tensors), `metrics`
 (engine counters -> Triton custom metrics), `repository` (engine_args.json, tokenizer path),
-`configure` (`python -m flint_backend.serving.configure`: the repository from vLLM-style flags),
-`launch` (starts tritonserver: the system's, or the one in the nvidia-pytriton wheel).
+`configure` (`python -m flint_backend.serving.configure`: a configured copy of model_repository/,
+build/model_repository, from vLLM-style flags), `launch` (starts tritonserver: the system's, or
+the one in the nvidia-pytriton wheel), `parent_watch` (flint_model's process ends with its
+tritonserver and on SIGTERM).
 The `model.py` files in model_repository/ only move tensors between Triton and these.
 """

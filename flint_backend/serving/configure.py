@@ -1,11 +1,17 @@
-"""Configure the model repository from a vLLM-style command line (the announcement's flags).
+"""Write a configured model repository from a vLLM-style command line (the announcement's flags).
 
     python -m flint_backend.serving.configure [MODEL] [--model PATH|ORG/NAME] [--hf-config-path P] [--tokenizer P]
         [--preset flint-40b [--seed S] [--quantization nvfp4]]     (no MODEL: random weights)
         [--enable-auto-tool-choice] [--tool-call-parser glm47] [--reasoning-parser glm47]
         [--exclude-tools-when-tool-choice-none] [--default-max-tokens N]
         [--kernel-backend triton] [--device cuda] [--max-num-seqs N] [--max-num-batched-tokens N] ...
-        [--gpus 0,1,...|all] [--instances N] [--repository model_repository]
+        [--gpus 0,1,...|all] [--instances N] [--repository build/model_repository] [--source model_repository]
+
+The tracked `model_repository/` is the source: its models are copied to `--repository`
+(default `build/model_repository`, which git ignores; `make serve` serves it), and the copy's
+configuration files are written there, so a checkout stays clean and `model_repository/` stays
+the default that `tritonserver --model-repository model_repository` serves as it is.
+`--repository` equal to `--source` configures that repository in place (e.g. a copy of your own).
 
 Every EngineArgs field is a flag (`--max-model-len`, `--kv-cache-memory-fraction`, ...; vLLM's
 `--gpu-memory-utilization` is another name for the last); they are written, all of them,
@@ -28,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -49,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flint_backend.serving.configure", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("model_positional", nargs="?", metavar="MODEL", help="same as --model")
-    parser.add_argument("--repository", type=Path, default=PROJECT_ROOT / "model_repository")
+    parser.add_argument("--repository", type=Path, default=PROJECT_ROOT / "build" / "model_repository",
+                        help="the repository to write (default: build/model_repository)")
+    parser.add_argument("--source", type=Path, default=PROJECT_ROOT / "model_repository",
+                        help="the repository whose models are copied (default: the tracked model_repository)")
     for f in fields(EngineArgs):
         flags = ["--" + f.name.replace("_", "-")]
         flags += ["--" + alias.replace("_", "-") for alias, target in ALIASES.items() if target == f.name]
@@ -140,6 +150,14 @@ def set_parameters(pbtxt: str, values: dict[str, str]) -> str:
     return pbtxt
 
 
+def copy_models(source: Path, dest: Path) -> None:
+    """source's files over dest (a repository configured before keeps nothing of its own but
+    extra files); nothing when they are the same folder."""
+    if dest.exists() and dest.resolve() == source.resolve():
+        return
+    shutil.copytree(source, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     json_path = engine_args_path(args.repository)
@@ -149,18 +167,18 @@ def main(argv: list[str] | None = None) -> None:
         engine = engine_args(args, json_path.parent)
         if args.default_max_tokens < 1:
             raise ValueError(f"--default-max-tokens: expected a positive integer, got {args.default_max_tokens}")
-        config_path = args.repository / TOKENIZER_CONFIG
-        pbtxt = set_parameters(config_path.read_text(), {
+        pbtxt = set_parameters((args.source / TOKENIZER_CONFIG).read_text(), {
             "enable_auto_tool_choice": str(options.enable_auto_tool_choice).lower(),
             "tool_call_parser": options.tool_call_parser or "", "reasoning_parser": options.reasoning_parser or "",
             "exclude_tools_when_tool_choice_none": str(options.exclude_tools_when_tool_choice_none).lower(),
             "default_max_tokens": str(args.default_max_tokens)})
         group = engine_instance_group(args, engine.device)
-        engine_config = set_instance_group((args.repository / ENGINE_CONFIG).read_text(), group)
-    except (ValueError, FileNotFoundError) as error:
+        engine_config = set_instance_group((args.source / ENGINE_CONFIG).read_text(), group)
+        copy_models(args.source, args.repository)
+    except (ValueError, OSError) as error:
         sys.exit(f"configure: {error}")
     json_path.write_text(json.dumps(engine.to_dict(), indent=2) + "\n")
-    config_path.write_text(pbtxt)
+    (args.repository / TOKENIZER_CONFIG).write_text(pbtxt)
     (args.repository / ENGINE_CONFIG).write_text(engine_config)
     print(f"configured {args.repository}: model={describe_model(engine)} device={engine.device} "
           f"kernel_backend={engine.kernel_backend}; {group}; chat: {options}")

@@ -1,7 +1,10 @@
 """Start tritonserver on a model repository (`make serve`, the tests and the Dockerfile use this).
 
-    python -m flint_backend.serving.launch [--model-repository model_repository] [--address 127.0.0.1]
+    python -m flint_backend.serving.launch [--model-repository build/model_repository] [--address 127.0.0.1]
     [--http-port 8000 ...] [-- extra tritonserver flags]
+
+The default repository is the one `python -m flint_backend.serving.configure` writes; the
+tracked `model_repository` is served as it is with `--model-repository model_repository`.
 
 --address binds the HTTP, gRPC and metrics ports (tritonserver's --http-address, --grpc-address,
 --metrics-address). Without it they listen on all interfaces (tritonserver's 0.0.0.0: Triton
@@ -35,6 +38,7 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BACKEND_ROOT = PROJECT_ROOT / "build" / "triton_backends"
+DEFAULT_REPOSITORY = PROJECT_ROOT / "build" / "model_repository"  # configure's output
 ADDRESS_FLAGS = ("--http-address", "--grpc-address", "--metrics-address")
 SYSTEM_SERVERS = ("/opt/tritonserver/bin/tritonserver",)
 
@@ -123,7 +127,7 @@ def server_command(repository: str | Path, http_port: int = 8000, grpc_port: int
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"))
+    parser.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
     parser.add_argument("--address", default=default_address(),
                         help="bind HTTP, gRPC and metrics to this address (default: all interfaces, "
                              "127.0.0.1 when FLINT_API_KEY is set)")
@@ -134,6 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--print-command", action="store_true", help="print the command and exit")
     args, extra = parser.parse_known_args(argv)
     extra = [e for e in extra if e != "--"]
+    if not Path(args.model_repository).is_dir():
+        sys.exit(f"launch: no model repository at {args.model_repository}: write one with "
+                 "`python -m flint_backend.serving.configure MODEL` (build/model_repository), or serve the "
+                 "tracked default as it is with --model-repository model_repository")
     try:
         command = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, extra,
                                  use_system=not args.bundled, address=args.address)

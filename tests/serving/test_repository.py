@@ -73,6 +73,17 @@ def test_configure_writes_engine_args_and_chat_parameters(repo_copy, tiny_checkp
     assert re.search(r'key: "reasoning_parser" value: \{ string_value: "glm47" \}', pbtxt)
 
 
+def test_configure_copies_the_source_or_configures_a_repository_in_place(repo_copy, tmp_path, tiny_checkpoint):
+    engine_config = repo_copy / "flint_model" / "config.pbtxt"
+    engine_config.write_text("# kept\n" + engine_config.read_text())
+    configure([str(tiny_checkpoint), "--repository", str(tmp_path / "generated"), "--source", str(repo_copy)])
+    assert (tmp_path / "generated" / "flint_model" / "config.pbtxt").read_text().startswith("# kept")
+    assert (tmp_path / "generated" / "flint_model" / "1" / "model.py").is_file()
+    configure([str(tiny_checkpoint), "--repository", str(repo_copy), "--source", str(repo_copy), "--max-num-seqs", "3"])
+    assert engine_config.read_text().startswith("# kept")
+    assert json.loads((repo_copy / "flint_model" / "1" / "engine_args.json").read_text())["max_num_seqs"] == 3
+
+
 @pytest.mark.parametrize("flags, expected", [
     (["--async-scheduling", "false", "--enforce-eager", "True"], {"async_scheduling": False, "enforce_eager": True}),
     (["--warmup", "false"], {"warmup": False}),
@@ -177,6 +188,34 @@ def test_configure_refuses_unknown_or_bad_flags(repo_copy, flags, message, capsy
     assert message in str(exit_info.value.code) + capsys.readouterr().err
 
 
+@pytest.mark.parametrize("target", ["serve", "serve-openai"])
+def test_make_serve_configures_a_generated_repository_and_leaves_git_status_clean(target, tiny_checkpoint):
+    """`make serve`'s configure step, run as make runs it: the tracked model_repository/ stays the
+    pristine default; the configuration lands where the launch step reads it."""
+    if not (shutil.which("make") and shutil.which("git") and (ROOT / ".git").exists()):
+        pytest.skip("needs make, git and a git checkout")
+    dry = subprocess.run(["make", "-n", target, f"CKPT={tiny_checkpoint}", f"PY={launch.sys.executable}"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.replace("\\\n", " ")
+    (step,) = [line for line in dry.splitlines() if "-m flint_backend.serving.configure" in line]
+    served = re.search(r"(?:--model-repository |REPOSITORY=)(\S+)", dry).group(1)
+    tracked = {p: p.read_bytes() for p in REPO.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+    def status():
+        return subprocess.run(["git", "status", "--porcelain", "--", "model_repository"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout
+
+    before = status()
+    try:
+        subprocess.run(step, shell=True, cwd=ROOT, check=True, capture_output=True)
+        assert status() == before
+        args = json.loads((ROOT / served / "flint_model" / "1" / "engine_args.json").read_text())
+        assert Path(ROOT / served / "flint_model" / "1" / args["model"]).resolve() == Path(tiny_checkpoint).resolve()
+    finally:  # put back what the step changed (before the fix: the tracked files themselves)
+        for path, content in tracked.items():
+            if path.read_bytes() != content:
+                path.write_bytes(content)
+
+
 def test_bundled_server_command_sets_up_the_python_backend(tmp_path):
     command = launch.server_command(REPO, 1, 2, 3, backend_root=tmp_path / "backends", use_system=False)
     assert command.bundled and command.argv[0].endswith("tritonserver")
@@ -214,8 +253,11 @@ def test_dockerfile_lints_and_serves_as_make_serve_does():
     run = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     entry = (ROOT / "scripts" / "docker_entrypoint.sh").read_text()
-    make_serve = (ROOT / "Makefile").read_text().split("\nserve:")[1].split("\n\n")[0]
-    for step in ("-m flint_backend.serving.configure ", "-m flint_backend.serving.launch --model-repository model_repository"):
+    makefile = (ROOT / "Makefile").read_text()
+    repository = re.search(r"^REPOSITORY \?= (\S+)$", makefile, re.M).group(1)
+    make_serve = makefile.split("\nserve:")[1].split("\n\n")[0].replace("$(REPOSITORY)", repository)
+    for step in ("-m flint_backend.serving.configure ",
+                 "-m flint_backend.serving.launch --model-repository build/model_repository"):
         assert step in entry and step in make_serve.replace("\\\n\t\t", "")
     assert "/opt/flint/scripts/docker_entrypoint.sh" in (ROOT / "Dockerfile").read_text()
 
