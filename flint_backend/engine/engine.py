@@ -146,11 +146,15 @@ class LLMEngine:
             except GuidedSchemaError as error:
                 raise RequestError(str(error)) from None
         room = self.max_model_len - len(prompt_ids)
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise RequestError(f"max_tokens: got {params.max_tokens}, expected at most {room} (the prompt's "
+                               f"{len(prompt_ids)} tokens plus max_tokens must fit the context of "
+                               f"{self.max_model_len} tokens)")
         stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else self.default_stop_ids
         return Sequence(
             request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
             token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids), params=params,
-            max_tokens=min(params.max_tokens or room, room), stop_ids=stop_ids)
+            max_tokens=params.max_tokens or min(params.default_max_tokens or room, room), stop_ids=stop_ids)
 
     def admit(self, seq: Sequence) -> None:
         if seq.request_id in self._seqs:

@@ -32,7 +32,9 @@ class SamplingParams:
     presence_penalty: float = 0.0     # [-2, 2], output tokens (OpenAI convention)
     frequency_penalty: float = 0.0    # [-2, 2], output tokens
     seed: int | None = None           # same seed -> same tokens, whatever else is in the batch
-    max_tokens: int | None = None     # None -> until the context is full
+    max_tokens: int | None = None     # None -> until the context is full; more than the context leaves: refused
+    default_max_tokens: int | None = None  # without max_tokens: at most this many, clamped to the context (a
+                                           #   server's default, which must not refuse a long prompt)
     min_tokens: int = 0               # stop tokens are suppressed until this many tokens exist
     stop_token_ids: list[int] | None = None  # None -> the model's stop tokens
     ignore_eos: bool = False          # keep going past stop tokens (benchmarks)
@@ -71,8 +73,9 @@ class SamplingParams:
         _number(self.frequency_penalty, "frequency_penalty", lo=-2.0, hi=2.0, what="in [-2, 2]")
         if self.seed is not None:
             _integer(self.seed, "seed", lo=None, what="an integer")
-        if self.max_tokens is not None:
-            _integer(self.max_tokens, "max_tokens", lo=1, what="a positive integer")
+        for name in ("max_tokens", "default_max_tokens"):
+            if getattr(self, name) is not None:
+                _integer(getattr(self, name), name, lo=1, what="a positive integer")
         _integer(self.min_tokens, "min_tokens", lo=0, what="an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingParamsError("min_tokens",

@@ -98,5 +98,6 @@ def from_triton_error(message: str, prompt_param: str = "messages",
     field = match.group(1).removeprefix("sampling_parameters.")
     root = re.split(r"[.\[]", field)[0]
     param = {"prompt": prompt_param, **_PARAM_NAMES, **(renamed or {})}.get(root, root) + field[len(root):]
-    code = "context_length_exceeded" if root == "prompt" and "do not fit the context" in text else None
+    # the engine's refusals of a prompt, or of max_tokens, too long for the context
+    code = "context_length_exceeded" if root in ("prompt", "max_tokens") and "fit the context of" in text else None
     return bad_request(param + text[len(match.group(1)):], param, code)

@@ -29,7 +29,6 @@ Text = Annotated[str, Strict()]
 
 MAX_CHOICES = 64  # n
 MAX_LOGPROBS = 20  # top_logprobs, OpenAI's limit and the engine's (test_protocol.py checks they agree)
-UNBOUNDED_MAX_TOKENS = 2**31 - 1  # the engine clamps max_tokens to what is left of the context
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # request field -> sampling_parameters key of the ensemble
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
@@ -80,8 +79,8 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling(self, max_tokens: int) -> dict:
-        """The ensemble's `sampling_parameters`."""
+    def sampling(self, max_tokens: int | None) -> dict:
+        """The ensemble's `sampling_parameters` (max_tokens None: null, until the context is full)."""
         params = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
         params["max_tokens"] = max_tokens
         if self.stop is not None:
@@ -112,7 +111,7 @@ class ChatCompletionRequest(GenerationRequest):
     def wants_logprobs(self) -> bool:
         return bool(self.logprobs)
 
-    def sampling(self, max_tokens: int) -> dict:
+    def sampling(self, max_tokens: int | None) -> dict:
         params = super().sampling(max_tokens)
         if self.logprobs:
             params["logprobs"] = self.top_logprobs or 0
@@ -143,9 +142,10 @@ class ChatCompletionRequest(GenerationRequest):
     def max_tokens_param(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
-    def output_limit(self) -> int:
-        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return UNBOUNDED_MAX_TOKENS if limit is None else limit
+    def output_limit(self) -> int | None:
+        """None: until a stop token or the end of the context (vLLM's chat default); a given limit
+        that does not fit the context with the prompt is refused (context_length_exceeded)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 class CompletionRequest(GenerationRequest):
@@ -169,7 +169,7 @@ class CompletionRequest(GenerationRequest):
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
 
-    def sampling(self, max_tokens: int) -> dict:
+    def sampling(self, max_tokens: int | None) -> dict:
         params = super().sampling(max_tokens)
         if self.logprobs is not None:
             params["logprobs"] = self.logprobs

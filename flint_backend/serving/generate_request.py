@@ -9,6 +9,10 @@ TRT-LLM style; `min_length` is another name for `min_tokens`). Stop strings come
 `sampling_parameters.logprobs` = N (vLLM's): each response's `logprobs` output then holds, per
 generated token, its logprob and the top N (serving.postprocess); `prompt_logprobs` = N the
 same for the prompt's tokens, in the `prompt_logprobs` output of the first response.
+`max_tokens` given (tensor or sampling_parameters) is checked against the context by the engine
+(prompt + max_tokens over it is refused, as vLLM does); `sampling_parameters.max_tokens` null runs
+until the context is full (vLLM's None); neither, the repository's `default_max_tokens`
+applies, clamped to the context.
 `chat_options` (JSON, ChatOptions fields) replaces the repository's chat flags for one chat
 request: the OpenAI server sends its own flags with each request this way.
 Here the settings are gathered and typed (a value of the wrong type is a SamplingParamsError
@@ -73,8 +77,9 @@ def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> Gene
         if extra:
             raise ChatRequestError(extra[0], "no value without messages (it applies to chat requests)",
                                    describe(chat[extra[0]]))
-    settings = {"max_tokens": default_max_tokens}
-    settings.update(_sampling_json(scalar(inputs, "sampling_parameters")))
+    sampling = _sampling_json(scalar(inputs, "sampling_parameters"))
+    settings = {} if "max_tokens" in sampling else {"default_max_tokens": default_max_tokens}
+    settings.update(sampling)
     stop = _stop_list(settings.pop("stop", None)) + strings(inputs, "stop_words")
     settings.update({f: _tensor_value(inputs, t, f) for t, f in TENSOR_FIELDS.items() if scalar(inputs, t) is not None})
     skip_special = settings.pop("skip_special_tokens", True)
@@ -146,12 +151,14 @@ def _sampling_json(text: str | None) -> dict:
     if unknown:
         raise _sampling_error(f"sampling_parameters.{unknown[0]}", f"one of the keys {sorted(known)}",
                               data[unknown[0]])
-    return {key: _coerce(key, value) for key, value in data.items() if value is not None}
+    return {key: _coerce(key, value) for key, value in data.items() if value is not None or key == "max_tokens"}
 
 
 def _coerce(key: str, value):
     """vllm_backend clients send numbers as text ({"temperature": "0.1"}): accept both."""
     path = f"sampling_parameters.{key}"
+    if value is None:  # max_tokens only: until the context is full
+        return None
     try:
         if key in BOOL_KEYS:
             if isinstance(value, str) and value.lower() in ("true", "false"):

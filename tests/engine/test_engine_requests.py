@@ -47,6 +47,22 @@ def test_bad_requests_are_refused_with_the_field_named():
         engine.add_request([3], request_id="x")
 
 
+def test_max_tokens_beyond_the_context_is_refused_with_the_numbers():
+    """vLLM's and OpenAI's 400 (issue 44: it was clamped to the context); a server's default is clamped."""
+    engine = make_engine(max_model_len=64)
+    prompt = list(range(1, 11))
+    with pytest.raises(RequestError, match=r"^max_tokens: got 55, expected at most 54 \(the prompt's 10 tokens "
+                                           r"plus max_tokens must fit the context of 64 tokens\)$"):
+        engine.add_request(prompt, SamplingParams(max_tokens=55))
+    with pytest.raises(RequestError, match=r"^max_tokens: got 1000000000, expected at most 54"):
+        engine.add_request(prompt, SamplingParams(max_tokens=10**9))
+    assert engine.add_request(prompt, SamplingParams(max_tokens=54)).max_tokens == 54
+    assert engine.add_request(prompt).max_tokens == 54  # none: until the context is full
+    assert engine.add_request(prompt, SamplingParams(default_max_tokens=100)).max_tokens == 54
+    assert engine.add_request(prompt, SamplingParams(default_max_tokens=16)).max_tokens == 16
+    assert engine.add_request(prompt, SamplingParams(max_tokens=5, default_max_tokens=16)).max_tokens == 5
+
+
 @pytest.mark.parametrize("field, value", [("dtype", "float16"), ("kernel_backend", "cuda"), ("block_size", 0),
                                           ("kv_cache_memory_fraction", 1.5), ("preset", "flint-1t"),
                                           ("seed", -1), ("quantization", "int4"), ("async_scheduling", "yes"),

@@ -398,6 +398,24 @@ def test_a_tool_schema_the_parser_cannot_use_is_a_400_before_anything_runs(clien
     assert triton.metric("flint:prompt_tokens_total") == prompts and triton.metric("flint:num_requests_running") == 0
 
 
+def test_max_tokens_over_the_context_is_400_and_none_runs_to_the_context(client, tokenizer):
+    """As vLLM and OpenAI answer (issue 44: it was clamped); without one, chat runs to the context."""
+    n = prompt_tokens(tokenizer, ANNOUNCED_OPTIONS)
+    room = 512 - n
+    for stream, field in ((False, "max_tokens"), (True, "max_completion_tokens")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="flint", messages=MESSAGES, stream=stream, **{field: room + 1})
+        assert caught.value.body["param"] == field and caught.value.body["code"] == "context_length_exceeded"
+        assert caught.value.body["message"] == (f"{field}: got {room + 1}, expected at most {room} (the prompt's {n} "
+                                                f"tokens plus max_tokens must fit the context of 512 tokens)")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="flint", prompt="Hello", max_tokens=10**9)
+    assert caught.value.body["param"] == "max_tokens" and caught.value.body["code"] == "context_length_exceeded"
+    response = client.chat.completions.create(model="flint", messages=MESSAGES, temperature=0,
+                                              extra_body={"ignore_eos": True})
+    assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == room
+
+
 def test_prompt_over_the_context_is_400_in_a_stream_too(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="flint", messages=[{"role": "user", "content": "hello " * 600}],

@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS
 from flint_backend.openai.errors import OpenAIError, from_triton_error, from_validation_error
-from flint_backend.openai.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_LOGPROBS, UNBOUNDED_MAX_TOKENS,
+from flint_backend.openai.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_LOGPROBS,
                                            ChatCompletionRequest, CompletionRequest, choice_sampling)
 from flint_backend.openai.server_args import parse_args
 
@@ -35,7 +35,8 @@ def test_sampling_parameters_carry_only_what_was_given():
     assert body.sampling(body.output_limit()) == {"temperature": 0.0, "top_k": 5, "seed": -3, "ignore_eos": True,
                                                   "max_tokens": 9, "stop": ["x"]}
     assert body.max_tokens_param == "max_completion_tokens"
-    assert ChatCompletionRequest(messages=MESSAGES).output_limit() == UNBOUNDED_MAX_TOKENS
+    unbounded = ChatCompletionRequest(messages=MESSAGES)  # until the context is full: the ensemble's null
+    assert unbounded.output_limit() is None and unbounded.sampling(unbounded.output_limit()) == {"max_tokens": None}
     assert CompletionRequest(prompt="p").output_limit() == COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
@@ -131,6 +132,8 @@ def test_type_errors_name_the_field(data, path):
     ("in ensemble 'flint', sampling_parameters.top_k: expected an integer, got 1.5", 400, "top_k", None),
     ("in ensemble 'flint', prompt: 900 tokens do not fit the context of 512 tokens", 400, "prompt",
      "context_length_exceeded"),
+    ("in ensemble 'flint', max_tokens: got 1000, expected at most 412 (the prompt's 100 tokens plus max_tokens "
+     "must fit the context of 512 tokens)", 400, "max_completion_tokens", "context_length_exceeded"),
     ("in ensemble 'flint', text_input: expected a non-empty string, got \"\"", 400, "prompt", None),
     ("in ensemble 'flint', messages[1].content: expected a string", 400, "messages[1].content", None),
     ("in ensemble 'flint', logprobs: got 30, expected an integer in [0, 20]", 400, "top_logprobs", None),

@@ -10,7 +10,7 @@ from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS, ChatOptions
 from flint_backend.chat.request_error import ChatRequestError
 from flint_backend.engine.sampling_params import SamplingParamsError
 from flint_backend.serving.chunks import EngineChunk, OutputConfig
-from flint_backend.serving.generate_request import parse_generate_request
+from flint_backend.serving.generate_request import parse_generate_request, sampling_json
 from flint_backend.serving.postprocess import Postprocessor, RequestText
 from flint_backend.serving.preprocess import Preprocessor
 from flint_backend.tokenizer import load_tokenizer
@@ -42,6 +42,17 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
     assert (s["max_tokens"], s["temperature"], s["top_k"], s["min_tokens"], s["seed"], s["ignore_eos"]) == (
         7, 0.5, 5, 2, 9, True)
     assert request.stop == ["c", "a", "b"] and request.stream and request.exclude_input_in_output
+
+
+@pytest.mark.parametrize("values, sampling", [
+    ({}, {"default_max_tokens": 16}),  # the repository's default: the engine clamps it to the context
+    ({"max_tokens": np.int32(9)}, {"default_max_tokens": 16, "max_tokens": 9}),  # given: checked against it
+    ({"sampling_parameters": '{"max_tokens": 9}'}, {"max_tokens": 9}),
+    ({"sampling_parameters": '{"max_tokens": null}'}, {}),  # vLLM's null: until the context is full
+])
+def test_max_tokens_given_null_or_left_to_the_default(values, sampling):
+    request = parse_generate_request(tensors(text_input="hi", **values))
+    assert json.loads(sampling_json(request.sampling)) == sampling
 
 
 @pytest.mark.parametrize("values, field", [
@@ -109,7 +120,7 @@ def test_chat_request_config_carries_the_parsers(tokenizer):
     config = OutputConfig.from_json(out.output_config.to_json())
     assert config.chat["thinking"] is False and config.chat["tool_call_parser"] == "glm47"
     assert tokenizer.decode(out.prompt_ids).endswith("<|assistant|></think>")
-    assert config.prompt_tail == out.prompt_ids[-5:] and json.loads(out.sampling_json)["max_tokens"] == 16
+    assert config.prompt_tail == out.prompt_ids[-5:] and json.loads(out.sampling_json)["default_max_tokens"] == 16
 
 
 def test_chat_options_of_a_request_replace_the_repository_flags(tokenizer):

@@ -203,6 +203,10 @@ def test_logprobs_are_the_references_streamed_or_not(server, tiny_checkpoint, to
     ({"messages": "[{\"role\": \"user\", \"content\": \"hi\"}]", "max_tokens": 4, "tools": json.dumps([
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 5}}}])},
      "tools[0].function.parameters.properties: expected an object of property schemas, got 5"),
+    ({"text_input": "hi", "max_tokens": 10**9}, f"max_tokens: got 1000000000, expected at most {MAX_MODEL_LEN - 1} "
+     f"(the prompt's 1 tokens plus max_tokens must fit the context of {MAX_MODEL_LEN} tokens)"),
+    ({"text_input": "hi", "sampling_parameters": json.dumps({"max_tokens": MAX_MODEL_LEN})},
+     f"max_tokens: got {MAX_MODEL_LEN}, expected at most {MAX_MODEL_LEN - 1}"),
 ])
 def test_bad_requests_get_an_error_naming_the_problem_and_the_server_goes_on(server, body, field):
     status, out = server.generate(body)
