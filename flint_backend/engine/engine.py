@@ -21,6 +21,7 @@ sequence can grow without preempting (Scheduler.decodes_only_next); a synchronou
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ from flint_backend.engine.sampling_params import SamplingParams
 from flint_backend.engine.scheduler import Scheduler
 from flint_backend.engine.sequence import Sequence, SequenceStatus
 
+
+log = logging.getLogger(__name__)
 
 # LLMEngine.warm_up's prompts: max_num_batched_tokens + WARMUP_PROMPTS[0] tokens (a full chunk,
 # then an odd one), and WARMUP_PROMPTS[1] tokens beside it
@@ -179,15 +182,26 @@ class LLMEngine:
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
         """One step -> the tokens it made known (at most one per request); with async scheduling
-        those of the step launched before."""
+        those of the step launched before. Requests past max_request_seconds end first."""
+        outputs = self._abort_expired()
         if self._can_launch_ahead():
-            outputs = self._step_ahead()
+            outputs += self._step_ahead()
         elif self._in_flight is not None:
-            outputs = self._drain()
+            outputs += self._drain()
         else:
-            outputs = self._step_sync()
+            outputs += self._step_sync()
         self._update_gauges()
         return outputs
+
+    def _abort_expired(self) -> list[RequestOutput]:
+        limit = self.args.max_request_seconds
+        if limit is None:
+            return []
+        now = time.monotonic()
+        expired = [seq.request_id for seq in self._seqs.values() if now - seq.arrival > limit]
+        for request_id in expired:
+            log.warning("request %s: aborted after max_request_seconds=%s", request_id, limit)
+        return [self.abort(request_id) for request_id in expired]
 
     def _step_sync(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()

@@ -48,6 +48,10 @@ class EngineArgs:
     # H100 without it: 19.2 s the first time, 6.5 s after; benchmarks/NOTES.md §34). None: on CUDA with the
     # triton backend (where kernels compile), off elsewhere
     warmup: bool | None = None
+    # a request still running this many seconds after it arrived is aborted (finish_reason "abort", its
+    # tokens so far delivered): a bound for clients that leave without cancelling (Triton's HTTP
+    # `generate` cannot tell the model its client left: docs/serving.md). None: no limit
+    max_request_seconds: float | None = None
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -75,6 +79,10 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer or null")
+        if self.max_request_seconds is not None and (isinstance(self.max_request_seconds, bool) or not isinstance(
+                self.max_request_seconds, (int, float)) or not self.max_request_seconds > 0):
+            raise EngineArgsError(f"max_request_seconds: got {self.max_request_seconds!r}, expected a number of "
+                                  "seconds > 0 or null")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise EngineArgsError(f"kv_cache_memory_fraction: got {self.kv_cache_memory_fraction!r}, expected (0, 1]")
 

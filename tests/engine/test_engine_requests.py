@@ -63,10 +63,34 @@ def test_max_tokens_beyond_the_context_is_refused_with_the_numbers():
     assert engine.add_request(prompt, SamplingParams(max_tokens=5, default_max_tokens=16)).max_tokens == 5
 
 
+def test_requests_past_max_request_seconds_end_as_aborted_with_their_tokens():
+    engine = make_engine(max_model_len=64, max_request_seconds=30.0, max_num_seqs=2, async_scheduling=False)
+    params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+    old, young = engine.add_request([1, 2, 3], params), engine.add_request([4, 5, 6], params)
+    waiting = engine.add_request([7, 8, 9], params)  # max_num_seqs 2: it waits
+    tokens = {seq.request_id: 0 for seq in (old, young, waiting)}
+    for _ in range(3):
+        for out in engine.step():
+            tokens[out.request_id] += len(out.new_token_ids)
+    assert tokens[old.request_id] == 3 and not tokens[waiting.request_id]
+    old.arrival -= 31.0  # 31 s later for it (a clock that moves on its own would make this a wait)
+    waiting.arrival -= 31.0
+    outputs = {out.request_id: out for out in engine.step()}
+    for seq in (old, waiting):
+        out = outputs[seq.request_id]
+        assert out.finished and out.finish_reason == "abort" and out.new_token_ids == [] and not out.error
+    assert outputs[old.request_id].num_output_tokens == 3 and outputs[young.request_id].new_token_ids
+    assert engine.metrics.finished["abort"] == 2 and engine.metrics.num_running == 1
+    while engine.has_work():
+        engine.step()
+    assert young.finish_reason == "length" and engine.blocks.usage == 0.0
+
+
 @pytest.mark.parametrize("field, value", [("dtype", "float16"), ("kernel_backend", "cuda"), ("block_size", 0),
                                           ("kv_cache_memory_fraction", 1.5), ("preset", "flint-1t"),
                                           ("seed", -1), ("quantization", "int4"), ("async_scheduling", "yes"),
-                                          ("warmup", "yes")])
+                                          ("warmup", "yes"), ("max_request_seconds", 0),
+                                          ("max_request_seconds", "60")])
 def test_bad_engine_args_name_the_field(field, value):
     with pytest.raises(EngineArgsError, match=field):
         EngineArgs(**{field: value})
