@@ -5,15 +5,20 @@
 #
 #   scripts/loadtest.sh [--url localhost:8001] [--concurrency "1 2 4 8"] [--max-tokens 128]
 #                       [--prompt-words 64] [--requests 32] [--out build/loadtest]
-#                       [--tokenizer checkpoints/flint-tiny] [--no-genai-perf]
+#                       [--tokenizer checkpoints/flint-tiny] [--genai-perf PATH] [--no-genai-perf]
 #
-# perf_analyzer comes in tritonclient's manylinux wheels (2.51.0); it needs Debian's libb64-0d and
-# a libcudart.so.12 (pip nvidia-cuda-runtime-cu12), found here without a GPU. Output: one CSV per
-# concurrency (perf_analyzer -f) and genai-perf's artifacts, under --out. Exits non-zero when a run fails.
+# No venv needs to be active: the Python is $PYTHON, else the checkout's .venv (scripts/../.venv),
+# else python3; perf_analyzer is that Python's (tritonclient's manylinux wheels,
+# 2.51.0, bring it), else the one on PATH. perf_analyzer needs a libcudart.so.12, even without a GPU:
+# LD_LIBRARY_PATH gets that Python's nvidia-cuda-runtime-cu12 lib folder; and Debian's libb64-0d
+# (apt-get install libb64-0d), which no wheel brings: the script says so when it is missing.
+# genai-perf (numpy 2: best in its own venv) is --genai-perf PATH, else on PATH, else in that
+# Python's bin; it runs the perf_analyzer found here, with the same library path. Output: one CSV
+# per concurrency (perf_analyzer -f) and genai-perf's artifacts, under --out. Exits non-zero when a run fails.
 set -euo pipefail
 
 URL=localhost:8001 CONCURRENCY="1 2 4 8" MAX_TOKENS=128 PROMPT_WORDS=64 REQUESTS=32 OUT=build/loadtest
-TOKENIZER=checkpoints/flint-tiny GENAI_PERF=1
+TOKENIZER=checkpoints/flint-tiny GENAI_PERF=1 GENAI_PERF_BIN=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --url) URL=$2; shift 2 ;;
@@ -23,18 +28,32 @@ while [ $# -gt 0 ]; do
     --requests) REQUESTS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --tokenizer) TOKENIZER=$2; shift 2 ;;
+    --genai-perf) GENAI_PERF_BIN=$2; shift 2 ;;
     --no-genai-perf) GENAI_PERF=0; shift ;;
     *) echo "loadtest.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 
-PYTHON=${PYTHON:-$(command -v python3)}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=$ROOT/.venv/bin/python
+  [ -x "$PYTHON" ] || PYTHON=$(command -v python3)
+fi
 BIN=$(dirname "$PYTHON")
-PERF_ANALYZER=$(command -v perf_analyzer || echo "$BIN/perf_analyzer")
-[ -x "$PERF_ANALYZER" ] || { echo "loadtest.sh: perf_analyzer not found (pip install 'tritonclient[all]==2.51.0')" >&2; exit 1; }
+PERF_ANALYZER=$BIN/perf_analyzer
+[ -x "$PERF_ANALYZER" ] || PERF_ANALYZER=$(command -v perf_analyzer || true)
+[ -x "$PERF_ANALYZER" ] || { echo "loadtest.sh: no perf_analyzer in $BIN or on PATH (PYTHON=$PYTHON): make serve installs it into .venv, or pip install 'tritonclient[all]==2.51.0'" >&2; exit 1; }
 CUDART=$("$PYTHON" -c 'import nvidia.cuda_runtime as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="${CUDART:+$CUDART:}${LD_LIBRARY_PATH:-}"
-export PATH="$(dirname "$PERF_ANALYZER"):$PATH"  # genai-perf runs the perf_analyzer on PATH
+PATH="$(dirname "$PERF_ANALYZER"):$PATH"  # genai-perf runs the perf_analyzer on PATH
+export PATH
+MISSING=$(ldd "$PERF_ANALYZER" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')
+if [ -n "$MISSING" ]; then
+  echo "loadtest.sh: $PERF_ANALYZER cannot find $MISSING" >&2
+  case "$MISSING" in *libb64*) echo "  libb64.so.0d: apt-get install libb64-0d (Debian, Ubuntu)" >&2 ;; esac
+  case "$MISSING" in *libcudart*) echo "  libcudart.so.12: $PYTHON -m pip install nvidia-cuda-runtime-cu12" >&2 ;; esac
+  exit 1
+fi
 mkdir -p "$OUT"
 
 # one streamed request, as genai-perf --backend tensorrtllm sends it (perf_analyzer adds the batch dimension)
@@ -53,15 +72,16 @@ for c in $CONCURRENCY; do
     --stability-percentage 999 --max-trials 3 -f "$OUT/perf_analyzer_c$c.csv"
 done
 
-if [ "$GENAI_PERF" = 1 ] && command -v genai-perf >/dev/null; then
+[ -n "$GENAI_PERF_BIN" ] || GENAI_PERF_BIN=$(command -v genai-perf || echo "$BIN/genai-perf")
+if [ "$GENAI_PERF" = 1 ] && [ -x "$GENAI_PERF_BIN" ]; then
   # genai-perf >= 0.0.14 names Triton's KServe API `--endpoint-type kserve`, older ones `--service-kind triton`.
   # No --warmup-request-count: perf_analyzer 2.51 never finishes its warm-up against decoupled models.
   KIND=(--endpoint-type kserve)
-  genai-perf profile --help 2>/dev/null | grep -q -- "--service-kind" && KIND=(--service-kind triton)
+  "$GENAI_PERF_BIN" profile --help 2>/dev/null | grep -q -- "--service-kind" && KIND=(--service-kind triton)
   for backend in tensorrtllm vllm; do
     for c in $CONCURRENCY; do
       echo "== genai-perf --backend $backend: concurrency $c"
-      genai-perf profile -m flint "${KIND[@]}" --backend "$backend" --streaming -u "$URL" \
+      "$GENAI_PERF_BIN" profile -m flint "${KIND[@]}" --backend "$backend" --streaming -u "$URL" \
         --tokenizer "$TOKENIZER" --concurrency "$c" --num-prompts "$REQUESTS" --request-count "$REQUESTS" \
         --synthetic-input-tokens-mean "$PROMPT_WORDS" --output-tokens-mean "$MAX_TOKENS" \
         --output-tokens-mean-deterministic --extra-inputs ignore_eos:true \
@@ -69,5 +89,5 @@ if [ "$GENAI_PERF" = 1 ] && command -v genai-perf >/dev/null; then
     done
   done
 elif [ "$GENAI_PERF" = 1 ]; then
-  echo "genai-perf not installed: skipped (pip install genai-perf; it runs the perf_analyzer on PATH)"
+  echo "genai-perf not found: skipped (pip install genai-perf, best in its own venv, then --genai-perf VENV/bin/genai-perf)"
 fi

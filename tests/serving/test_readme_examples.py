@@ -1,8 +1,9 @@
-"""The README's gRPC client example, run as it is written (only the address, prompt and
-max_tokens replaced) against a real tritonserver: it prints the oracle's greedy text, all of
-it, and the finish reason."""
+"""The README's examples against a real tritonserver: the gRPC client, run as it is written
+(only the address, prompt and max_tokens replaced), prints the oracle's greedy text, all of it,
+and the finish reason; scripts/loadtest.sh runs from a shell without the venv activated."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -55,3 +56,16 @@ def test_readme_grpc_example_prints_the_whole_greedy_text_and_the_finish_reason(
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout == expected + "\nfinish_reason: length\n"
+
+
+def test_readme_loadtest_runs_from_a_shell_without_the_venv(server, tmp_path):
+    """No venv activated, no PYTHON, no LD_LIBRARY_PATH, another working folder: the script finds
+    the checkout's .venv, its perf_analyzer and the libcudart that perf_analyzer needs."""
+    if not (PROJECT_ROOT / ".venv" / "bin" / "perf_analyzer").exists():
+        pytest.skip("no perf_analyzer in the checkout's .venv (`make serve` installs it: the client extra)")
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    run = subprocess.run([str(PROJECT_ROOT / "scripts" / "loadtest.sh"), "--url", server.grpc_url,
+                          "--concurrency", "1", "--max-tokens", "4", "--requests", "4", "--out", str(tmp_path / "out"),
+                          "--no-genai-perf"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert (tmp_path / "out" / "perf_analyzer_c1.csv").read_text().count("\n") >= 2

@@ -265,7 +265,7 @@ def test_dockerfile_lints_and_serves_as_make_serve_does():
 @pytest.mark.parametrize("script", ["tools/gpu/multi_gpu_check.sh", "tools/gpu/gpu_serve_check.sh",
                                     "tools/gpu/gpu_bundle_venv.sh", "tools/gpu/pack_gpu_bundle.sh",
                                     "scripts/wait_server_ready.sh", "scripts/docker_entrypoint.sh",
-                                    "scripts/serve_openai.sh"])
+                                    "scripts/serve_openai.sh", "scripts/loadtest.sh"])
 def test_gpu_and_docker_scripts_pass_shellcheck(script):
     """The GPU checks cannot run here: at least they must be sound shell."""
     shellcheck = shutil.which("shellcheck") or str(Path(launch.sys.executable).parent / "shellcheck")
