@@ -2,6 +2,7 @@
 
 import pytest
 
+from flint_backend.engine.engine import RequestError
 from flint_backend.engine.sampling_params import SamplingParams
 
 from engine_cases import make_engine, run_to_completion
@@ -58,9 +59,16 @@ def test_min_tokens_suppresses_stop_tokens(greedy_oracle, fair_prompts):
     assert seq.output_ids[0] != first and len(seq.output_ids) >= 3
 
 
-def test_max_tokens_beyond_the_context_stops_with_length():
+def test_max_tokens_beyond_the_context_is_refused():
     engine = make_engine(max_model_len=40)
-    seq = engine.add_request(list(range(1, 31)), SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True))
+    with pytest.raises(RequestError, match=r"max_tokens: got 1000, expected at most 10"):
+        engine.add_request(list(range(1, 31)), SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True))
+    assert not engine.has_work()
+
+
+def test_max_tokens_none_runs_to_the_context_and_stops_with_length():
+    engine = make_engine(max_model_len=40)
+    seq = engine.add_request(list(range(1, 31)), SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
     run_to_completion(engine)
     assert seq.finish_reason == "length" and seq.num_tokens == 40 and len(seq.output_ids) == 10
 
