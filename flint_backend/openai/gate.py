@@ -13,6 +13,7 @@ from flint_backend.openai.errors import OpenAIError, invalid_api_key
 from flint_backend.openai.metrics import ServerMetrics
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+GENERATION = ("/v1/chat/completions", "/v1/completions")  # what requests_running counts (not its own scrape)
 
 
 def error_response(error: OpenAIError) -> JSONResponse:
@@ -38,11 +39,12 @@ class Gate:
                 status = message["status"]
             await send(message)
 
-        self.metrics.running += 1
+        running = int(endpoint in GENERATION)
+        self.metrics.running += running
         try:
             await self.app(scope, receive, counted_send)
         finally:
-            self.metrics.running -= 1
+            self.metrics.running -= running
             self.metrics.observe(endpoint, status)
 
     def _authorized(self, scope) -> bool:

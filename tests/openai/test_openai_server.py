@@ -338,6 +338,7 @@ def test_models_health_and_metrics(server, client):
     text = httpx.get(server.url + "/metrics").text
     assert "flint:kv_cache_usage_perc" in text  # Triton's, passed through
     assert re.search(r'flint_openai:requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', text)
+    assert re.search(r"^flint_openai:requests_running 0$", text, re.M)  # idle: the scrape does not count itself
 
 
 # --- errors --------------------------------------------------------------------------------
