@@ -9,7 +9,8 @@ on: it finishes the requests in flight for nobody, then idles holding its memory
 ParentWatch, a daemon thread started in `initialize`, stops the process instead: when this
 process's parent changes (the server is gone: we were re-parented) or on SIGTERM, it runs
 `stop` (abort every request, stop the engine) for at most `grace_s`, removes the stub's
-shared-memory region when the server is gone (nobody else will), and leaves with `os._exit`
+shared-memory region and runs `on_orphaned` when the server is gone (nobody else will clean
+up), and leaves with `os._exit`
 (the stub's threads blocked on the dead server would hold up a normal exit).
 
 SIGTERM: the stub runs `initialize` on its main thread, where Python may install a handler;
@@ -50,9 +51,10 @@ def _stderr(message: str) -> None:
 
 class ParentWatch:
     def __init__(self, stop: Callable[[], None], name: str = "flint_model", interval_s: float = 0.5,
-                 grace_s: float = 5.0, log: Callable[[str], None] = _stderr):
+                 grace_s: float = 5.0, log: Callable[[str], None] = _stderr,
+                 on_orphaned: Callable[[], None] = lambda: None):
         self.parent = os.getppid()
-        self.name, self._stop, self._log = name, stop, log
+        self.name, self._stop, self._log, self._on_orphaned = name, stop, log, on_orphaned
         self.interval_s, self.grace_s = interval_s, grace_s
         self.catches_sigterm = False
         self._wakeup: int | None = None  # read end of the SIGTERM wakeup pipe
@@ -97,4 +99,6 @@ class ParentWatch:
         region = stub_shm_region() if orphaned else None  # a live server removes it itself
         if region is not None:
             region.unlink(missing_ok=True)
+        if orphaned:
+            self._on_orphaned()
         os._exit(code)

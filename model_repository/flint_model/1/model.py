@@ -7,6 +7,8 @@ queue, which a response thread drains until the sentinel. An abort control reque
 reach any instance: the relay forwards it to the owner (abort_relay.py). `finalize` stops
 the engine, then joins the response thread, then the relay and the metrics. Without a
 `finalize` (tritonserver killed) or on SIGTERM, ParentWatch aborts everything and exits.
+The engine lease tells flint_postprocess's watch whether this process stopped cleanly
+(engine_lease.py): if it dies any other way, the server is stopped rather than left hanging.
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ from flint_backend.serving import repository  # noqa: E402
 from flint_backend.serving.abort_relay import AbortRelay  # noqa: E402
 from flint_backend.serving.chunks import chunk_arrays  # noqa: E402
 from flint_backend.serving.engine_host import EngineHost  # noqa: E402
+from flint_backend.serving.engine_lease import EngineLease  # noqa: E402
 from flint_backend.serving.metrics import MetricsPublisher  # noqa: E402
 from flint_backend.serving.parent_watch import ParentWatch  # noqa: E402
 from flint_backend.serving.placement import InstancePlacement  # noqa: E402
@@ -57,7 +60,9 @@ class TritonPythonModel:
         self.metrics = MetricsPublisher(pb_utils, self.host.engine.metrics, labels).start()
         self.response_thread = threading.Thread(target=self._response_loop, name="flint-responses", daemon=True)
         self.response_thread.start()
-        self.watch = ParentWatch(stop=self.finalize, name=f"flint_model {placement.name}").start()
+        self.lease = EngineLease()
+        self.watch = ParentWatch(stop=self._stop, name=f"flint_model {placement.name}",
+                                 on_orphaned=self.lease.drop).start()
 
     def execute(self, requests):
         for request in requests:
@@ -91,6 +96,10 @@ class TritonPythonModel:
 
     def finalize(self):
         self.watch.close()
+        self.lease.release()
+        self._stop()
+
+    def _stop(self):
         self.host.shutdown()
         self.response_thread.join()
         self.relay.close()

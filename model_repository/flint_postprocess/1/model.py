@@ -4,7 +4,8 @@ Decoupled: each chunk answers with one response or none (a non-streamed request 
 answered once, at its final chunk; chunks of one request handed over together answer once,
 with the last of them). A stop string, a client that cancelled (the ensemble marks the
 chunks it forwards after that as cancelled) or an error in this step aborts the engine
-request through a control request to the engine model.
+request through a control request to the engine model. Its EngineWatch stops tritonserver
+when an engine's process dies (engine_lease.py).
 """
 
 import json
@@ -19,6 +20,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from flint_backend.serving import repository  # noqa: E402
 from flint_backend.serving.chunks import chunk_from_arrays, text_arrays  # noqa: E402
+from flint_backend.serving.engine_lease import EngineWatch  # noqa: E402
 from flint_backend.serving.postprocess import Postprocessor  # noqa: E402
 from flint_backend.serving.tensors import bytes_tensor  # noqa: E402
 from flint_backend.tokenizer import load_tokenizer  # noqa: E402
@@ -36,6 +38,7 @@ class TritonPythonModel:
         engine_args = repository.load_engine_args(
             repository.engine_args_path(Path(args["model_repository"]).parent, self.engine_model))
         self.post = Postprocessor(load_tokenizer(repository.tokenizer_dir(engine_args)))
+        self.engine_watch = EngineWatch(log=self.logger.log_error).start()
 
     def execute(self, requests):
         batch = []
@@ -90,3 +93,6 @@ class TritonPythonModel:
         for response in request.exec(decoupled=True):
             if response.has_error():
                 self.logger.log_error(f"flint_postprocess: abort of {key} failed: {response.error().message()}")
+
+    def finalize(self):
+        self.engine_watch.close()
