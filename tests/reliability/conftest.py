@@ -44,7 +44,7 @@ LONG = Form("long", soak_requests=256, soak_rounds=2, fuzz_examples=300, kv_pres
 
 @pytest.fixture(scope="session")
 def form(request) -> Form:
-    return LONG if request.config.getoption("--reliability-long") else SHORT
+    return LONG if request.config.getoption("--reliability-long", default=False) else SHORT  # unknown from the root
 
 
 @pytest.fixture(scope="session")
