@@ -228,7 +228,7 @@ def test_logprobs_and_penalties_fall_back_to_synchronous_steps(fair_prompts):
 def test_seeded_fused_sampling_equals_sync():
     """The triton backend's fused sampler draws on the device: seeded requests (and a greedy row
     beside them) launch ahead and draw the synchronous engine's tokens, keyed by (seed, index)."""
-    config = FlintConfig.preset("flint-tiny", num_hidden_layers=4)  # every kernel interpreted: small
+    config = FlintConfig.preset("flint-tiny", num_hidden_layers=2)  # every kernel interpreted: two dense layers
     weights = random_stacked_weights(config, 0, torch.float32)
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=5, ignore_eos=True),
               SamplingParams(temperature=1.0, top_k=20, seed=12, max_tokens=3, ignore_eos=True),

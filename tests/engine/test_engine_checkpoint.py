@@ -24,16 +24,6 @@ def test_engine_from_an_hf_checkpoint_equals_random_init(tiny_checkpoint):
     assert loaded.default_stop_ids == {8175, 8179, 8181}  # the tokenizer's stop tokens, from config.json
 
 
-def test_triton_kernels_give_the_reference_tokens(greedy_oracle, fair_prompts):
-    """The whole engine on the Triton kernels (interpreted on the CPU), fp32, mixed prefill + decode."""
-    engine = make_engine(kernel_backend="triton", max_num_batched_tokens=24)
-    prompts = fair_prompts[:2]  # test_engine_triton.py runs more prompts on fewer layers
-    seqs = [engine.add_request(p, GREEDY) for p in prompts]
-    run_to_completion(engine)
-    for prompt, seq in zip(prompts, seqs):
-        assert seq.output_ids == greedy_oracle(prompt, 10)[:6]
-
-
 def test_random_weights_of_a_preset_follow_the_seed():
     """model null: the engine builds its weights from (preset, seed[, quantization]); a served model
     and an in-process engine with the same arguments give the same tokens."""
