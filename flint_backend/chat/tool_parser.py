@@ -1,8 +1,9 @@
 """Streaming GLM-4.7 tool-call parser (vLLM's `--tool-call-parser glm47`), on content text.
 
 A call reads `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`.
-Whitespace between the pieces (GLM-4.5 puts newlines there) is ignored; the text inside
-`<arg_value>` is the value, kept whole for strings. Each accepted call streams as one
+Whitespace between the pieces (GLM-4.5 puts newlines there) is ignored, and so is whitespace
+around a value: the text inside `<arg_value>`, stripped, is the value (the grammar that holds
+constrained calls, xgrammar's glm_xml style, treats that whitespace as layout too). Each accepted call streams as one
 header delta `{index, id, type: "function", name}` and then argument deltas whose
 concatenation is the final arguments JSON, `json.dumps(args, ensure_ascii=False)`.
 String-typed values stream as they arrive; other values are sent when complete.
@@ -102,6 +103,8 @@ class _OpenCall:
     value_mode: str = SKIP
     value_types: frozenset[str] = ONLY_STRING
     value_parts: list[str] = field(default_factory=list)
+    value_started: bool = False     # a streamed value's first non-whitespace text was sent
+    held_whitespace: str = ""       # a streamed value's trailing whitespace, sent if more text follows
     keys: set[str] = field(default_factory=set)
     arguments: list[str] = field(default_factory=list)
 
@@ -243,7 +246,7 @@ class Glm47ToolParser:
 
     def _open_value(self, call: _OpenCall, out: _DeltaBuilder) -> None:
         self._state = VALUE
-        call.value_parts = []
+        call.value_parts, call.value_started, call.held_whitespace = [], False, ""
         if call.key is None or call.key in call.keys:
             call.value_mode = SKIP
             return
@@ -255,8 +258,14 @@ class Glm47ToolParser:
 
     def _value_text(self, call: _OpenCall, text: str, out: _DeltaBuilder) -> None:
         if call.value_mode == STREAM:
-            # JSON escapes character by character, so escaped pieces concatenate to the escaped whole.
-            self._emit_arguments(call, json.dumps(text, ensure_ascii=False)[1:-1], out)
+            if not call.value_started:
+                text = text.lstrip()
+                call.value_started = bool(text)
+            text = call.held_whitespace + text
+            kept = text.rstrip()
+            call.held_whitespace = text[len(kept):]
+            if kept:  # JSON escapes character by character: escaped pieces concatenate to the escaped whole
+                self._emit_arguments(call, json.dumps(kept, ensure_ascii=False)[1:-1], out)
         elif call.value_mode == TYPED:
             call.value_parts.append(text)
 
@@ -264,7 +273,7 @@ class Glm47ToolParser:
         if call.value_mode == STREAM:
             self._emit_arguments(call, '"', out)
         elif call.value_mode == TYPED:
-            value = decode_value("".join(call.value_parts), call.value_types)
+            value = decode_value("".join(call.value_parts).strip(), call.value_types)
             self._emit_arguments(call, self._argument_prefix(call) + json.dumps(value, ensure_ascii=False), out)
         call.value_mode, call.key = SKIP, None
 

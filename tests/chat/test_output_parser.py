@@ -152,12 +152,12 @@ def random_text(rng, longest=8):
 
 def random_value(rng, key):
     """(value, how the model writes it) for a property of the `typed` tool."""
-    if key == "s":
+    if key == "s":  # whitespace around a value is layout, not part of it
         value = random_text(rng)
-        return value, value
+        return value.strip(), value
     if key in ("maybe", "si") and rng.random() < 0.5:
         value = "s" + random_text(rng)  # a string that cannot decode as JSON
-        return value, value
+        return value.strip(), value
     value = {
         "i": lambda: rng.randint(-10**12, 10**12), "si": lambda: rng.randint(-99, 99),
         "f": lambda: rng.uniform(-1e6, 1e6), "b": lambda: rng.random() < 0.5, "n": lambda: None, "maybe": lambda: None,
