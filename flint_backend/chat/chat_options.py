@@ -1,7 +1,7 @@
 """Server-wide chat flags, named as the announcement (and vLLM) spell them:
 
     --enable-auto-tool-choice --tool-call-parser glm47 --reasoning-parser glm47
-    --exclude-tools-when-tool-choice-none
+    --exclude-tools-when-tool-choice-none [--no-constrain-auto-tool-calls]
 
 They are the server's configuration: a bad flag is a ValueError at start-up. A front end
 with flags of its own (the OpenAI server) sends them with each request as the JSON
@@ -32,6 +32,7 @@ class ChatOptions:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     exclude_tools_when_tool_choice_none: bool = False
+    constrain_auto_tool_calls: bool = True  # "auto" calls held to a listed tool and its schema (--no-...: free)
 
     def __post_init__(self):
         # frozen: normalise the aliases through object.__setattr__
@@ -46,7 +47,7 @@ class ChatOptions:
     @classmethod
     def from_request(cls, data: object, field: str = "chat_options") -> "ChatOptions":
         """`{"enable_auto_tool_choice": bool, "tool_call_parser": str|null, ...}`; keys left out
-        take the defaults (off)."""
+        take the defaults."""
         if not isinstance(data, dict):
             raise ChatRequestError(field, "an object of chat flags", describe(data))
         known = {f.name: f for f in fields(cls)}

@@ -7,8 +7,9 @@ streaming response; a non-streaming response is the same machine fed once, then
 Decisions where the OpenAI protocol leaves room:
 - Tool calls are parsed only with a tool-call parser, declared tools and a tool_choice
   other than "none"; otherwise every call's text stays content. `None` tool_choice
-  means "auto". "required" parses like "auto" (nothing here can force a call). A named
-  choice `{"type": "function", "function": {"name": N}}` accepts only calls to N.
+  means "auto". "required" parses like "auto" (serving.tool_constraint's grammar is what
+  forces a call). A named choice `{"type": "function", "function": {"name": N}}` accepts
+  only calls to N.
 - `<tool_call>` before `</think>` ends the reasoning only when calls are parsed.
 - Without a reasoning parser nothing is split off: all output is content, whatever
   `thinking` says.

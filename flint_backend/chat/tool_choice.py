@@ -1,6 +1,7 @@
 """A request's `tools` and `tool_choice`: validation, what goes into the prompt, what is parsed.
 
-tool_choice, as OpenAI defines it, without the guided decoding vLLM uses to force calls:
+tool_choice, as OpenAI defines it (what holds the output to it is serving.tool_constraint's
+grammar; here: validation, the prompt, the parse):
 - not given: "auto" when tools are given. Any tool_choice without tools is an error
   (OpenAI answers 400); an empty `tools` array counts as no tools.
 - "auto": the model decides; calls are parsed. Allowed only when the server runs with
@@ -11,8 +12,8 @@ tool_choice, as OpenAI defines it, without the guided decoding vLLM uses to forc
   out so the model is not tempted to call.
 - "required" and `{"type": "function", "function": {"name": N}}`: calls are parsed (only
   calls to N for a named choice; calls to other tools stay content). They need a
-  --tool-call-parser. Nothing forces the model to call: the prompt is the same as for
-  "auto". When the output holds no call, the response is still returned as generated:
+  --tool-call-parser; the prompt is the same as for "auto", and the grammar makes the output
+  calls. When the output still holds no call (max_tokens cut it short), the response is returned as generated:
   its text is the content and finish_reason is the engine's ("stop" or "length"); the
   postprocessor reports `unmet_tool_choice(...)` — a sentence naming the choice — and
   the OpenAI server logs it and passes it on (non-streaming: the response still comes

@@ -143,9 +143,9 @@ class LLMEngine:
         if len(prompt_ids) >= self.max_model_len:
             raise RequestError(f"prompt: {len(prompt_ids)} tokens do not fit the context of {self.max_model_len} "
                                f"tokens (the prompt plus at least one generated token)")
-        if params.guided_json is not None:
+        if params.guided_json is not None or params.structural_tag is not None:
             try:
-                self.runner.sampler.guided.grammar(params.guided_json)
+                self.runner.sampler.guided.grammar(params)
             except GuidedSchemaError as error:
                 raise RequestError(str(error)) from None
         room = self.max_model_len - len(prompt_ids)

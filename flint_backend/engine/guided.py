@@ -1,9 +1,11 @@
-"""Guided decoding (structured outputs): a request's tokens held to a JSON schema, with xgrammar.
+"""Guided decoding (structured outputs): a request's tokens held to a grammar, with xgrammar.
 
-`SamplingParams.guided_json` is the schema (`{"type": "object"}` for OpenAI's json_object). The
-constraint starts at the first generated token, or at the one after `guided_start_token_id`
+`SamplingParams.guided_json` is a JSON schema (`{"type": "object"}` for OpenAI's json_object);
+the constraint starts at the first generated token, or at the one after `guided_start_token_id`
 (the chat layer sets </think>'s id when the model reasons first, as vLLM's reasoning-aware
-structured outputs do). At each step the tokens the grammar cannot take next get -inf logits
+structured outputs do). `SamplingParams.structural_tag` is xgrammar's structural tag (tool calls
+held to their format and their tools' schemas, serving.tool_constraint); it starts at the first
+token and describes the reasoning itself. At each step the tokens the grammar cannot take next get -inf logits
 (xgrammar's token bitmask), after the penalties and before temperature and sampling; the
 sampled token then advances the request's matcher. Once the JSON is complete only the stop
 tokens remain (with ignore_eos, what follows the stop token is free). Output has one layout
@@ -33,13 +35,22 @@ class GuidedSchemaError(ValueError):
 
 
 def is_guided(seq: Sequence) -> bool:
-    return seq.params.guided_json is not None
+    return seq.params.guided_json is not None or seq.params.structural_tag is not None
 
 
 def _active(seq: Sequence) -> bool:
     """Whether seq's constraint has begun: guided, and past its start token if it has one."""
+    if seq.params.structural_tag is not None:
+        return True
     start = seq.params.guided_start_token_id
     return is_guided(seq) and (start is None or start in seq.output_ids)
+
+
+def grammar_key(params) -> tuple[str, str]:
+    """(kind, canonical JSON) of a guided request's grammar."""
+    if params.structural_tag is not None:
+        return "structural_tag", json.dumps(params.structural_tag, sort_keys=True)
+    return "guided_json", json.dumps(params.guided_json, sort_keys=True)
 
 
 class GuidedDecoding:
@@ -62,15 +73,20 @@ class GuidedDecoding:
             self._compiler = xgrammar.GrammarCompiler(info)
         return self._compiler
 
-    def grammar(self, schema: dict):
-        """The compiled grammar of a schema (cached); raises GuidedSchemaError."""
-        key = json.dumps(schema, sort_keys=True)
+    def grammar(self, params):
+        """The compiled grammar of a request's guided_json or structural_tag (cached, at most
+        MAX_CACHED_SCHEMAS); raises GuidedSchemaError naming the field."""
+        key = grammar_key(params)
+        kind, text = key
         with self._lock:
             if key not in self._grammars:
                 try:
-                    compiled = self._load().compile_json_schema(key, any_whitespace=False)
+                    compiler = self._load()
+                    compiled = (compiler.compile_structural_tag(text) if kind == "structural_tag"
+                                else compiler.compile_json_schema(text, any_whitespace=False))
                 except Exception as error:  # noqa: BLE001 - xgrammar's errors name no field
-                    raise GuidedSchemaError(f"guided_json: not a JSON schema xgrammar can compile: "
+                    what = "a structural tag" if kind == "structural_tag" else "a JSON schema"
+                    raise GuidedSchemaError(f"{kind}: not {what} xgrammar can compile: "
                                             f"{str(error).splitlines()[0][:300]}") from None
                 if len(self._grammars) >= MAX_CACHED_SCHEMAS:
                     self._grammars.pop(next(iter(self._grammars)))
@@ -108,6 +124,6 @@ class GuidedDecoding:
             import xgrammar
 
             # the request's own stop tokens end the JSON
-            self._matchers[seq] = xgrammar.GrammarMatcher(self.grammar(seq.params.guided_json),
+            self._matchers[seq] = xgrammar.GrammarMatcher(self.grammar(seq.params),
                                                           override_stop_tokens=sorted(seq.stop_ids) or None)
         return self._matchers[seq]

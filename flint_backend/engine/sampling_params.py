@@ -43,6 +43,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     guided_json: dict | None = None   # a JSON schema the output must follow (engine.guided)
     guided_start_token_id: int | None = None  # the schema applies after this token (None: from the first)
+    structural_tag: dict | None = None  # xgrammar's structural tag (vLLM's field): tool calls held to their
+                                        #   format and schemas from the first token (serving.tool_constraint)
 
     def __post_init__(self):
         self.validate()
@@ -94,6 +96,13 @@ class SamplingParams:
         if self.guided_json is not None and not isinstance(self.guided_json, dict):
             raise SamplingParamsError("guided_json",
                                       f"got {self.guided_json!r}"[:187] + ", expected a JSON schema object")
+        if self.structural_tag is not None:
+            if not isinstance(self.structural_tag, dict) or self.structural_tag.get("type") != "structural_tag":
+                raise SamplingParamsError("structural_tag", f"got {self.structural_tag!r}"[:187]
+                                          + ', expected an object {"type": "structural_tag", "format": ...}')
+            if self.guided_json is not None:
+                raise SamplingParamsError("structural_tag", "expected no structural_tag with guided_json (one "
+                                          "grammar a request)")
         if self.guided_start_token_id is not None:
             _integer(self.guided_start_token_id, "guided_start_token_id", lo=0, what="a token id")
         for token, bias in self.logit_bias.items():

@@ -38,9 +38,10 @@ def ensemble_requests(body: ChatCompletionRequest, request_id: str,
         raise bad_request(str(error), error.field) from None
     chat = {"messages": body.messages, "tools": body.tools, "tool_choice": body.tool_choice,
             "chat_template_kwargs": body.chat_template_kwargs, "chat_options": options.to_dict()}
+    flags = {} if body.parallel_tool_calls is None else {"parallel_tool_calls": body.parallel_tool_calls}
     sampling, n = body.sampling(body.output_limit()), body.choices
     requests = [EnsembleRequest(request_id if n == 1 else f"{request_id}-{j}", choice_sampling(sampling, j),
-                                chat=chat, stream=bool(body.stream),
+                                chat=chat, flags=flags, stream=bool(body.stream),
                                 renamed={"max_tokens": body.max_tokens_param, "logprobs": "top_logprobs"})
                 for j in range(n)]
     return requests, checked.tools.tool_choice

@@ -96,7 +96,7 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: Integer | None = None
     logprobs: Flag | None = None
     top_logprobs: Integer | None = None
-    parallel_tool_calls: Flag | None = None  # accepted; every call the model writes is returned
+    parallel_tool_calls: Flag | None = None  # false: one call at most (serving.tool_constraint)
     response_format: dict[str, Any] | None = None
 
     def check(self) -> None:

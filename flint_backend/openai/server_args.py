@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tool-call-parser", default=None)
     parser.add_argument("--reasoning-parser", default=None)
     parser.add_argument("--exclude-tools-when-tool-choice-none", action="store_true")
+    parser.add_argument("--no-constrain-auto-tool-calls", dest="constrain_auto_tool_calls", action="store_false",
+                        help='leave tool_choice "auto" calls free (by default held to a listed tool and its schema)')
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
@@ -69,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     args = parser.parse_args(argv)
     try:
         chat = ChatOptions(args.enable_auto_tool_choice, args.tool_call_parser, args.reasoning_parser,
-                           args.exclude_tools_when_tool_choice_none)
+                           args.exclude_tools_when_tool_choice_none, args.constrain_auto_tool_calls)
     except ValueError as error:
         parser.error(str(error))
     if not 0 < args.port < 65536:

@@ -35,6 +35,7 @@ class EnsembleRequest:
     text_input: str | None = None
     input_ids: list[int] | None = None        # a prompt as token ids, instead of text_input
     chat: dict = field(default_factory=dict)  # messages, tools, tool_choice, chat_template_kwargs, chat_options
+    flags: dict[str, bool] = field(default_factory=dict)  # BOOL inputs: parallel_tool_calls
     stream: bool = False
     echo: bool = False
     prompt_param: str = "messages"            # the name the client gave the prompt, for errors
@@ -51,6 +52,7 @@ class EnsembleRequest:
             ids.set_data_from_numpy(np.array([self.input_ids], dtype=np.int32))
             tensors.append(ids)
         tensors.append(_tensor("stream", self.stream, "BOOL", np.bool_))
+        tensors += [_tensor(name, value, "BOOL", np.bool_) for name, value in self.flags.items()]
         if self.echo:
             tensors.append(_tensor("exclude_input_in_output", False, "BOOL", np.bool_))
         return tensors

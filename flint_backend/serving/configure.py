@@ -3,7 +3,7 @@
     python -m flint_backend.serving.configure [MODEL] [--model PATH|ORG/NAME] [--hf-config-path P] [--tokenizer P]
         [--preset flint-40b [--seed S] [--quantization nvfp4]]     (no MODEL: random weights)
         [--enable-auto-tool-choice] [--tool-call-parser glm47] [--reasoning-parser glm47]
-        [--exclude-tools-when-tool-choice-none] [--default-max-tokens N]
+        [--exclude-tools-when-tool-choice-none] [--no-constrain-auto-tool-calls] [--default-max-tokens N]
         [--kernel-backend triton] [--device cuda] [--max-num-seqs N] [--max-num-batched-tokens N] ...
         [--gpus 0,1,...|all] [--instances N] [--repository build/model_repository] [--source model_repository]
 
@@ -49,7 +49,7 @@ TOKENIZER_CONFIG = Path("flint_tokenizer") / "config.pbtxt"
 ENGINE_CONFIG = Path(ENGINE_MODEL) / "config.pbtxt"
 ALIASES = {"gpu_memory_utilization": "kv_cache_memory_fraction"}
 CHAT_FLAGS = ("enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
-              "exclude_tools_when_tool_choice_none", "default_max_tokens")
+              "exclude_tools_when_tool_choice_none", "constrain_auto_tool_calls", "default_max_tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tool-call-parser", default="")
     parser.add_argument("--reasoning-parser", default="")
     parser.add_argument("--exclude-tools-when-tool-choice-none", action="store_true")
+    parser.add_argument("--no-constrain-auto-tool-calls", dest="constrain_auto_tool_calls", action="store_false",
+                        help='leave tool_choice "auto" calls free (by default they are held to a listed tool and '
+                             "its schema; required and named choices always are)")
     parser.add_argument("--default-max-tokens", type=int, default=16,
                         help="max_tokens of requests that give none (vLLM's default: 16)")
     parser.add_argument("--gpus", help="one engine per GPU: comma-separated CUDA ids, or 'all' (KIND_GPU)")
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     json_path = engine_args_path(args.repository)
     try:
         options = ChatOptions(args.enable_auto_tool_choice, args.tool_call_parser or None, args.reasoning_parser or None,
-                              args.exclude_tools_when_tool_choice_none)
+                              args.exclude_tools_when_tool_choice_none, args.constrain_auto_tool_calls)
         engine = engine_args(args, json_path.parent)
         if args.default_max_tokens < 1:
             raise ValueError(f"--default-max-tokens: expected a positive integer, got {args.default_max_tokens}")
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             "enable_auto_tool_choice": str(options.enable_auto_tool_choice).lower(),
             "tool_call_parser": options.tool_call_parser or "", "reasoning_parser": options.reasoning_parser or "",
             "exclude_tools_when_tool_choice_none": str(options.exclude_tools_when_tool_choice_none).lower(),
+            "constrain_auto_tool_calls": str(options.constrain_auto_tool_calls).lower(),
             "default_max_tokens": str(args.default_max_tokens)})
         group = engine_instance_group(args, engine.device)
         engine_config = set_instance_group((args.source / ENGINE_CONFIG).read_text(), group)

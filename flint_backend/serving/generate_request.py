@@ -52,6 +52,7 @@ class GenerateRequest:
     input_ids: list[int] | None = None  # a prompt as token ids (no template), instead of text_input
     chat: dict = field(default_factory=dict)  # messages, tools, tool_choice, chat_template_kwargs (decoded JSON)
     chat_options: ChatOptions | None = None   # None: the repository's flags
+    parallel_tool_calls: bool = True          # false: one tool call at most (serving.tool_constraint)
     sampling: dict = field(default_factory=dict)  # SamplingParams fields, typed, not yet validated
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -74,6 +75,9 @@ def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> Gene
                                              "or chat messages in messages", "neither")
     if text_input is not None or input_ids is not None:
         extra = [name for name in CHAT_FIELDS if chat[name] is not None]
+        if scalar(inputs, "parallel_tool_calls") is not None:
+            extra.append("parallel_tool_calls")
+            chat["parallel_tool_calls"] = scalar(inputs, "parallel_tool_calls")
         if extra:
             raise ChatRequestError(extra[0], "no value without messages (it applies to chat requests)",
                                    describe(chat[extra[0]]))
@@ -90,6 +94,7 @@ def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> Gene
         text_input=text_input, input_ids=input_ids, chat={k: v for k, v in chat.items() if v is not None},
         chat_options=None if options is None else ChatOptions.from_request(options),
         sampling=settings, stop=[s for s in stop if s],
+        parallel_tool_calls=_flag(inputs, "parallel_tool_calls", True),
         stream=_flag(inputs, "stream", False),
         exclude_input_in_output=_flag(inputs, "exclude_input_in_output", True),
         skip_special_tokens=skip_special)

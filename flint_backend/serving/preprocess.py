@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.chat.request import encode_text_input, render_chat_request
+from flint_backend.chat.request_error import ChatRequestError
 from flint_backend.serving.chunks import OutputConfig
 from flint_backend.serving.generate_request import GenerateRequest, parse_generate_request, sampling_json
 from flint_backend.serving.tensors import Inputs
+from flint_backend.serving.tool_constraint import tool_call_tag
 
 REASONING_END = "</think>"  # with thinking on, guided decoding starts after it
 PROMPT_TAIL_TOKENS = 5  # prompt ids the detokenizer starts from (chat.detokenizer.PROMPT_CONTEXT_TOKENS)
@@ -59,7 +61,16 @@ class Preprocessor:
         options = request.chat_options or self.options
         rendered = render_chat_request(self.tokenizer, c.get("messages"), c.get("tools"), c.get("tool_choice"),
                                        c.get("chat_template_kwargs"), options)
-        if request.sampling.get("guided_json") is not None and rendered.thinking:  # the schema holds after the reasoning
+        tag = tool_call_tag(rendered.tools_for_parser, rendered.tool_choice, rendered.thinking,
+                            options.tool_call_parser, request.parallel_tool_calls, options.constrain_auto_tool_calls)
+        if tag is not None and request.sampling.get("guided_json") is not None:
+            if rendered.tool_choice != "auto":
+                raise ChatRequestError("guided_json", "none with tool_choice \"required\" or a named function "
+                                       "(the tool call is the output)", "a schema")
+            tag = None  # "auto" with a schema for the content: the schema holds, the calls are free
+        if tag is not None:
+            request.sampling["structural_tag"] = tag
+        elif request.sampling.get("guided_json") is not None and rendered.thinking:  # after the reasoning
             request.sampling["guided_start_token_id"] = self.tokenizer.convert_tokens_to_ids(REASONING_END)
         config.chat = {"thinking": rendered.thinking, "tools": rendered.tools_for_parser,
                        "tool_choice": rendered.tool_choice, "reasoning_parser": options.reasoning_parser,

@@ -74,8 +74,8 @@ def model_parameters(model_config: dict) -> dict[str, str]:
 
 def chat_options(params: dict[str, str]) -> ChatOptions:
     """flint_tokenizer's parameters -> the server's chat flags (the announcement's names)."""
-    def flag(name: str) -> bool:
-        value = params.get(name, "false").strip().lower()
+    def flag(name: str, default: str = "false") -> bool:
+        value = params.get(name, default).strip().lower()
         if value not in ("true", "false"):
             raise ValueError(f"parameter {name}: expected true or false, got {value!r}")
         return value == "true"
@@ -83,7 +83,8 @@ def chat_options(params: dict[str, str]) -> ChatOptions:
     return ChatOptions(enable_auto_tool_choice=flag("enable_auto_tool_choice"),
                        tool_call_parser=params.get("tool_call_parser") or None,
                        reasoning_parser=params.get("reasoning_parser") or None,
-                       exclude_tools_when_tool_choice_none=flag("exclude_tools_when_tool_choice_none"))
+                       exclude_tools_when_tool_choice_none=flag("exclude_tools_when_tool_choice_none"),
+                       constrain_auto_tool_calls=flag("constrain_auto_tool_calls", "true"))
 
 
 def instance_group(gpus: list[int] | None = None, count: int | None = None) -> str:

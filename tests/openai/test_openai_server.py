@@ -341,6 +341,23 @@ def test_models_health_and_metrics(server, client):
     assert re.search(r"^flint_openai:requests_running 0$", text, re.M)  # idle: the scrape does not count itself
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_tool_choice_required_returns_a_call_to_a_listed_tool(client, stream):
+    """The successor model wants get_weather, which is not listed: "required" holds it to get_time."""
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+    kwargs = dict(model="flint", messages=MESSAGES, tools=tools, tool_choice="required", temperature=0, max_tokens=128)
+    if stream:
+        reasoning, content, calls, finish, _, _ = streamed(client.chat.completions.create(**kwargs, stream=True))
+        names_args = [(name, arguments) for name, arguments, _ in calls.values()]
+    else:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        finish = choice.finish_reason
+        names_args = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    assert finish == "tool_calls" and [name for name, _ in names_args] == ["get_time"], names_args
+    assert json.loads(names_args[0][1])["zone"] in ("UTC", "CET")
+
+
 # --- errors --------------------------------------------------------------------------------
 
 

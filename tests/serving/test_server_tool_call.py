@@ -71,3 +71,31 @@ def test_tool_choice_none_leaves_the_call_text_as_content(server):
     assert status == 200, body
     assert json.loads(body["tool_calls"]) == [] and body["finish_reason"] == "stop"
     assert CALL in body["text_output"]
+
+
+TIME_TOOL = [{"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}],
+                         ids=["required", "named"])
+@pytest.mark.parametrize("parallel", [None, False], ids=["parallel-default", "parallel-false"])
+def test_required_and_named_choices_hold_the_output_to_a_call(server, tool_choice, parallel):
+    """The successor model wants get_weather, which this request does not list: the grammar
+    turns its call into one to get_time with schema-valid arguments, and ends the output there."""
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    status, body = server.generate(request(tools=json.dumps(TIME_TOOL), tool_choice=json.dumps(tool_choice),
+                                           max_tokens=128, **extra))
+    assert status == 200, body
+    assert body["reasoning_output"] == REASONING and body["finish_reason"] == "tool_calls", body
+    calls = json.loads(body["tool_calls"])
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
+    assert json.loads(calls[0]["function"]["arguments"])["zone"] in ("UTC", "CET")
+
+
+def test_auto_calls_are_held_to_the_listed_tools(server):
+    status, body = server.generate(request(tools=json.dumps(TIME_TOOL), max_tokens=128))
+    assert status == 200, body
+    calls = json.loads(body["tool_calls"])
+    assert all(c["function"]["name"] == "get_time" for c in calls), calls
+    assert "get_weather" not in body["text_output"]
