@@ -32,3 +32,20 @@ def tiny_checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("flint-tiny")
     make_checkpoint("flint-tiny", out, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_checkpoint):
+    """The tiny checkpoint's tokenizer (tests with another define their own `tokenizer`)."""
+    from flint_backend.tokenizer import load_tokenizer
+
+    return load_tokenizer(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def reference_texts(tiny_checkpoint, tokenizer):
+    """The oracle's greedy texts of the served tiny checkpoint (tests/serving/reference_texts.py, on
+    the path of tests/serving and tests/reliability): computed once for both."""
+    from reference_texts import greedy_reference_texts
+
+    return greedy_reference_texts(tiny_checkpoint, tokenizer)

@@ -61,17 +61,3 @@ def openai_server(triton, tmp_path_factory):
 
     with start_openai(triton, tmp_path_factory.mktemp("reliability_openai")) as server:
         yield server
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tiny_checkpoint):
-    from flint_backend.tokenizer import load_tokenizer
-
-    return load_tokenizer(tiny_checkpoint)
-
-
-@pytest.fixture(scope="session")
-def reference_texts(tiny_checkpoint, tokenizer):
-    from reference_texts import greedy_reference_texts
-
-    return greedy_reference_texts(tiny_checkpoint, tokenizer)
