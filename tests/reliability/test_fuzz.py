@@ -189,6 +189,17 @@ def openai_error(content: bytes) -> str:
         return f"not OpenAI's error shape: {content[:200]!r}"
 
 
+def run_fuzz(check, client: httpx.Client, label: str, statuses: Counter, failures: list[str], form) -> None:
+    """Runs hypothesis' cases, then: no failure, and every case sent."""
+    try:
+        check()
+    finally:
+        client.close()
+    print(f"fuzz {label}: {sum(statuses.values())} cases, HTTP statuses {dict(statuses)}")
+    assert not failures, "\n".join(failures[:20]) + f"\n({len(failures)} failures)"
+    assert sum(statuses.values()) >= form.fuzz_examples
+
+
 def test_fuzz_triton_generate_interface(triton, form):
     failures, statuses = [], Counter()
     client = httpx.Client(timeout=REQUEST_TIMEOUT)
@@ -206,13 +217,7 @@ def test_fuzz_triton_generate_interface(triton, form):
         if found:
             failures.append(f"{endpoint} {encode(body)[:400]!r}: {found}: {response.status_code} {response.text[:300]!r}")
 
-    try:
-        check()
-    finally:
-        client.close()
-    print(f"fuzz generate/generate_stream: {sum(statuses.values())} cases, HTTP statuses {dict(statuses)}")
-    assert not failures, "\n".join(failures[:20]) + f"\n({len(failures)} failures)"
-    assert sum(statuses.values()) >= form.fuzz_examples
+    run_fuzz(check, client, "generate/generate_stream", statuses, failures, form)
     wait_idle(triton)
 
 
@@ -235,13 +240,7 @@ def test_fuzz_openai_request_body(triton, openai_server, form, model):
         if found:
             failures.append(f"{path} {encode(body)[:400]!r}: {found}: {response.status_code} {response.text[:300]!r}")
 
-    try:
-        check()
-    finally:
-        client.close()
-    print(f"fuzz /v1/{path}: {sum(statuses.values())} cases, HTTP statuses {dict(statuses)}")
-    assert not failures, "\n".join(failures[:20]) + f"\n({len(failures)} failures)"
-    assert sum(statuses.values()) >= form.fuzz_examples
+    run_fuzz(check, client, f"/v1/{path}", statuses, failures, form)
     wait_idle(triton)
 
 
