@@ -40,6 +40,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
         "type": "object", "properties": {"hour": {"type": "integer"}, "loud": {"type": "boolean"}}}}}]
 
 
+WARM_STEPS = 10
+
+
 def chat_params(preprocess: Preprocessor, constrained: bool, steps: int, seed: int) -> tuple[list[int], SamplingParams]:
     def text(value) -> np.ndarray:
         return np.array([[json.dumps(value).encode()]], dtype=np.object_)
@@ -60,11 +63,11 @@ def step_ms(device: str, batch: int, constrained: int, steps: int, preprocess: P
                                   max_num_seqs=batch, max_num_batched_tokens=max(2048, batch), block_size=16,
                                   max_model_len=1024, enforce_eager=device == "cpu"))
     for i in range(batch):
-        engine.add_request(*chat_params(preprocess, i < constrained, steps, seed=i))
+        engine.add_request(*chat_params(preprocess, i < constrained, steps + WARM_STEPS, seed=i))
     while any(not s.is_decoding for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # the prefills
-    for _ in range(3):
-        engine.step()  # warm: the grammar compiled, matchers made
+    for _ in range(WARM_STEPS):
+        engine.step()  # warm: the grammar compiled, matchers made, kernels compiled and graphs captured
     times = []
     for _ in range(steps):
         if device != "cpu":
