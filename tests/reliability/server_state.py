@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 IDLE_TIMEOUT = 60.0  # s: cancelled requests abort within a step; a leaked one runs to its max_tokens
 # What Triton's own HTTP front end answers with status 500, before any model runs, when a JSON
@@ -59,68 +58,6 @@ def check_openai_serves_reference(openai_url: str, api_key: str, reference_texts
     response = httpx.post(f"{openai_url}/v1/completions", headers={"Authorization": f"Bearer {api_key}"}, timeout=60,
                           json={"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0, "ignore_eos": True})
     assert response.status_code == 200 and response.json()["choices"][0]["text"] == expected, response.text
-
-
-# ---------------------------------------------------------------- processes (/proc)
-def _stat(pid: int) -> tuple[str, int]:
-    """(state, parent pid) of a live process; raises OSError when it is gone."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
-    return fields[0], int(fields[1])
-
-
-def process_tree(root: int) -> list[int]:
-    """The pid and every live descendant's (the Python backend stubs are tritonserver's children)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                state, parent = _stat(int(entry.name))
-            except (OSError, ValueError):
-                continue
-            if state != "Z":
-                parents[int(entry.name)] = parent
-    tree, frontier = [root], [root]
-    while frontier:
-        frontier = [pid for pid, parent in parents.items() if parent in frontier]
-        tree += frontier
-    return tree
-
-
-def resident_bytes(root: int) -> int:
-    """Sum of VmRSS over the process tree (shared pages, e.g. the stubs' /dev/shm regions, count
-    in each process that touched them)."""
-    total = 0
-    for pid in process_tree(root):
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-        total += int(match.group(1)) * 1024 if match else 0
-    return total
-
-
-def stub_pid(server_pid: int, model: str) -> int:
-    """The Python backend stub of `model`'s (single) instance among the server's children: other
-    tritonservers on this machine run stubs of the same name."""
-    found = []
-    for pid in process_tree(server_pid)[1:]:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[0].endswith(b"triton_python_backend_stub") and f"{model}_0".encode() in b" ".join(argv):
-            found.append(pid)
-    assert len(found) == 1, f"stubs of {model} under pid {server_pid}: {found}"
-    return found[0]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return _stat(pid)[0] != "Z"
-    except OSError:
-        return False
 
 
 def model_ready(server, model: str) -> int:

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from server_state import alive, model_ready, stub_pid, wait_idle
+from processes import alive, stub_processes
+from server_state import model_ready, wait_idle
 from servers import BLOCK_SIZE, KEY, MAX_MODEL_LEN, NUM_KV_BLOCKS, start_openai, start_triton
 from traffic import ERROR, OK, Doors, Request
 
@@ -85,7 +86,7 @@ def test_engine_stub_killed_mid_stream_errors_every_client(doomed, tokenizer):
                 Request("chat", body={"model": "flint", "messages": [{"role": "user", "content": "Hi"}], **long},
                         stream=True, timeout=40),
                 Request("completions", body={"model": "flint", "prompt": "Hi", **long}, timeout=40)]
-    pid = stub_pid(triton.process.pid, "flint_model")
+    (pid,) = stub_processes(triton.process.pid, "flint_model")
 
     async def main():
         doors = Doors(triton, openai_server.url, KEY)

@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from server_state import (check_openai_serves_reference, check_serves_reference, resident_bytes, summary, unclean,
+from processes import resident_bytes
+from server_state import (check_openai_serves_reference, check_serves_reference, summary, unclean,
                           wait_idle)
 from servers import KEY
 from soak_mix import Mix, pair_problems

@@ -13,25 +13,12 @@ from pathlib import Path
 import pytest
 
 from flint_backend.serving.launch import PROJECT_ROOT
+from processes import session_processes
 from triton_server import START_TIMEOUT, configured_repository, free_port
 
 pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("fastapi")
 pytestmark = pytest.mark.server
-
-
-def session_processes(session: int) -> dict[int, str]:
-    """pid -> command line of the live (not zombie) processes of a session."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
-            if int(fields[3]) == session and fields[0] != "Z":
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def non_loopback_address() -> str | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from processes import alive, stub_processes
 from triton_server import Streams, TritonServer, configured_repository
 
 pytest.importorskip("tritonclient.grpc")
@@ -16,38 +17,13 @@ pytestmark = pytest.mark.server
 EXIT_WITHIN = 10.0  # seconds: the watchdog polls every 0.5 s; cleanup is bounded at a few seconds
 
 
-def stub_processes(session: int, model: str = "flint_model") -> dict[int, list[str]]:
-    """pid -> argv of the Python backend stubs of `model` in the server's session (not zombies)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
-        if (int(fields[3]) == session and fields[0] != "Z" and "triton_python_backend_stub" in argv[0]
-                and any(f"/{model}/" in a for a in argv)):
-            found[int(entry.name)] = argv
-    return found
-
-
 def wait_gone(pids, timeout: float) -> set[int]:
     deadline = time.monotonic() + timeout
-    alive = set(pids)
-    while alive and time.monotonic() < deadline:
+    remaining = set(pids)
+    while remaining and time.monotonic() < deadline:
         time.sleep(0.2)
-        alive = {p for p in alive if _alive(p)}
-    return alive
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
+        remaining = {p for p in remaining if alive(p)}
+    return remaining
 
 
 @pytest.fixture
@@ -69,7 +45,7 @@ def start_long_stream(server) -> Streams:
 
 
 def test_engine_stub_exits_when_tritonserver_is_killed(server):
-    stubs = stub_processes(server.process.pid)
+    stubs = stub_processes(server.process.pid, "flint_model")
     assert len(stubs) == 1, stubs
     (pid, argv), = stubs.items()
     shm = Path("/dev/shm") / argv[2].lstrip("/")  # the stub's argv: model path, shm region, ...
@@ -86,7 +62,7 @@ def test_engine_stub_exits_when_tritonserver_is_killed(server):
 
 
 def test_engine_stub_exits_on_sigterm(server):
-    (pid, argv), = stub_processes(server.process.pid).items()
+    (pid, argv), = stub_processes(server.process.pid, "flint_model").items()
     streams = start_long_stream(server)
     try:
         os.kill(pid, signal.SIGTERM)
