@@ -74,13 +74,11 @@ def parse_generate_request(inputs: Inputs, default_max_tokens: int = 16) -> Gene
         raise ChatRequestError("text_input", "a prompt in text_input (or token ids in input_ids), "
                                              "or chat messages in messages", "neither")
     if text_input is not None or input_ids is not None:
-        extra = [name for name in CHAT_FIELDS if chat[name] is not None]
-        if scalar(inputs, "parallel_tool_calls") is not None:
-            extra.append("parallel_tool_calls")
-            chat["parallel_tool_calls"] = scalar(inputs, "parallel_tool_calls")
-        if extra:
-            raise ChatRequestError(extra[0], "no value without messages (it applies to chat requests)",
-                                   describe(chat[extra[0]]))
+        given = {**chat, "parallel_tool_calls": scalar(inputs, "parallel_tool_calls")}
+        extra = next((name for name, value in given.items() if value is not None), None)
+        if extra is not None:
+            raise ChatRequestError(extra, "no value without messages (it applies to chat requests)",
+                                   describe(given[extra]))
     sampling = _sampling_json(scalar(inputs, "sampling_parameters"))
     settings = {} if "max_tokens" in sampling else {"default_max_tokens": default_max_tokens}
     settings.update(sampling)
