@@ -170,7 +170,8 @@ def test_no_parallel_calls_is_one_call_at_most(engine, tokenizer, choice):
         if calls:
             check_calls(calls)
             assert reason == "tool_calls", reason  # nothing may follow the call but a stop token
-    assert all(calls for (calls, _), _ in results) if choice == "required" else True
+    with_calls = sum(bool(calls) for (calls, _), _ in results)
+    assert with_calls == SEEDS if choice == "required" else with_calls >= SEEDS // 2  # exercised
 
 
 def test_a_schema_xgrammar_cannot_compile_is_refused_naming_the_tool(tokenizer):
