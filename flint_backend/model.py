@@ -75,6 +75,8 @@ class FlintAttention:
             self.window, **cache_rows, decode_only=False, max_query_len=batch.max_query_len)  # [N, Hq, D]
         if not write_now:
             ops.cache_write(k, v, k_cache, v_cache, slots)
+            if batch.window_slots is not None:  # the prefix cache's window pages (engine.prefix_cache)
+                ops.cache_write(k, v, *kv.window_pages(self.layer), batch.window_slots)
         return ops.linear(out.reshape(out.shape[0], -1), self.o_proj)
 
 

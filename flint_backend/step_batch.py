@@ -27,6 +27,8 @@ class StepBatch:
     decode_only: bool              # every sequence has exactly one new token
     max_query_len: int
     sample_seqs: list              # host side: the engine's sequences that sample, in sample_rows order
+    window_slots: torch.Tensor | None = None  # [N] int64, prefill steps: window-page slot of every token
+                                              #   (prefix caching), -1 where none; None: no page open
     # decode graphs under async scheduling (decode_graphs.py; None elsewhere):
     prev_rows: torch.Tensor | None = None     # [N] int64, row of prev_slots holding the id, or -1
     prev_slots: torch.Tensor | None = None    # [M] int64, the previous step's tokens (greedy.py slots)

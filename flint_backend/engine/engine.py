@@ -33,6 +33,7 @@ from flint_backend.engine.block_manager import BlockManager
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.guided import GuidedSchemaError
 from flint_backend.engine.metrics import EngineMetrics
+from flint_backend.engine.prefix_cache import PrefixCache
 from flint_backend.engine.runner import ModelRunner, resolve_device, use_device
 from flint_backend.engine.sampler import TokenLogprobs
 from flint_backend.engine.sampling_params import SamplingParams
@@ -61,6 +62,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not computed)
     # with the first token, when asked: (id, logprobs) of each prompt token (the first's logprobs None)
     prompt_logprobs: list[tuple[int, TokenLogprobs | None]] | None = None
 
@@ -94,7 +96,10 @@ class LLMEngine:
         self.runner = ModelRunner(config, weights, args, self.device, self.max_model_len, release_weights=owned)
         spec = self.runner.kv_spec
         self.blocks = BlockManager(spec.num_blocks, spec.block_size, spec.num_ring_rows)
-        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens)
+        self.prefix_cache = PrefixCache(self.blocks, spec.num_window_pages, config.sliding_window,
+                                        enabled=args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens, self.prefix_cache,
+                                   config.sliding_window)
         self.default_stop_ids = frozenset(config.eos_token_id or ())
         self.metrics = EngineMetrics()
         self._seqs: dict[str, Sequence] = {}
@@ -109,7 +114,8 @@ class LLMEngine:
         beside it), two greedy tokens each, then forgets them: their blocks are freed and the
         metrics start again. Triton compiles a kernel for each new specialisation on its first
         launch (an int argument specialises on == 1 and on divisibility by 16), seconds each for
-        the prefill kernels, which the first requests would otherwise wait for. -> seconds taken."""
+        the prefill kernels, which the first requests would otherwise wait for. The prefix cache
+        forgets them. -> seconds taken."""
         if self.has_work():
             raise RuntimeError("warm_up: the engine has requests; call it before adding any")
         t0 = time.perf_counter()
@@ -120,6 +126,8 @@ class LLMEngine:
                              SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), request_id=f"warmup-{i}")
         while self.has_work():  # finished sequences leave the engine (_finish)
             self.step()
+        self.prefix_cache.reset()
+        self.prefix_cache.queries = self.prefix_cache.hits = 0
         self.metrics = EngineMetrics()
         return time.perf_counter() - t0
 
@@ -208,9 +216,12 @@ class LLMEngine:
         self.metrics.preemptions += len(scheduled.preempted)
         outputs: list[RequestOutput] = []
         if scheduled:
+            self.runner.copy_windows(self.prefix_cache.take_copies())
             sampled, result = self.runner.execute(scheduled)
+            direct = not all(n == 1 for _, n in scheduled.entries)  # a prefill-path step: it wrote open pages
             for seq, n in scheduled.entries:
                 seq.num_computed += n
+                self.prefix_cache.computed(seq, seq.num_computed - n, n, direct)
             now = time.monotonic()
             for seq, token, logprobs in zip(sampled, result.tokens, result.logprobs):
                 outputs.append(self._append_token(seq, token, logprobs, now))
@@ -226,10 +237,12 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         seqs = [seq for seq, _ in scheduled.entries]
         assert not scheduled.preempted and len(seqs) == len(self.scheduler.running), "not decodes only"
+        self.runner.copy_windows(self.prefix_cache.take_copies())
         launched = self.runner.launch_decode(seqs, self._in_flight)
         for seq in seqs:
             seq.num_computed += 1
             seq.num_pending += 1
+            self.prefix_cache.computed(seq, seq.num_computed - 1, 1, direct=False)
         previous, self._in_flight = self._in_flight, launched
         outputs = self._collect(previous) if previous is not None else []
         self._forget_dead_in_flight()
@@ -260,6 +273,7 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int, logprobs, now: float) -> RequestOutput:
         seq.token_ids.append(token)
+        self.prefix_cache.update(seq)  # a block of it may be computed and now known
         self.metrics.generation_tokens += 1
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -293,14 +307,16 @@ class LLMEngine:
         for seq in list(self._seqs.values()):
             self._finish(seq, "error")
             outputs.append(self._output(seq, [], [], error))
+        self.prefix_cache.reset()  # what the failed step wrote is not trusted
         self._update_gauges()
         return outputs
 
     def _output(self, seq: Sequence, tokens: list[int], logprobs: list, error: str | None = None) -> RequestOutput:
         return RequestOutput(seq.request_id, tokens, logprobs, seq.finished, seq.finish_reason,
-                             seq.num_prompt_tokens, seq.num_output_tokens, error)
+                             seq.num_prompt_tokens, seq.num_output_tokens, error, seq.num_cached_tokens)
 
     def _update_gauges(self) -> None:
         m = self.metrics
         m.num_running, m.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         m.kv_usage = self.blocks.usage
+        m.prefix_cache_queries, m.prefix_cache_hits = self.prefix_cache.queries, self.prefix_cache.hits

@@ -36,6 +36,13 @@ class EngineArgs:
     num_kv_blocks: int | None = None      # fixed pool size; None -> sized from the memory budget
     kv_cache_memory_fraction: float = 0.9  # GPU: fraction of free memory (after weights) for the KV cache
     kv_cache_memory_bytes: int = 1 << 30  # CPU: KV budget in bytes
+    # reuse the KV of a cached token prefix across requests (engine.prefix_cache; vLLM's name)
+    enable_prefix_caching: bool = True
+    # the prefix cache's sliding-window pages (one block's K/V of every sliding layer, kept so that a hit
+    # can rebuild a window): None -> prefix_cache_window_fraction of the budget (num_kv_blocks fixed:
+    # enough for 4 windows a running sequence); 0 -> full layers only, so no hit (the windows are needed)
+    num_window_pages: int | None = None
+    prefix_cache_window_fraction: float = 0.1
     enforce_eager: bool = False           # True: no CUDA graphs / static decode buffers
     max_graph_batch: int = 64             # largest decode batch replayed from a CUDA graph
     # launch each all-decode step before the host has read the previous step's tokens, so the device
@@ -71,8 +78,15 @@ class EngineArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer")
-        if not isinstance(self.async_scheduling, bool):
-            raise EngineArgsError(f"async_scheduling: got {self.async_scheduling!r}, expected true or false")
+        for name in ("async_scheduling", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineArgsError(f"{name}: got {getattr(self, name)!r}, expected true or false")
+        if self.num_window_pages is not None and (not isinstance(self.num_window_pages, int)
+                                                  or isinstance(self.num_window_pages, bool) or self.num_window_pages < 0):
+            raise EngineArgsError(f"num_window_pages: got {self.num_window_pages!r}, expected an integer >= 0 or null")
+        if not 0.0 <= self.prefix_cache_window_fraction < 1.0:
+            raise EngineArgsError(f"prefix_cache_window_fraction: got {self.prefix_cache_window_fraction!r}, "
+                                  "expected [0, 1)")
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise EngineArgsError(f"warmup: got {self.warmup!r}, expected true, false or null")
         for name in ("max_model_len", "num_kv_blocks", "cpu_threads"):

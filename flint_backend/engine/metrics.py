@@ -12,10 +12,12 @@ class EngineMetrics:
     prompt_tokens: int = 0        # prompt tokens of admitted requests
     generation_tokens: int = 0    # sampled tokens
     preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (vLLM counts tokens)
+    prefix_cache_hits: int = 0     # of those, tokens found cached (not computed again)
     finished: Counter = field(default_factory=Counter)  # finish reason -> requests
     num_running: int = 0
     num_waiting: int = 0
-    kv_usage: float = 0.0         # fraction of paged KV blocks in use
+    kv_usage: float = 0.0         # fraction of paged KV blocks in use (cached, unreferenced ones count as free)
     _samples: dict[str, list[float]] = field(default_factory=lambda: {"ttft": [], "tpot": [], "e2e": []})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

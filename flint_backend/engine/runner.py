@@ -9,6 +9,7 @@ from flint_backend.engine.async_step import InFlightStep
 from flint_backend.engine.decode_graphs import DecodeGraphs
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.guided import GuidedDecoding
+from flint_backend.engine.prefix_cache import WindowCopy
 from flint_backend.engine.prompt_logprobs import add_prompt_logprobs, wanted
 from flint_backend.engine.sampler import SampleResult, Sampler
 from flint_backend.engine.scheduler import ScheduledBatch
@@ -64,19 +65,29 @@ class ModelRunner:
     def _kv_spec(self, max_model_len: int) -> KVCacheSpec:
         a, c = self.args, self.config
         if a.num_kv_blocks is not None:
-            spec = KVCacheSpec(a.num_kv_blocks, a.block_size, a.max_num_seqs)
+            pages = a.num_window_pages if a.num_window_pages is not None else a.num_kv_blocks
+            spec = KVCacheSpec(a.num_kv_blocks, a.block_size, a.max_num_seqs, pages if a.enable_prefix_caching else 0)
         else:
             if self.device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(self.device)
                 budget = int(free * a.kv_cache_memory_fraction)
             else:
                 budget = a.kv_cache_memory_bytes
-            spec = KVCacheSpec.from_budget(c, budget, a.block_size, a.max_num_seqs, self.dtype)
+            spec = KVCacheSpec.from_budget(c, budget, a.block_size, a.max_num_seqs, self.dtype,
+                                           a.prefix_cache_window_fraction if a.enable_prefix_caching else 0.0,
+                                           a.num_window_pages if a.enable_prefix_caching else 0)
         if spec.num_blocks * spec.block_size < max_model_len:
             raise ValueError(
                 f"kv cache: {spec.num_blocks} blocks of {spec.block_size} tokens hold {spec.num_blocks * spec.block_size} "
                 f"tokens, fewer than max_model_len={max_model_len}; give the cache more memory or lower max_model_len")
         return spec
+
+    def copy_windows(self, copies: list[WindowCopy]) -> None:
+        """The prefix cache's window copies (ring rows <-> window pages), in order, before a step."""
+        for copy in copies:
+            self.kv.copy_window(copy.to_ring, copy.ring_row,
+                                torch.tensor(copy.ring_slots, dtype=torch.int64).to(self.device, non_blocking=True),
+                                torch.tensor(copy.page_slots, dtype=torch.int64).to(self.device, non_blocking=True))
 
     def execute(self, scheduled: ScheduledBatch) -> tuple[list[Sequence], SampleResult]:
         seqs = [seq for seq, _ in scheduled.entries]

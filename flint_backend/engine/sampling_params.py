@@ -45,6 +45,8 @@ class SamplingParams:
     guided_start_token_id: int | None = None  # the schema applies after this token (None: from the first)
     structural_tag: dict | None = None  # xgrammar's structural tag (vLLM's field): tool calls held to their
                                         #   format and schemas from the first token (serving.tool_constraint)
+    cache_salt: str | None = None     # prefix-cache isolation (vLLM's field): cached prefixes are shared only
+                                      #   between requests with the same salt (engine.prefix_cache)
 
     def __post_init__(self):
         self.validate()
@@ -103,6 +105,8 @@ class SamplingParams:
             if self.guided_json is not None:
                 raise SamplingParamsError("structural_tag", "expected no structural_tag with guided_json (one "
                                           "grammar a request)")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise SamplingParamsError("cache_salt", f"got {self.cache_salt!r}"[:187] + ", expected a non-empty string")
         if self.guided_start_token_id is not None:
             _integer(self.guided_start_token_id, "guided_start_token_id", lo=0, what="a token id")
         for token, bias in self.logit_bias.items():

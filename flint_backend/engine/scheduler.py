@@ -4,6 +4,7 @@ Every step takes all running decodes first (one token each, so streams never sta
 long prompt), then prefill chunks — running prefills first, then waiting requests in arrival
 order — until the per-step token budget is spent. When the KV pool runs out, the latest-arrived
 running sequence is preempted: its blocks are freed and it is recomputed later (FCFS).
+A waiting request starts after the longest prefix the prefix cache holds (engine.prefix_cache).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from flint_backend.engine.block_manager import BlockManager
+from flint_backend.engine.prefix_cache import PrefixCache
 from flint_backend.engine.sequence import Sequence, SequenceStatus
 
 
@@ -19,6 +21,7 @@ from flint_backend.engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     entries: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens this step)
     preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # waiting before this step
 
     @property
     def num_tokens(self) -> int:
@@ -29,8 +32,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 cache: PrefixCache | None = None, window: int = 1):
         self.blocks = blocks
+        self.cache = cache or PrefixCache(blocks, 0, window, enabled=False)
+        self.window = window
         self.max_num_seqs = min(max_num_seqs, blocks.num_ring_rows)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -43,11 +49,12 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def remove(self, seq: Sequence) -> None:
-        """Take a finished or aborted sequence out and free its KV at once."""
+        """Take a finished or aborted sequence out and free its KV at once (what it computed stays cached)."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self.cache.release(seq)
         self.blocks.free(seq)
 
     def decodes_only_next(self, max_batch: int) -> bool:
@@ -78,6 +85,7 @@ class Scheduler:
             if not self._make_room(seq, n, scheduled, batch):
                 continue
             self.blocks.grow(seq, n)
+            self.cache.open_pages(seq, n)
             batch.entries.append((seq, n))
             scheduled.add(id(seq))
             budget -= n
@@ -85,13 +93,22 @@ class Scheduler:
             return batch  # memory is short: admit nothing new this step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed, budget)
-            if not self.blocks.can_grow(seq, n):
+            hit = self.cache.lookup(seq)
+            blocks = hit.blocks if hit else []
+            n = min(seq.num_uncomputed - len(blocks) * self.blocks.block_size, budget)
+            if not self.blocks.can_take(seq, blocks, n):
                 break  # new work never preempts running work
             self.waiting.popleft()
+            self.cache.count_query(seq, hit)
             seq.status = SequenceStatus.RUNNING
-            self.blocks.grow(seq, n)
+            if hit:
+                self.blocks.take(seq, blocks)
+            self.blocks.grow(seq, n + len(blocks) * self.blocks.block_size)
+            if hit:
+                self.cache.take(seq, hit, self.window)
+            self.cache.open_pages(seq, n)
             self.running.append(seq)
+            batch.admitted.append(seq)
             batch.entries.append((seq, n))
             scheduled.add(id(seq))
             budget -= n
@@ -112,6 +129,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self.cache.release(seq)
         self.blocks.free(seq)
         seq.num_computed = 0
         seq.status = SequenceStatus.WAITING

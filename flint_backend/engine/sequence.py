@@ -44,7 +44,15 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0       # prompt tokens taken from the prefix cache at first admission
     uid: int = field(default_factory=lambda: next(_uids))  # unique for the process (request ids may repeat)
+    # prefix caching (engine.prefix_cache): hashes of the full blocks of known tokens, blocks cached
+    # so far, blocks whose window page is settled, pages being filled (block index -> OpenPage)
+    block_hashes: list[bytes] = field(default_factory=list)
+    block_hash_root: bytes = b""
+    num_registered_blocks: int = 0
+    num_window_blocks: int = 0
+    open_pages: dict = field(default_factory=dict)
     prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt tokens 1, 2, ... computed so far
 
     @property

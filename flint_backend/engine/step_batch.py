@@ -10,7 +10,7 @@ from flint_backend.step_batch import StepBatch
 
 def build_step_batch(entries: list[tuple[Sequence, int]], block_size: int, window: int,
                      device: torch.device) -> StepBatch:
-    ids, positions, full_slots, ring_slots = [], [], [], []
+    ids, positions, full_slots, ring_slots, window_slots = [], [], [], [], []
     starts, context_lens, ring_rows, tables, sample_rows, sample_seqs = [0], [], [], [], [], []
     for seq, n in entries:
         first = seq.num_computed
@@ -20,6 +20,8 @@ def build_step_batch(entries: list[tuple[Sequence, int]], block_size: int, windo
             full_slots.append(seq.block_table[p // block_size] * block_size + p % block_size)
             keep = p >= first + n - window
             ring_slots.append(seq.ring_row * window + p % window if keep else -1)
+            page = seq.open_pages.get(p // block_size)
+            window_slots.append(page.page * block_size + p % block_size if page is not None else -1)
         starts.append(starts[-1] + n)
         context_lens.append(first)
         ring_rows.append(seq.ring_row)
@@ -43,6 +45,7 @@ def build_step_batch(entries: list[tuple[Sequence, int]], block_size: int, windo
         full_slots=tensor(full_slots, torch.int64),
         ring_slots=tensor(ring_slots, torch.int64),
         sample_rows=tensor(sample_rows, torch.int64),
+        window_slots=tensor(window_slots, torch.int64) if any(s >= 0 for s in window_slots) else None,
         decode_only=all(n == 1 for _, n in entries),
         max_query_len=max(n for _, n in entries),
         sample_seqs=sample_seqs,

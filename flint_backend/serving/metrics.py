@@ -21,11 +21,13 @@ COUNTERS = {  # metric -> EngineMetrics attribute
     "flint:prompt_tokens_total": ("prompt_tokens", "Prompt tokens of admitted requests"),
     "flint:generation_tokens_total": ("generation_tokens", "Generated tokens"),
     "flint:num_preemptions_total": ("preemptions", "Requests preempted for lack of KV cache (recomputed later)"),
+    "flint:prefix_cache_queries_total": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+    "flint:prefix_cache_hits_total": ("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
 }
 GAUGES = {
     "flint:num_requests_running": ("num_running", "Requests in the running batch"),
     "flint:num_requests_waiting": ("num_waiting", "Requests waiting to be scheduled"),
-    "flint:kv_cache_usage_perc": ("kv_usage", "Fraction of the paged KV-cache blocks in use (1 = full)"),
+    "flint:kv_cache_usage_perc": ("kv_usage", "Fraction of the paged KV-cache blocks in use (1 = full; cached, unreferenced blocks count as free)"),
 }
 HISTOGRAMS = {
     "flint:time_to_first_token_seconds": ("ttft", "Time from arrival to the first generated token"),

@@ -53,12 +53,20 @@ def run_greedy(engine: LLMEngine, prompts: list[list[int]], new_tokens: int = NE
 
 
 def test_triton_backend_greedy_equals_the_oracle():
+    """Then a prompt extending the longest one by its first 3 tokens starts from the prefix cache
+    (full blocks and the rebuilt sliding window) and continues as the oracle does."""
     config = tiny_config()
     weights = random_stacked_weights(config, 0, torch.float32)
     cases = fair_cases(weights, config, 3)
     engine = LLMEngine(EngineArgs(kernel_backend="triton", **ENGINE), config=config, weights=weights)
     assert engine.runner.sampler.fused_sample is not None
     assert run_greedy(engine, [p for p, _ in cases]) == [out for _, out in cases]
+    prompt, expected = max(cases, key=lambda case: len(case[0]))
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS - 3, ignore_eos=True)
+    again = engine.add_request(prompt + expected[:3], params)
+    run_to_completion(engine)
+    assert again.num_cached_tokens == (len(prompt) + 2) // 4 * 4 > 0
+    assert again.output_ids == expected[3:]
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +93,4 @@ def test_w4a16_greedy_equals_the_oracle_on_the_dequantised_weights(backend, prom
     engine = LLMEngine(EngineArgs(kernel_backend=backend, **ENGINE), config=nvfp4_checkpoint.config,
                        weights=nvfp4_checkpoint.tensors)
     assert run_greedy(engine, [p for p, _ in cases], new_tokens) == [out[:new_tokens] for _, out in cases]
+

@@ -89,8 +89,9 @@ def start_at_context(engine: LLMEngine, context: int, max_tokens: int):
     for cache in (c for kv in engine.runner.kv.full.values() for c in kv):
         cache.index_copy_(0, blocks, torch.randn((len(blocks), *cache.shape[1:]), device=cache.device,
                                                  dtype=cache.dtype))
-    for cache in (c for kv in engine.runner.kv.ring.values() for c in kv):
-        cache[seq.ring_row].normal_()  # a basic index: a view, filled in place
+    kv = engine.runner.kv
+    for ring in (kv.ring_k, kv.ring_v):
+        ring[:, seq.ring_row].normal_()  # a basic index: a view, filled in place
     seq.num_computed = context
     assert len(seq.block_table) * bs >= context + 1
     return seq
