@@ -75,8 +75,12 @@ def completion(envelope: Envelope, outputs: list[list[EnsembleOutput]], tool_cho
             message["tool_calls"] = calls
         choices.append({"index": index, "message": message, "logprobs": _logprobs(parts) if logprobs else None,
                         "finish_reason": parts[-1].finish_reason or "stop"})
-    lasts = [parts[-1] for parts in outputs]
-    return envelope.wrap(choices, usage=usage(lasts[0].num_input_tokens, sum(o.num_output_tokens for o in lasts)))
+    return envelope.wrap(choices, usage=_usage([parts[-1] for parts in outputs]))
+
+
+def _usage(lasts: list[EnsembleOutput]) -> dict:
+    """The choices share one prompt: counted once (its cached tokens as choice 0 found them)."""
+    return usage(lasts[0].num_input_tokens, sum(o.num_output_tokens for o in lasts), lasts[0].num_cached_tokens)
 
 
 async def chunks(envelope: Envelope, first: tuple[int, EnsembleOutput],
@@ -119,8 +123,7 @@ async def chunks(envelope: Envelope, first: tuple[int, EnsembleOutput],
         if not last.get(index, EnsembleOutput()).finish_reason:
             yield chunk(index, {}, "stop")
     if include_usage:
-        lasts = [last.get(index, EnsembleOutput()) for index in range(n)]
-        yield sse(envelope.wrap([], usage=usage(lasts[0].num_input_tokens, sum(o.num_output_tokens for o in lasts))))
+        yield sse(envelope.wrap([], usage=_usage([last.get(index, EnsembleOutput()) for index in range(n)])))
     yield DONE
 
 

@@ -33,9 +33,11 @@ def ensemble_requests(body: CompletionRequest, request_id: str) -> list[Ensemble
 
 
 def _usage(lasts: list[EnsembleOutput], n: int) -> dict:
-    """Each prompt's tokens once (its n choices share it), every choice's output tokens."""
-    return usage(sum(o.num_input_tokens for i, o in enumerate(lasts) if i % n == 0),
-                 sum(o.num_output_tokens for o in lasts))
+    """Each prompt's tokens once (its n choices share it; its cached tokens as its first choice found
+    them), every choice's output tokens."""
+    firsts = [o for i, o in enumerate(lasts) if i % n == 0]
+    return usage(sum(o.num_input_tokens for o in firsts), sum(o.num_output_tokens for o in lasts),
+                 sum(o.num_cached_tokens for o in firsts))
 
 
 class TextOffsets:

@@ -21,7 +21,7 @@ _REQUEST_FIELDS = frozenset((
     "text_input", "input_ids", "messages", "tools", "tool_choice", "chat_template_kwargs", "chat_options", "prompt",
     "sampling_parameters", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
     "presence_penalty", "frequency_penalty", "min_tokens", "stop_token_ids", "ignore_eos", "logit_bias",
-    "stop_words", "stream", "exclude_input_in_output", "logprobs", "guided_json"))
+    "stop_words", "stream", "exclude_input_in_output", "logprobs", "guided_json", "cache_salt"))
 # a Triton field -> the request's name for it
 _PARAM_NAMES = {"text_input": "prompt", "input_ids": "prompt", "stop_words": "stop",
                 "exclude_input_in_output": "echo"}

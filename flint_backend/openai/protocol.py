@@ -11,7 +11,8 @@ Log probabilities (chat `logprobs` + `top_logprobs`, completions `logprobs`) are
 sampling `logprobs`: the top N of the model's raw distribution, N <= 20; completions with
 `echo` also ask for the prompt's (`prompt_logprobs`), as lm-eval's loglikelihood requests do.
 vLLM's extensions are accepted: top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
-stop_token_ids, skip_special_tokens, chat_template_kwargs, guided_json.
+stop_token_ids, skip_special_tokens, chat_template_kwargs, guided_json, and cache_salt (a non-empty
+string: cached prompt prefixes are reused only between requests with the same salt).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/com
 # request field -> sampling_parameters key of the ensemble
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-                   "logit_bias", "guided_json")
+                   "logit_bias", "guided_json", "cache_salt")
 
 
 class StreamOptions(BaseModel):
@@ -60,6 +61,7 @@ class GenerationRequest(BaseModel):
     skip_special_tokens: Flag | None = None
     logit_bias: dict[str, Number] | None = None
     guided_json: dict[str, Any] | None = None  # vLLM's: a JSON schema the output follows
+    cache_salt: Text | None = None  # vLLM's: prefix-cache isolation, a non-empty string
     n: Integer | None = None
     stream: Flag | None = False
     stream_options: StreamOptions | None = None
@@ -70,6 +72,8 @@ class GenerationRequest(BaseModel):
             raise bad_request(f"n: expected an integer in [1, {MAX_CHOICES}], got {self.n}", "n")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options: expected only with stream: true", "stream_options")
+        if self.cache_salt == "":
+            raise bad_request('cache_salt: expected a non-empty string, got ""', "cache_salt")
 
     @property
     def choices(self) -> int:

@@ -66,6 +66,7 @@ class EnsembleOutput:
     finish_reason: str = ""                                # set on the last output
     num_input_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0                             # of the prompt's, those the prefix cache held
     logprobs: list[dict] = field(default_factory=list)    # chat.token_logprobs entries of this output's tokens
     prompt_logprobs: list[dict] = field(default_factory=list)  # the prompt tokens' entries (first output)
 
@@ -91,7 +92,8 @@ def _output(result) -> EnsembleOutput:
     return EnsembleOutput(_text(result, "text_output"), _text(result, "reasoning_output"),
                           json.loads(calls) if calls else [], _text(result, "finish_reason"),
                           _count(result, "num_input_tokens"), _count(result, "num_output_tokens"),
-                          json.loads(logprobs or "[]"), json.loads(prompt_logprobs or "[]"))
+                          _count(result, "num_cached_tokens"), json.loads(logprobs or "[]"),
+                          json.loads(prompt_logprobs or "[]"))
 
 
 class TritonEnsemble:

@@ -14,9 +14,9 @@ from flint_backend.serving.tensors import Inputs, bytes_tensor, scalar
 
 # logprobs and prompt_logprobs: only in responses that carry some (_logprob_arrays)
 CHUNK_OUTPUTS = ("request_key", "chunk_index", "token_ids", "finished", "finish_reason", "num_input_tokens",
-                 "num_output_tokens", "error", "output_config", "logprobs", "prompt_logprobs")
+                 "num_output_tokens", "num_cached_tokens", "error", "output_config", "logprobs", "prompt_logprobs")
 TEXT_OUTPUTS = ("text_output", "reasoning_output", "tool_calls", "finish_reason", "num_input_tokens",
-                "num_output_tokens", "logprobs", "prompt_logprobs")
+                "num_output_tokens", "num_cached_tokens", "logprobs", "prompt_logprobs")
 
 
 @dataclass
@@ -51,6 +51,7 @@ class EngineChunk:
     config: str = ""            # OutputConfig JSON, on index 0
     logprobs: list = field(default_factory=list)  # per token (logprob, [(id, logprob), ...]); [] if not asked
     prompt_logprobs: list = field(default_factory=list)  # per prompt token (id, logprob | None, top), once
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (on every chunk)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class TextDelta:
     finish_reason: str = ""     # set on the final one: "stop", "length", "tool_calls", "abort", "error"
     num_input_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # of num_input_tokens, those the engine took from its prefix cache
     final: bool = False
     error: str = ""
     client_error: bool = False  # the request was refused (bad input), not a server fault
@@ -83,6 +85,7 @@ def chunk_arrays(chunk: EngineChunk) -> dict[str, np.ndarray]:
         "finish_reason": bytes_tensor(chunk.finish_reason),
         "num_input_tokens": np.array([[chunk.num_input_tokens]], np.uint32),
         "num_output_tokens": np.array([[chunk.num_output_tokens]], np.uint32),
+        "num_cached_tokens": np.array([[chunk.num_cached_tokens]], np.uint32),
         "error": bytes_tensor(chunk.error),
         "output_config": bytes_tensor(chunk.config),
         **_logprob_arrays(chunk.logprobs, chunk.prompt_logprobs),
@@ -97,6 +100,7 @@ def chunk_from_arrays(inputs: Inputs) -> EngineChunk:
         finished=bool(scalar(inputs, "finished")), finish_reason=scalar(inputs, "finish_reason") or "",
         num_input_tokens=int(scalar(inputs, "num_input_tokens") or 0),
         num_output_tokens=int(scalar(inputs, "num_output_tokens") or 0),
+        num_cached_tokens=int(scalar(inputs, "num_cached_tokens") or 0),
         error=scalar(inputs, "error") or "", config=scalar(inputs, "output_config") or "",
         logprobs=json.loads(scalar(inputs, "logprobs") or "[]"),
         prompt_logprobs=json.loads(scalar(inputs, "prompt_logprobs") or "[]"))
@@ -110,6 +114,7 @@ def text_arrays(delta: TextDelta) -> dict[str, np.ndarray]:
         "finish_reason": bytes_tensor(delta.finish_reason),
         "num_input_tokens": np.array([[delta.num_input_tokens]], np.uint32),
         "num_output_tokens": np.array([[delta.num_output_tokens]], np.uint32),
+        "num_cached_tokens": np.array([[delta.num_cached_tokens]], np.uint32),
         **_logprob_arrays(delta.logprobs, delta.prompt_logprobs),
     }
 

@@ -4,7 +4,8 @@
         [--preset flint-40b [--seed S] [--quantization nvfp4]]     (no MODEL: random weights)
         [--enable-auto-tool-choice] [--tool-call-parser glm47] [--reasoning-parser glm47]
         [--exclude-tools-when-tool-choice-none] [--no-constrain-auto-tool-calls] [--default-max-tokens N]
-        [--kernel-backend triton] [--device cuda] [--max-num-seqs N] [--max-num-batched-tokens N] ...
+        [--kernel-backend triton] [--device cuda] [--max-num-seqs N] [--max-num-batched-tokens N]
+        [--no-enable-prefix-caching] ...
         [--gpus 0,1,...|all] [--instances N] [--repository build/model_repository] [--source model_repository]
 
 The tracked `model_repository/` is the source: its models are copied to `--repository`
@@ -15,7 +16,9 @@ the default that `tritonserver --model-repository model_repository` serves as it
 
 Every EngineArgs field is a flag (`--max-model-len`, `--kv-cache-memory-fraction`, ...; vLLM's
 `--gpu-memory-utilization` is another name for the last); they are written, all of them,
-to flint_model/1/engine_args.json. The chat flags go to flint_tokenizer/config.pbtxt's
+to flint_model/1/engine_args.json. A bool field takes true or false (`--async-scheduling false`),
+except `enable_prefix_caching`, spelled as vLLM's: `--enable-prefix-caching` (the default) or
+`--no-enable-prefix-caching`. The chat flags go to flint_tokenizer/config.pbtxt's
 parameters. The result depends on the flags only (anything not given takes its default),
 as a server command line does. Unknown flags are errors. MODEL may be a path or a Hugging
 Face repo id already in the local cache (a GGUF repo resolves to its .gguf file); a relative
@@ -48,6 +51,7 @@ from flint_backend.serving.repository import (ENGINE_MODEL, PATH_KEYS, engine_ar
 TOKENIZER_CONFIG = Path("flint_tokenizer") / "config.pbtxt"
 ENGINE_CONFIG = Path(ENGINE_MODEL) / "config.pbtxt"
 ALIASES = {"gpu_memory_utilization": "kv_cache_memory_fraction"}
+SWITCHES = ("enable_prefix_caching",)  # bool engine args spelled --x / --no-x (vLLM's), not --x true|false
 CHAT_FLAGS = ("enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
               "exclude_tools_when_tool_choice_none", "constrain_auto_tool_calls", "default_max_tokens")
 
@@ -61,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", type=Path, default=PROJECT_ROOT / "model_repository",
                         help="the repository whose models are copied (default: the tracked model_repository)")
     for f in fields(EngineArgs):
+        if f.name in SWITCHES:
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=f"engine arg {f.name} (default {f.default!r})")
+            continue
         flags = ["--" + f.name.replace("_", "-")]
         flags += ["--" + alias.replace("_", "-") for alias, target in ALIASES.items() if target == f.name]
         parser.add_argument(*flags, dest=f.name, type=_converter(str(f.type)), default=None,
@@ -104,6 +112,10 @@ def engine_args(args: argparse.Namespace, json_dir: Path) -> EngineArgs:
     if args.model_positional:
         if "model" in given:
             sys.exit("configure: give the model once (MODEL or --model)")
+        if args.model_positional.lower() in ("true", "false") and not Path(args.model_positional).exists():
+            switch = SWITCHES[0].replace("_", "-")
+            sys.exit(f"configure: MODEL: got {args.model_positional!r}, expected a path or a Hugging Face repo id "
+                     f"(a switch such as --{switch} takes no value: --no-{switch} turns it off)")
         given["model"] = args.model_positional
     for key in PATH_KEYS:
         if key in given:

@@ -85,7 +85,8 @@ class EngineHost:
                            for token, lp in out.prompt_logprobs or ()]
         chunk = EngineChunk(request.key, request.next_index, list(out.new_token_ids), out.finished,
                             out.finish_reason or "", out.num_prompt_tokens, out.num_output_tokens, out.error or "",
-                            request.config if request.next_index == 0 else "", logprobs, prompt_logprobs)
+                            request.config if request.next_index == 0 else "", logprobs, prompt_logprobs,
+                            num_cached_tokens=out.num_cached_tokens)
         request.next_index += 1
         return chunk
 
@@ -108,6 +109,7 @@ def _coalesce(items: list[tuple[HostedRequest, RequestOutput]]) -> list[tuple[Ho
         last.prompt_logprobs = last.prompt_logprobs or out.prompt_logprobs
         last.finished, last.finish_reason = out.finished, out.finish_reason
         last.num_output_tokens, last.error = out.num_output_tokens, out.error
+        last.num_cached_tokens = out.num_cached_tokens
     return list(merged.values())
 
 

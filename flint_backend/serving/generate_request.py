@@ -9,6 +9,8 @@ TRT-LLM style; `min_length` is another name for `min_tokens`). Stop strings come
 `sampling_parameters.logprobs` = N (vLLM's): each response's `logprobs` output then holds, per
 generated token, its logprob and the top N (serving.postprocess); `prompt_logprobs` = N the
 same for the prompt's tokens, in the `prompt_logprobs` output of the first response.
+`sampling_parameters.cache_salt` (vLLM's): a non-empty string; cached prompt prefixes are
+shared only between requests with the same salt (engine.prefix_cache).
 `max_tokens` given (tensor or sampling_parameters) is checked against the context by the engine
 (prompt + max_tokens over it is refused, as vLLM does); `sampling_parameters.max_tokens` null runs
 until the context is full (vLLM's None); neither, the repository's `default_max_tokens`
@@ -42,7 +44,7 @@ FLOAT_KEYS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_p
 INT_KEYS = ("top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
 BOOL_KEYS = ("ignore_eos", "skip_special_tokens")
 # sampling_parameters keys besides the typed ones above
-OTHER_KEYS = ("stop", "stop_token_ids", "logit_bias", "n", "guided_json")
+OTHER_KEYS = ("stop", "stop_token_ids", "logit_bias", "n", "guided_json", "cache_salt")
 CHAT_FIELDS = ("messages", "tools", "tool_choice", "chat_template_kwargs")
 
 
@@ -188,6 +190,8 @@ def _coerce(key: str, value):
         value = _json_text(path, value) if isinstance(value, str) else value
         if not isinstance(value, dict):
             raise _sampling_error(path, "a JSON schema (an object, or its JSON text)", value)
+    if key == "cache_salt" and not (isinstance(value, str) and value):
+        raise _sampling_error(path, "a non-empty string", value)
     return value
 
 

@@ -57,7 +57,7 @@ class RequestText:
 
     def apply(self, chunk: EngineChunk) -> TextDelta | None:
         text = self._detok.push(chunk.token_ids) + (self._detok.flush() if chunk.finished else "")
-        delta = TextDelta(num_input_tokens=chunk.num_input_tokens)
+        delta = TextDelta(num_input_tokens=chunk.num_input_tokens, num_cached_tokens=chunk.num_cached_tokens)
         if not self._stop.stopped:  # tokens made after a stop are not counted
             self.num_output_tokens = chunk.num_output_tokens
             if chunk.logprobs:
@@ -101,9 +101,9 @@ class RequestText:
 
     def _whole(self, last: TextDelta) -> TextDelta:
         whole = TextDelta(finish_reason=last.finish_reason, num_input_tokens=last.num_input_tokens,
-                          num_output_tokens=last.num_output_tokens, final=True, error=last.error,
-                          client_error=last.client_error, note=last.note, logprobs=self._logprobs,
-                          prompt_logprobs=self._prompt_logprobs)
+                          num_output_tokens=last.num_output_tokens, num_cached_tokens=last.num_cached_tokens,
+                          final=True, error=last.error, client_error=last.client_error, note=last.note,
+                          logprobs=self._logprobs, prompt_logprobs=self._prompt_logprobs)
         if self._parser is None:
             whole.text = "".join(self._text)
             return whole

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import uuid
 from pathlib import Path
 
 import httpx
@@ -147,7 +148,10 @@ def test_streamed_chat_equals_the_non_streamed_one(client):
     ((name, arguments, call_id),) = calls.values()
     expected = whole.choices[0].message.tool_calls[0]
     assert (name, arguments) == (expected.function.name, expected.function.arguments) and call_id.startswith("call_")
-    assert usage == whole.usage
+    # the same counts; the cached tokens may differ (the first request may have cached the prompt for the second)
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [getattr(usage, c) for c in counts] == [getattr(whole.usage, c) for c in counts]
+    assert usage.prompt_tokens_details is not None and whole.usage.prompt_tokens_details is not None
 
 
 def test_streamed_content_equals_the_non_streamed_content_without_thinking(client):
@@ -313,6 +317,36 @@ def test_completions_n_choices_sample_with_seed_plus_j(client, tokenizer):
     assert both.usage.prompt_tokens == prompt_tokens + len(encode_text_input(tokenizer, "Once upon"))
 
 
+def test_the_second_turn_of_a_conversation_reports_cached_prompt_tokens(client, triton):
+    """Issue 45 through the OpenAI server: turn 2 (turn 1's prompt, its tool call and the tool's
+    result) reports usage.prompt_tokens_details.cached_tokens, streamed or not; another cache_salt
+    finds nothing cached; the engine's hit counter moves."""
+    hits = triton.metric("flint:prefix_cache_hits_total")
+    kwargs = dict(model="flint", tools=TOOLS, temperature=0, max_tokens=64)
+    turn1 = client.chat.completions.create(messages=MESSAGES, **kwargs)
+    call = turn1.choices[0].message.tool_calls[0]
+    assert turn1.usage.prompt_tokens_details.cached_tokens >= 0  # earlier tests may have cached the tools' part
+    second = MESSAGES + [
+        {"role": "assistant", "content": None, "reasoning_content": turn1.choices[0].message.reasoning_content,
+         "tool_calls": [{"id": call.id, "type": "function",
+                         "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+    salted = client.chat.completions.create(messages=second, **kwargs, extra_body={"cache_salt": uuid.uuid4().hex})
+    assert salted.usage.prompt_tokens > turn1.usage.prompt_tokens
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0  # a salt no request used before
+    turn2 = client.chat.completions.create(messages=second, **kwargs)
+    *_, usage, _ = streamed(client.chat.completions.create(messages=second, **kwargs, stream=True,
+                                                           stream_options={"include_usage": True}))
+    assert turn2.usage.prompt_tokens == usage.prompt_tokens == salted.usage.prompt_tokens
+    # the rest needs the engine's prefix cache (issue 45)
+    for cached in (turn2.usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens_details.cached_tokens):
+        assert 0 < cached < turn2.usage.prompt_tokens
+    deadline = time.monotonic() + 5  # the engine's metrics are published every 0.5 s
+    while triton.metric("flint:prefix_cache_hits_total") < hits + turn2.usage.prompt_tokens_details.cached_tokens:
+        assert time.monotonic() < deadline, (hits, triton.metric("flint:prefix_cache_hits_total"))
+        time.sleep(0.2)
+
+
 def test_chat_n_choices_each_stream_their_own_deltas(client):
     kwargs = dict(model="flint", messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=64)
     one = client.chat.completions.create(**kwargs)
@@ -387,6 +421,8 @@ def test_unknown_model_is_404(client):
     ({"top_p": 0.0}, "top_p"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"extra_body": {"temperature": "hot"}}, "temperature"),
+    ({"extra_body": {"cache_salt": ""}}, "cache_salt"),
+    ({"extra_body": {"cache_salt": 5}}, "cache_salt"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": "hello " * 600}]}, "messages"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),

@@ -1,13 +1,19 @@
 """The OpenAI server's flags, request checks and error mapping, without a server."""
 
+import asyncio
+import json
+
 import pytest
 from pydantic import ValidationError
 
 from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS
+from flint_backend.openai import chat, completions
 from flint_backend.openai.errors import OpenAIError, from_triton_error, from_validation_error
 from flint_backend.openai.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_LOGPROBS,
                                            ChatCompletionRequest, CompletionRequest, choice_sampling)
+from flint_backend.openai.responses import Envelope
 from flint_backend.openai.server_args import parse_args
+from flint_backend.openai.triton import EnsembleOutput
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -38,6 +44,14 @@ def test_sampling_parameters_carry_only_what_was_given():
     unbounded = ChatCompletionRequest(messages=MESSAGES)  # until the context is full: the ensemble's null
     assert unbounded.output_limit() is None and unbounded.sampling(unbounded.output_limit()) == {"max_tokens": None}
     assert CompletionRequest(prompt="p").output_limit() == COMPLETIONS_DEFAULT_MAX_TOKENS
+
+
+def test_cache_salt_goes_to_the_sampling_parameters():
+    for body in (ChatCompletionRequest(messages=MESSAGES, cache_salt="tenant-a"),
+                 CompletionRequest(prompt="p", cache_salt="tenant-a")):
+        body.check()
+        assert body.sampling(4)["cache_salt"] == "tenant-a"
+    assert "cache_salt" not in ChatCompletionRequest(messages=MESSAGES).sampling(4)
 
 
 def test_response_format_becomes_guided_json():
@@ -99,6 +113,8 @@ def test_completion_prompts_are_text_or_token_ids(prompt, expected):
     (CompletionRequest(prompt=[[]]), "prompt"),
     (CompletionRequest(prompt=["a", 3]), "prompt"),
     (CompletionRequest(prompt=[]), "prompt"),
+    (ChatCompletionRequest(messages=MESSAGES, cache_salt=""), "cache_salt"),
+    (CompletionRequest(prompt="p", cache_salt=""), "cache_salt"),
 ])
 def test_what_the_server_cannot_honour_is_a_400_naming_the_field(body, param):
     with pytest.raises(OpenAIError) as caught:
@@ -118,6 +134,8 @@ def test_the_logprobs_limit_is_the_engines():
     ({"messages": MESSAGES, "stop": ["a", 3]}, "stop[1]"),
     ({"messages": MESSAGES, "temperature": "0.5"}, "temperature"),
     ({"messages": MESSAGES, "max_tokens": 1.5}, "max_tokens"),
+    ({"messages": MESSAGES, "cache_salt": 5}, "cache_salt"),
+    ({"messages": MESSAGES, "cache_salt": ["a"]}, "cache_salt"),
     ({}, "messages"),
 ])
 def test_type_errors_name_the_field(data, path):
@@ -137,6 +155,9 @@ def test_type_errors_name_the_field(data, path):
     ("in ensemble 'flint', text_input: expected a non-empty string, got \"\"", 400, "prompt", None),
     ("in ensemble 'flint', messages[1].content: expected a string", 400, "messages[1].content", None),
     ("in ensemble 'flint', logprobs: got 30, expected an integer in [0, 20]", 400, "top_logprobs", None),
+    ("in ensemble 'flint', sampling_parameters.cache_salt: expected a non-empty string, got 5", 400, "cache_salt",
+     None),
+    ("in ensemble 'flint', cache_salt: got '', expected a non-empty string", 400, "cache_salt", None),
     ("in ensemble 'flint', postprocess: KeyError: 'x'", 500, None, "internal_error"),
     ("Stub process is unhealthy", 500, None, "internal_error"),
 ])
@@ -145,3 +166,41 @@ def test_triton_refusals_map_to_400_naming_the_field_and_the_rest_to_500(message
                               renamed={"max_tokens": "max_completion_tokens", "logprobs": "top_logprobs"})
     assert (error.status, error.param, error.code) == (status, param, code)
     assert error.body()["error"]["message"].startswith(param + ":" if param else "Triton: ")
+
+
+def outputs_of(prompt: int, cached: int, counts: list[int]) -> list[EnsembleOutput]:
+    """One choice's outputs: `counts` output tokens so far in each, the last with the finish reason."""
+    return [EnsembleOutput(text="x", finish_reason="stop" if i == len(counts) - 1 else "", num_input_tokens=prompt,
+                           num_output_tokens=count, num_cached_tokens=cached) for i, count in enumerate(counts)]
+
+
+def streamed_usage(events) -> dict:
+    async def text():
+        return [event async for event in events]
+
+    *_, usage, done = asyncio.run(text())
+    assert done == "data: [DONE]\n\n"
+    return json.loads(usage.removeprefix("data: "))["usage"]
+
+
+async def rest_of(items: list):
+    for item in items:
+        yield item
+
+
+def test_usage_has_the_cached_prompt_tokens_streamed_or_not():
+    """OpenAI's usage.prompt_tokens_details.cached_tokens, from the ensemble's num_cached_tokens; the
+    choices of one prompt count its tokens (and its cached ones) once."""
+    envelope = Envelope("id", "chat.completion", "flint", 0)
+    two = [outputs_of(200, 128, [1, 3]), outputs_of(200, 128, [2, 4])]
+    expected = {"prompt_tokens": 200, "completion_tokens": 7, "total_tokens": 207,
+                "prompt_tokens_details": {"cached_tokens": 128}}
+    assert chat.completion(envelope, two, "auto")["usage"] == expected
+    merged = [(j, o) for pair in zip(*two) for j, o in enumerate(pair)]
+    assert streamed_usage(chat.chunks(envelope, merged[0], rest_of(merged[1:]), 2, True, "auto")) == expected
+    prompts = [outputs_of(200, 128, [4]), outputs_of(200, 128, [3]), outputs_of(50, 0, [2]), outputs_of(50, 0, [1])]
+    expected = {"prompt_tokens": 250, "completion_tokens": 10, "total_tokens": 260,
+                "prompt_tokens_details": {"cached_tokens": 128}}
+    assert completions.completion(envelope, prompts, n=2)["usage"] == expected
+    merged = [(i, parts[0]) for i, parts in enumerate(prompts)]
+    assert streamed_usage(completions.chunks(envelope, merged[0], rest_of(merged[1:]), True, n=2)) == expected

@@ -4,6 +4,7 @@ request still finishes with the text it has alone), and the engine's stub killed
 bound, the server exits: engine_lease.py)."""
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -52,7 +53,9 @@ def test_long_prompts_past_the_kv_pool_queue_and_preempt_without_error(triton, t
     assert demand > pool_tokens, (demand, pool_tokens)
     fields = {"max_tokens": LONG_OUTPUT_TOKENS, "temperature": 0.0, "ignore_eos": True}
     preempted = triton.metric("flint:num_preemptions_total")
-    requests = [Request(door, inputs={"input_ids": ids, **fields, **({"stream": True} if door == "grpc" else {})},
+    # a cache_salt a door: the two copies of a prompt share no prefix-cache blocks, so each needs its own KV
+    salted = {door: {**fields, "sampling_parameters": json.dumps({"cache_salt": door})} for door in ("grpc", "http")}
+    requests = [Request(door, inputs={"input_ids": ids, **salted[door], **({"stream": True} if door == "grpc" else {})},
                         stream=door == "grpc")
                 for ids in prompts for door in ("grpc", "http")]
     outcomes = run(triton, requests)

@@ -6,11 +6,11 @@ import time
 import numpy as np
 import pytest
 
-from flint_backend.engine.engine import LLMEngine
+from flint_backend.engine.engine import LLMEngine, RequestOutput
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.serving.abort_relay import AbortRelay
 from flint_backend.serving.chunks import chunk_arrays, chunk_from_arrays
-from flint_backend.serving.engine_host import EngineHost
+from flint_backend.serving.engine_host import EngineHost, HostedRequest, _coalesce
 from flint_backend.serving.postprocess import Postprocessor, RequestText
 from flint_backend.tokenizer import load_tokenizer
 
@@ -59,6 +59,24 @@ def test_chunks_are_numbered_and_carry_every_token():
         assert got[0].config == '{"stream": true}' and all(c.config == "" for c in got[1:])
         assert got[-1].finished and got[-1].finish_reason == "length"
         assert chunk_from_arrays(chunk_arrays(got[-1])) == got[-1]
+
+
+def test_chunks_carry_the_prompt_tokens_the_prefix_cache_held():
+    """Every output of a request carries the engine's num_cached_tokens; coalesced outputs keep it."""
+    host = make_host()
+    try:
+        request = HostedRequest(Sender(), "k", '{"stream": true}')
+        outs = [RequestOutput("k", [5], [None], False, None, 40, 1, num_cached_tokens=32),
+                RequestOutput("k", [6, 7], [None, None], True, "length", 40, 3, num_cached_tokens=32)]
+        ((_, merged),) = _coalesce([(request, out) for out in outs])
+        chunk = host._chunk(request, merged)
+    finally:
+        host.shutdown()
+    assert (chunk.token_ids, chunk.num_input_tokens, chunk.num_output_tokens, chunk.num_cached_tokens) == (
+        [5, 6, 7], 40, 3, 32)
+    arrays = chunk_arrays(chunk)  # flint_model's output tensor, read back by flint_postprocess
+    assert arrays["num_cached_tokens"].dtype == np.uint32 and arrays["num_cached_tokens"].tolist() == [[32]]
+    assert chunk_from_arrays(arrays) == chunk
 
 
 def test_refused_request_answers_with_an_error_chunk():

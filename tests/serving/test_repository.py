@@ -88,6 +88,9 @@ def test_configure_copies_the_source_or_configures_a_repository_in_place(repo_co
     (["--async-scheduling", "false", "--enforce-eager", "True"], {"async_scheduling": False, "enforce_eager": True}),
     (["--warmup", "false"], {"warmup": False}),
     (["--warmup", "null"], {"warmup": None}),
+    ([], {"enable_prefix_caching": True}),  # on by default, and written
+    (["--no-enable-prefix-caching"], {"enable_prefix_caching": False}),  # vLLM's switch, not "--x false"
+    (["--enable-prefix-caching"], {"enable_prefix_caching": True}),
 ])
 def test_configure_reads_bool_engine_args(repo_copy, tiny_checkpoint, flags, expected):
     # bool fields take true/false (any case); warmup, a bool or null, also null
@@ -181,6 +184,8 @@ def test_configure_gpus_all_counts_the_visible_gpus(repo_copy, monkeypatch):
     (["--model", "no/such-model-anywhere"], "Hugging Face cache"),
     (["--async-scheduling", "maybe"], "expected true or false"),
     (["--warmup", "sometimes"], "expected true or false"),
+    (["--enable-prefix-caching", "false"], "--no-enable-prefix-caching turns it off"),
+    (["--no-enable-prefix-caching", "true"], "MODEL: got 'true'"),
 ])
 def test_configure_refuses_unknown_or_bad_flags(repo_copy, flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

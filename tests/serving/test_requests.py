@@ -1,5 +1,6 @@
 """The tokenizer step and the postprocessor without a server."""
 
+import dataclasses
 import json
 import random
 
@@ -9,7 +10,7 @@ import pytest
 from flint_backend.chat.chat_options import ANNOUNCED_OPTIONS, ChatOptions
 from flint_backend.chat.request_error import ChatRequestError
 from flint_backend.engine.sampling_params import SamplingParamsError
-from flint_backend.serving.chunks import EngineChunk, OutputConfig
+from flint_backend.serving.chunks import EngineChunk, OutputConfig, text_arrays
 from flint_backend.serving.generate_request import parse_generate_request, sampling_json
 from flint_backend.serving.postprocess import Postprocessor, RequestText
 from flint_backend.serving.preprocess import Preprocessor
@@ -37,10 +38,12 @@ def test_tensors_and_sampling_parameters_merge_tensor_winning(batch):
     request = parse_generate_request(tensors(
         batch, text_input="hi", max_tokens=np.int32(7), temperature=np.float32(0.5), stream=True,
         stop_words=["a", "b"], min_length=np.int32(2), seed=np.uint64(9),
-        sampling_parameters=json.dumps({"temperature": "0.1", "top_k": "5", "stop": "c", "ignore_eos": "true"})))
+        sampling_parameters=json.dumps({"temperature": "0.1", "top_k": "5", "stop": "c", "ignore_eos": "true",
+                                        "cache_salt": "tenant-a"})))
     s = request.sampling
     assert (s["max_tokens"], s["temperature"], s["top_k"], s["min_tokens"], s["seed"], s["ignore_eos"]) == (
         7, 0.5, 5, 2, 9, True)
+    assert json.loads(sampling_json(s))["cache_salt"] == "tenant-a"  # to the engine's SamplingParams
     assert request.stop == ["c", "a", "b"] and request.stream and request.exclude_input_in_output
 
 
@@ -68,6 +71,10 @@ def test_max_tokens_given_null_or_left_to_the_default(values, sampling):
     ({"text_input": "x", "sampling_parameters": '{"top_k": "many"}'}, "sampling_parameters.top_k"),
     ({"text_input": "x", "sampling_parameters": '{"logit_bias": {"a": 1}}'}, "sampling_parameters.logit_bias"),
     ({"text_input": "x", "sampling_parameters": '{"n": 2}'}, "sampling_parameters.n"),
+    ({"text_input": "x", "sampling_parameters": '{"cache_salt": ""}'},
+     '^sampling_parameters.cache_salt: expected a non-empty string, got string ""'),
+    ({"text_input": "x", "sampling_parameters": '{"cache_salt": 5}'},
+     "^sampling_parameters.cache_salt: expected a non-empty string, got 5"),
     ({"text_input": "x", "stream": np.int32(1)}, "stream"),
     ({"text_input": ["x", "y"]}, "text_input"),
     ({"messages": '[{"role": "user", "content": "x"}]', "chat_options": '{"tool_call_parser": 1}'},
@@ -200,6 +207,19 @@ def test_logprobs_stop_with_the_counted_tokens_and_are_absent_unless_asked(token
     assert [e["token_id"] for e in entries] == ids[:len(entries)]
     plain = [d for c in chunks_for(tokenizer, text, OutputConfig(stream=True)) for d in post.process(c).outputs]
     assert all(d.logprobs == [] for d in plain) and "".join(d.text for d in plain) == text
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_every_delta_carries_the_prompt_tokens_the_prefix_cache_held(tokenizer, stream):
+    text = "a prompt whose prefix was cached"
+    chunks = [dataclasses.replace(c, num_cached_tokens=2)
+              for c in chunks_for(tokenizer, text, OutputConfig(stream=stream))]
+    post = Postprocessor(tokenizer)
+    outputs = [d for c in chunks for d in post.process(c).outputs]
+    assert "".join(d.text for d in outputs) == text and outputs[-1].final
+    assert all((d.num_input_tokens, d.num_cached_tokens) == (3, 2) for d in outputs)
+    cached = text_arrays(outputs[-1])["num_cached_tokens"]  # flint's output tensor
+    assert cached.dtype == np.uint32 and cached.tolist() == [[2]]
 
 
 def test_stop_string_cuts_the_text_and_asks_for_one_abort(tokenizer):

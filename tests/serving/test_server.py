@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.server
 
 MAX_MODEL_LEN = 512
 OUTPUT_TYPES = {"text_output": "BYTES", "reasoning_output": "BYTES", "tool_calls": "BYTES", "finish_reason": "BYTES",
-                "num_input_tokens": "UINT32", "num_output_tokens": "UINT32"}
+                "num_input_tokens": "UINT32", "num_output_tokens": "UINT32", "num_cached_tokens": "UINT32"}
 LOGPROB_TOL = 1e-4  # the fp32 engine against the fp64 reference
 
 
@@ -198,6 +199,8 @@ def test_logprobs_are_the_references_streamed_or_not(server, tiny_checkpoint, to
     ({"messages": "[{\"role\": \"user\", \"content\": \"hi\"}]", "tools": "[{", "max_tokens": 4}, "tools"),
     ({"text_input": "hi", "sampling_parameters": "{\"temperature\": ", "max_tokens": 4}, "sampling_parameters"),
     ({"text_input": "hi", "sampling_parameters": "{\"temprature\": 1}"}, "sampling_parameters.temprature"),
+    ({"text_input": "hi", "sampling_parameters": json.dumps({"cache_salt": ""})},
+     "sampling_parameters.cache_salt: expected a non-empty string"),
     ({"text_input": "hi", "max_tokens": -5}, "max_tokens"),
     ({"text_input": "hello " * 600, "max_tokens": 4}, f"context of {MAX_MODEL_LEN} tokens"),
     ({"messages": "[{\"role\": \"user\", \"content\": \"hi\"}]", "max_tokens": 4, "tools": json.dumps([
@@ -241,6 +244,53 @@ def test_chat_request_runs_the_template_and_parsers(server):
     assert status == 400 and "tool_choice" in body["error"]
 
 
+def chat_turns() -> tuple[list[dict], list[dict]]:
+    """A conversation's first turn (a ~190-token prompt that no other test sends: its first KV
+    block is its own) and its second, whose prompt extends the first's."""
+    rules = " ".join(f"Rule {i}: answer in short sentences about topic {i}." for i in range(8))
+    first = [{"role": "system", "content": f"Session {uuid.uuid4().hex}. {rules}"},
+             {"role": "user", "content": "What is rule 3?"}]
+    return first, first + [{"role": "assistant", "content": "Short sentences about topic 3."},
+                           {"role": "user", "content": "And rule 7?"}]
+
+
+def chat_body(messages: list[dict], cache_salt: str | None = None) -> dict:
+    salt = {"sampling_parameters": json.dumps({"cache_salt": cache_salt})} if cache_salt else {}
+    return {"messages": json.dumps(messages), "max_tokens": 2, "temperature": 0.0, **salt}
+
+
+def test_a_second_turn_reuses_the_first_turns_prefix_and_another_salt_does_not(server):
+    """Issue 45 through tritonserver: every response of the second turn (gRPC stream, HTTP) carries
+    the prompt tokens the prefix cache held, the hit counter moves by them, and a request with
+    another cache_salt finds nothing cached."""
+    first, second = chat_turns()
+    hits = server.metric("flint:prefix_cache_hits_total")
+    status, turn1 = server.generate(chat_body(first))
+    assert status == 200 and turn1["num_input_tokens"] > 150 and turn1["num_cached_tokens"] == 0, turn1
+    streams = Streams(server.grpc_url)
+    try:
+        streams.send("turn2", **chat_body(second), stream=True)
+        outputs = streams.wait("turn2")
+    finally:
+        streams.close()
+    assert all(r.get_output("num_cached_tokens").datatype == "UINT32" for r in outputs)
+    counts = {(int(r.as_numpy("num_input_tokens")[0, 0]), int(r.as_numpy("num_cached_tokens")[0, 0]))
+              for r in outputs}
+    assert len(counts) == 1, counts  # the same on every response
+    ((prompt, cached),) = counts
+    salted = server.generate_stream({**chat_body(second, cache_salt="tenant-b"), "stream": True})
+    assert salted and all(e["num_cached_tokens"] == 0 for e in salted), salted  # nothing under this salt yet
+    status, salted_again = server.generate(chat_body(second, cache_salt="tenant-b"))
+    assert status == 200 and salted_again["num_input_tokens"] == prompt
+    # the rest needs the engine's prefix cache (issue 45)
+    assert 0 < cached < prompt and 0 < salted_again["num_cached_tokens"] < prompt
+    deadline = time.monotonic() + 5  # the engine's metrics are published every 0.5 s
+    while server.metric("flint:prefix_cache_hits_total") < hits + cached + salted_again["num_cached_tokens"]:
+        assert time.monotonic() < deadline, (hits, server.metric("flint:prefix_cache_hits_total"))
+        time.sleep(0.2)
+    assert server.metric("flint:prefix_cache_queries_total") >= server.metric("flint:prefix_cache_hits_total")
+
+
 def test_cancelled_streams_free_the_kv_cache(server):
     before_aborts = server.metric("flint:request_success_total", finished_reason="abort")
     before_tokens = server.metric("flint:generation_tokens_total")
@@ -271,6 +321,7 @@ def test_cancelled_streams_free_the_kv_cache(server):
 def test_metrics_are_published(server):
     text = server.metrics()
     for name in ("flint:prompt_tokens_total", "flint:generation_tokens_total", "flint:num_requests_running",
+                 "flint:prefix_cache_queries_total", "flint:prefix_cache_hits_total",
                  "flint:num_requests_waiting", "flint:kv_cache_usage_perc",
                  "flint:time_to_first_token_seconds_bucket", "flint:time_per_output_token_seconds_bucket",
                  "flint:e2e_request_latency_seconds_bucket"):
