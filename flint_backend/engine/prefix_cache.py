@@ -208,18 +208,19 @@ class PrefixCache:
                 lo, hi = max(first, j * bs), min(first + num_new_tokens, (j + 1) * bs)
                 if hi > lo and lo == j * bs + open_page.written:
                     open_page.written += hi - lo
-        ring_start = end - self.context - 1  # the ring holds positions [end - W, end)
-        for j in range(seq.num_window_blocks, end // bs):
-            self._block_computed(seq, j, ring_start)
-        seq.num_window_blocks = max(seq.num_window_blocks, end // bs)
+        if end // bs > seq.num_window_blocks:
+            ring_start = end - self.context - 1  # the ring holds positions [end - W, end)
+            for j in range(seq.num_window_blocks, end // bs):
+                self._block_computed(seq, j, ring_start)
+            seq.num_window_blocks = end // bs
         self.update(seq)
 
     def update(self, seq: Sequence) -> None:
         """Cache what `seq` has computed and knows the tokens of: full blocks and ready pages."""
-        if not self.enabled:
-            return
-        hashes = self._hashes(seq)
         known = min(seq.num_computed, len(seq.token_ids)) // self.block_size
+        if not self.enabled or (known <= seq.num_registered_blocks and not seq.open_pages):
+            return  # a decode step inside a block: nothing new
+        hashes = self._hashes(seq)
         for j in range(seq.num_registered_blocks, min(known, len(hashes))):
             self.blocks.register(seq.block_table[j], hashes[j])
         seq.num_registered_blocks = max(seq.num_registered_blocks, min(known, len(hashes)))
