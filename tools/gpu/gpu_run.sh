@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: correctness on the GPU (pytest -m gpu), the kernel benchmarks or a profile, logs under $OUT.
-#   run(command="bash tools/gpu/gpu_run.sh [tests|kernels|ops|bench|tools|timeline|ncu ARGS...]", carry=[".whl"])
+#   run(command="bash tools/gpu/gpu_run.sh [tests|kernels|ops|bench|tools|prefix|timeline|ncu ARGS...]", carry=[".whl"])
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -28,6 +28,9 @@ case "$what" in
   # pydantic-core, annotated-types and typing-inspection (the image has none of them)
   tools)    python3 tools/bench/bench_tool_constraint.py --device cuda --out "$OUT/$STAMP-tool-constraint.json" "$@" \
               2>&1 | tee "$OUT/tool-constraint.log" | tail -12 ;;
+  # multi-turn agent sessions, prefix caching on against off (flint-40b NVFP4 by default)
+  prefix)   python3 tools/bench/bench_prefix_cache.py --quantization nvfp4 --out "$OUT/$STAMP-prefix-cache.json" "$@" \
+              2>&1 | tee "$OUT/prefix-cache.log" | tail -30 ;;
   # Paired graph replays of one batch-1 decode step and their per-kernel critical path, main's
   # defaults first: timeline FORMATS CONTEXT [VARIANT...], each VARIANT module.ATTR=value[,...]
   # (tools/bench/bench_step_timeline.py --variant), e.g.
@@ -56,5 +59,5 @@ case "$what" in
             tail -5 "$OUT/ncu-run.log"
             "$ncu" --import "$OUT/ncu-step.ncu-rep" --page details > "$OUT/ncu-step.txt" 2>&1
             grep -E "^  [_a-zA-Z].*\(|Duration  " "$OUT/ncu-step.txt" | head -80 ;;
-  *)        echo "usage: gpu_run.sh tests|kernels|ops|bench|timeline|ncu [args]"; exit 2 ;;
+  *)        echo "usage: gpu_run.sh tests|kernels|ops|bench|tools|prefix|timeline|ncu [args]"; exit 2 ;;
 esac
