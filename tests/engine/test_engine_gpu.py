@@ -225,3 +225,34 @@ def test_logprobs_prompt_logprobs_and_guided_json_on_the_gpu_path(small):
     assert guided.finish_reason == "stop" and guided.output_ids[-1] in stops
     assert set(json.loads(tokenizer.decode(guided.output_ids[:-1]))) == {"answer"}, fmt
     assert len(plain.output_ids) == 6
+
+
+def test_fp32_prefix_cache_hits_give_the_logits_of_no_cache():
+    """Real shapes, Triton kernels, fp32: a prompt sharing 1000 tokens of a finished request's
+    prompt (a hit at 960: full blocks and a window from pages the prefill wrote), and one extending
+    its prompt and 70 of its 80 output tokens (a hit at 1152: the window's last page filled from
+    the ring after decode steps), have the top-5 logprobs of their first token as without the cache."""
+    config = FlintConfig.preset("flint-small")
+    weights = random_stacked_weights(config, 0, torch.float32, "cuda")
+    first = [(11 * j) % 8000 + 1 for j in range(1100)]
+    cached, plain = (engine(weights, config, dtype="float32", enforce_eager=True, enable_prefix_caching=on)
+                     for on in (True, False))
+
+    def run(eng, prompt, max_tokens=1):
+        seq = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=5,
+                                                     ignore_eos=True))
+        outputs = []
+        while eng.has_work():
+            outputs += [o for o in eng.step() if o.request_id == seq.request_id]
+        return seq, outputs[0]
+
+    a, _ = run(cached, first, max_tokens=80)
+    extra = [(17 * j) % 8000 + 1 for j in range(150)]
+    for prompt, hit in ((first[:1000] + extra, 960), (first + a.output_ids[:70] + extra[:30], 1152)):
+        seq, out = run(cached, prompt)
+        _, want = run(plain, prompt)
+        assert seq.num_cached_tokens == hit
+        got, expected = dict(out.logprobs[0].top), dict(want.logprobs[0].top)
+        assert out.new_token_ids == want.new_token_ids
+        common = got.keys() & expected.keys()
+        assert len(common) >= 4 and all(abs(got[t] - expected[t]) < 1e-3 for t in common), (got, expected)
