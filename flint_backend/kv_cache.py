@@ -7,7 +7,8 @@ Sliding layers: k, v [num_rows, W, Hk, D] each; a running sequence owns one row 
                 lives at slot p % W (W = sliding_window), so the row always holds the last W positions.
 Window pages:   k, v [Ls, num_pages, block_size, Hk, D] (Ls sliding layers): one block's sliding
                 K/V, kept so that a prefix-cache hit can rebuild a ring row (engine.prefix_cache).
-Only full layers grow with the context: 14 x 4 x 128 x 2 x 2 B = 28 KiB per token at full size.
+Only full layers grow with the context: 14 x 4 x 128 x 2 x 2 B = 28 KiB per token at full size
+(14 KiB with FP8 KV: E4M3 codes, with a scale per layer for K and for V; flint_kernels/fp8_kv.py).
 The sliding layers' rings (and pages) are each one tensor [Ls, ...], so a window moves between a
 ring row and pages in one copy for all layers.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from flint_backend.config import FlintConfig
+from flint_kernels.fp8_kv import FP8_DTYPE
 
 
 @dataclass
@@ -62,7 +64,11 @@ class KVCacheSpec:
 
 class KVCache:
     def __init__(self, config: FlintConfig, spec: KVCacheSpec, dtype: torch.dtype, device: torch.device):
-        self.spec = spec
+        """dtype: the cache's element type, the model's or float8_e4m3fn (FP8 KV: every layer's K and
+        V scale 1.0, powers of two as fp8_kv.py requires; E4M3 holds +-448, and K comes out of
+        an RMSNorm)."""
+        self.spec, self.dtype = spec, dtype
+        self._scales = {i: (1.0, 1.0) for i in range(config.num_hidden_layers)} if dtype == FP8_DTYPE else {}
         hk, d = config.num_key_value_heads, config.head_dim
         self.full = {i: (torch.zeros(spec.num_blocks, spec.block_size, hk, d, dtype=dtype, device=device),
                          torch.zeros(spec.num_blocks, spec.block_size, hk, d, dtype=dtype, device=device))
@@ -82,6 +88,10 @@ class KVCache:
             return self.full[i]
         s = self._sliding_index[i]
         return self.ring_k[s], self.ring_v[s]
+
+    def scales(self, i: int) -> tuple[float, float] | None:
+        """Layer i's (k_scale, v_scale) with an FP8 cache, else None."""
+        return self._scales.get(i)
 
     def window_pages(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sliding layer i's window pages k, v [pages, block_size, Hk, D]."""

@@ -53,9 +53,10 @@ class FlintAttention:
         the input RMSNorm into it) -> the o_proj output [N, H]."""
         c, ops = self.config, self.ops
         k_cache, v_cache = kv.layer(self.layer)
+        kv_scales = kv.scales(self.layer)  # (k_scale, v_scale) with an FP8 cache, else None
         slots = batch.full_slots if self.is_full else batch.ring_slots
         cache_rows = dict(block_tables=batch.block_tables if self.is_full else None,
-                          ring_rows=None if self.is_full else batch.ring_rows)
+                          ring_rows=None if self.is_full else batch.ring_rows, kv_scales=kv_scales)
         if batch.decode_only:  # the Q/K norm, RoPE and cache write in the attention op, then o_proj
             return ops.decode_attention_o(
                 qkv, self.q_norm, self.k_norm, batch.positions, self.cos_sin, c.rms_norm_eps,
@@ -69,14 +70,14 @@ class FlintAttention:
             qkv, self.q_norm, self.k_norm, batch.positions, self.cos_sin, c.rms_norm_eps,
             c.num_attention_heads, c.num_key_value_heads,
             k_cache=k_cache if write_now else None, v_cache=v_cache if write_now else None,
-            slot_mapping=slots if write_now else None)
+            slot_mapping=slots if write_now else None, kv_scales=kv_scales)
         out = ops.attention(
             q, k, v, batch.query_start_loc, batch.context_lens, k_cache, v_cache, self.sinks, self.sm_scale,
             self.window, **cache_rows, decode_only=False, max_query_len=batch.max_query_len)  # [N, Hq, D]
         if not write_now:
-            ops.cache_write(k, v, k_cache, v_cache, slots)
+            ops.cache_write(k, v, k_cache, v_cache, slots, kv_scales)
             if batch.window_slots is not None:  # the prefix cache's window pages (engine.prefix_cache)
-                ops.cache_write(k, v, *kv.window_pages(self.layer), batch.window_slots)
+                ops.cache_write(k, v, *kv.window_pages(self.layer), batch.window_slots, kv_scales)
         return ops.linear(out.reshape(out.shape[0], -1), self.o_proj)
 
 

@@ -31,6 +31,7 @@ from flint_kernels import router as router_k
 from flint_kernels import sampling as sampling_k
 from flint_kernels import swiglu as swiglu_k
 from flint_kernels import tuning
+from flint_kernels.fp8_kv import index_copy_rows, quantize_torch
 
 BACKENDS = ("torch", "triton")
 # At decode sizes the triton table folds neighbouring launches (each measured faster on the H200,
@@ -67,7 +68,9 @@ class Ops:
     decode_attention_o: Callable  # (qkv, q_w, k_w, positions, cos_sin, eps, Hq, Hk, k_cache, v_cache,
     #                                slot_mapping, context_lens, sinks, scale, window, o_w, block_tables,
     #                                ring_rows) -> linear(attention [N, Hq * D], o_w) [N, H]
-    cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip)
+    cache_write: Callable     # (k, v, k_cache, v_cache, slots [N], -1 = skip, kv_scales=None)
+    # FP8 KV (flint_kernels/fp8_kv.py): qk_norm_rope, attention, decode_attention_o and cache_write
+    # take kv_scales=(k_scale, v_scale) with float8_e4m3fn caches
     silu_mul: Callable        # (gate_up [T, 2I]) -> [T, I]
     silu_linear: Callable     # (gate_up [T, 2I], w [N, I]) -> linear(silu_mul(gate_up), w) [T, N]
     router: Callable          # (x, w [E, H] bf16/fp32, top_k, renormalize) -> ids [T, K] int32, weights fp32
@@ -86,11 +89,16 @@ def greedy_slots(n: int, device: torch.device) -> torch.Tensor:
     return torch.full((n,), greedy_k.EMPTY, dtype=torch.int64, device=device)
 
 
-def cache_write_torch(k, v, k_cache, v_cache, slots):
+def cache_write_torch(k, v, k_cache, v_cache, slots, kv_scales=None):
+    """With kv_scales the E4M3 codes of k / k_scale and v / v_scale (exact for qk_norm_rope's
+    quantised k, v: fp8_kv.py)."""
     keep = slots >= 0
     idx = slots[keep]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, idx, k[keep])
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, idx, v[keep])
+    k, v = k[keep], v[keep]
+    if kv_scales is not None:
+        k, v = quantize_torch(k, kv_scales[0]), quantize_torch(v, kv_scales[1])
+    index_copy_rows(k_cache.view(-1, *k_cache.shape[2:]), idx, k.to(k_cache.dtype))
+    index_copy_rows(v_cache.view(-1, *v_cache.shape[2:]), idx, v.to(v_cache.dtype))
 
 
 def concat_rows(weights: list, dim: int = 0):
@@ -236,36 +244,41 @@ def _attention_torch(*args, decode_only: bool, max_query_len: int, **kwargs):
 
 
 def _attention_triton(q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks, sm_scale, window,
-                      block_tables=None, ring_rows=None, *, decode_only: bool, max_query_len: int):
+                      block_tables=None, ring_rows=None, *, decode_only: bool, max_query_len: int, kv_scales=None):
     from flint_kernels.decode_attention import decode_attention
     from flint_kernels.prefill_attention import prefill_attention
 
     if decode_only:
         return decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                                block_tables=block_tables, ring_rows=ring_rows)
+                                block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales)
     return prefill_attention(q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks, sm_scale, window,
-                             max_query_len, block_tables=block_tables, ring_rows=ring_rows)
+                             max_query_len, block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales)
 
 
 def _decode_attention_o_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
-                              context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None):
+                              context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None,
+                              kv_scales=None):
     from flint_kernels.decode_attention import decode_attention_torch
-    q, k, v = qk_k.qk_norm_rope_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
+    q, k, v = qk_k.qk_norm_rope_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
+                                      kv_scales=kv_scales)
     out = decode_attention_torch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                                 block_tables=block_tables, ring_rows=ring_rows)
+                                 block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales)
     return linear_torch(out.reshape(out.shape[0], -1), o_w)
 
 
 def _decode_attention_o_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
-                               context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None):
+                               context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None,
+                               kv_scales=None):
     """qk_norm_rope (writing the cache), decode_attention, o_proj; the reduce in
     tuning.NVFP4_REDUCE_WARPS warps before an NVFP4 o_proj."""
     from flint_kernels.decode_attention import decode_attention
 
     reduce_warps = tuning.NVFP4_REDUCE_WARPS if isinstance(o_w, NVFP4Weight) else None
-    q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots)
+    q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
+                                kv_scales=kv_scales)
     out = decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
-                           block_tables=block_tables, ring_rows=ring_rows, reduce_warps=reduce_warps)
+                           block_tables=block_tables, ring_rows=ring_rows, reduce_warps=reduce_warps,
+                           kv_scales=kv_scales)
     return linear_triton(out.reshape(out.shape[0], -1), o_w)  # [N, H]
 
 

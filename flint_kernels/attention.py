@@ -8,6 +8,8 @@ position `context_lens[b] + i`. A query at position p attends to
   - this step's tokens of its own sequence up to itself (read from k/v, never the cache),
 restricted to j > p - window when window > 0 (0 = whole context). Scores are
 `q . k * sm_scale`; the softmax denominator also holds exp(sinks[h]) (no value).
+With FP8 KV (`kv_scales` (k_scale, v_scale), fp8_kv.py) the caches hold E4M3 codes, read as
+code * scale; this step's k/v are already those values (qk_norm_rope quantised them).
 
 Caches `[rows, R, Hk, D]`, viewed as `[rows * R, Hk, D]` slots:
   - paged (`block_tables [B, max_blocks] int32`): position j of sequence b lives at slot
@@ -29,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from .fp8_kv import FP8_DTYPE, check_scale, dequantize_torch
+
 _MAX_SCORES = 1 << 26  # attention_torch materialises at most this many scores at once
 
 
@@ -37,10 +41,11 @@ def attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None,
                     sm_scale: float, window: int,
                     block_tables: torch.Tensor | None = None,
-                    ring_rows: torch.Tensor | None = None) -> torch.Tensor:
+                    ring_rows: torch.Tensor | None = None,
+                    kv_scales: tuple[float, float] | None = None) -> torch.Tensor:
     """-> out [N, Hq, D] in q's dtype. One vectorised pass per sequence (chunked over queries)."""
     check_attention_inputs("attention_torch", q, k, v, query_start_loc, context_lens,
-                           k_cache, v_cache, sinks, window, block_tables, ring_rows)
+                           k_cache, v_cache, sinks, window, block_tables, ring_rows, kv_scales)
     n, hq, d = q.shape
     hk = k.shape[1]
     out = torch.empty_like(q)
@@ -53,8 +58,12 @@ def attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         lo = max(0, ctx - window + 1) if window else 0  # first position any query of b sees
         slots = _cache_slots(b, torch.arange(lo, ctx, device=q.device), k_cache.shape[1],
                              block_tables, ring_rows)
-        keys = torch.cat([k_cache.view(-1, hk, d)[slots].to(k.dtype), k[s:e]])  # [L, Hk, D]
-        vals = torch.cat([v_cache.view(-1, hk, d)[slots].to(v.dtype), v[s:e]])
+        cached_k, cached_v = k_cache.view(-1, hk, d)[slots], v_cache.view(-1, hk, d)[slots]
+        if kv_scales is not None:
+            cached_k = dequantize_torch(cached_k, kv_scales[0], k.dtype)
+            cached_v = dequantize_torch(cached_v, kv_scales[1], v.dtype)
+        keys = torch.cat([cached_k.to(k.dtype), k[s:e]])  # [L, Hk, D]
+        vals = torch.cat([cached_v.to(v.dtype), v[s:e]])
         out[s:e] = _sequence_attention(q[s:e], keys, vals, lo, ctx, sinks, sm_scale, window)
     return out
 
@@ -98,7 +107,7 @@ def _cache_slots(b, positions, rows_per, block_tables, ring_rows):
 
 
 def check_attention_inputs(op, q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks,
-                           window, block_tables, ring_rows):
+                           window, block_tables, ring_rows, kv_scales=None):
     """Shapes, dtypes and layouts only: never reads device values (launchers stay sync-free).
     query_start_loc None: one query per sequence (decode)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
@@ -109,9 +118,17 @@ def check_attention_inputs(op, q, k, v, query_start_loc, context_lens, k_cache, 
     if k.shape != (n, hk, d) or v.shape != (n, hk, d) or hq % hk:
         raise ValueError(f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} expected [{n}, Hk, {d}] "
                          f"with Hk dividing Hq={hq}")
-    for name, x in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+    for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise ValueError(f"{op}: {name} is {x.dtype}, expected q's dtype {q.dtype}")
+    cache_dtype = FP8_DTYPE if kv_scales is not None else q.dtype
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != cache_dtype:
+            raise ValueError(f"{op}: {name} is {x.dtype}, expected {cache_dtype}"
+                             + (" (kv_scales given: FP8 KV)" if kv_scales is not None else " (q's dtype)"))
+    if kv_scales is not None:
+        check_scale(f"{op}: kv_scales[0] (k_scale)", kv_scales[0])
+        check_scale(f"{op}: kv_scales[1] (v_scale)", kv_scales[1])
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.stride(-1) != 1:
             raise ValueError(f"{op}: {name} has strides {x.stride()}, expected unit stride in D")

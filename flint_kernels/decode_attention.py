@@ -104,11 +104,11 @@ def _decode_split_kernel(
     part_ml_ptr,       # [B, Hq, num_splits, 2] fp32: running max (log2 units), sum of p
     out_ptr,           # [B, Hq, D]
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_bt,
-    qk_scale, window, num_splits,
+    qk_scale, window, num_splits, k_scale, v_scale,  # scales: FP8 KV (KV_FP8) only
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    KV_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     # the step's metadata (context lengths, ring rows, block tables: copied in by the host,
     # written by no kernel of the step) is read before the PDL wait (pdl.py)
@@ -148,6 +148,9 @@ def _decode_split_kernel(
         kv_off = slot[:, None] * (HK * D) + h * D + cols[None, :]  # [BLOCK_N, D]
         k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        if KV_FP8:  # E4M3 codes * the layer's scales: exact in q's dtype (fp8_kv.py)
+            k = (k.to(tl.float32) * k_scale).to(q_ptr.dtype.element_ty)
+            v = (v.to(tl.float32) * v_scale).to(q_ptr.dtype.element_ty)
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -272,18 +275,19 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      sinks: torch.Tensor | None, sm_scale: float, window: int,
                      block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
                      out: torch.Tensor | None = None, num_splits: int | None = None,
-                     reduce_warps: int | None = None) -> torch.Tensor:
+                     reduce_warps: int | None = None, kv_scales: tuple[float, float] | None = None) -> torch.Tensor:
     """q [B, Hq, D], k/v [B, Hk, D] (token b at position context_lens[b]) -> out [B, Hq, D].
     num_splits: the split grid axis (default: enough programs for WAVES per SM, capped by the window).
-    reduce_warps: warps of a reduce program (default REDUCE_WARPS), a launch config."""
+    reduce_warps: warps of a reduce program (default REDUCE_WARPS), a launch config.
+    kv_scales: FP8 KV (attention.py)."""
     check_attention_inputs("decode_attention", q, k, v, None, context_lens, k_cache, v_cache, sinks,
-                           window, block_tables, ring_rows)
+                           window, block_tables, ring_rows, kv_scales)
     return _launch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, block_tables, ring_rows, out,
-                   num_splits, reduce_warps)
+                   num_splits, kv_scales, reduce_warps)
 
 
 def _launch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, block_tables, ring_rows, out,
-            num_splits, reduce_warps) -> torch.Tensor:
+            num_splits, kv_scales, reduce_warps) -> torch.Tensor:
     """The split and reduce launches."""
     batch, hq, d = q.shape
     hk = k.shape[1]
@@ -322,7 +326,9 @@ def _launch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, bl
         stride_bt=block_tables.stride(0) if paged else 0,
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
         PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **common, num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
+        k_scale=kv_scales[0] if kv_scales else 1.0, v_scale=kv_scales[1] if kv_scales else 1.0,
+        KV_FP8=kv_scales is not None, **common,
+        num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
         _decode_reduce_kernel[(batch, hq)](
@@ -346,11 +352,12 @@ def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            sinks: torch.Tensor | None, sm_scale: float, window: int,
                            block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
                            out: torch.Tensor | None = None, num_splits: int | None = None,
-                           reduce_warps: int | None = None) -> torch.Tensor:
+                           reduce_warps: int | None = None, kv_scales: tuple[float, float] | None = None,
+                           ) -> torch.Tensor:
     """Same signature and semantics as `decode_attention` (num_splits and reduce_warps are ignored)."""
     qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     result = attention_torch(q, k, v, qsl, context_lens, k_cache, v_cache, sinks, sm_scale, window,
-                             block_tables=block_tables, ring_rows=ring_rows)
+                             block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales)
     if out is None:
         return result
     out.copy_(result)

@@ -48,13 +48,14 @@ def _find_sequence(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 def _attend_tile(
     q, m, l, acc,            # [BLOCK_M, D], [BLOCK_M], [BLOCK_M], [BLOCK_M, D]
     kstart, qpos,            # first key position of the tile; [BLOCK_M] query positions
-    hi, ctx, window, qk_scale,
+    hi, ctx, window, qk_scale, k_scale, v_scale,  # scales: FP8 KV (KV_FP8) only
     k_cache_ptr, v_cache_ptr,  # [num_slots, Hk, D]
     k_ptr, v_ptr,            # this sequence's first new row, kv head h applied
     stride_kt, stride_vt,
     table_ptr, ring_base, h,
     HK: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, MASKED: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     pos = kstart + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, D)
@@ -67,14 +68,24 @@ def _attend_tile(
         slot = ring_base + pos % ROWS_PER
     new = tl.maximum(pos - ctx, 0).to(tl.int64)  # row of this step's k/v
     cache_off = slot * (HK * D) + h * D
-    k_rows = tl.where(cached, k_cache_ptr + cache_off, k_ptr + new * stride_kt)  # [BLOCK_N] pointers
-    v_rows = tl.where(cached, v_cache_ptr + cache_off, v_ptr + new * stride_vt)
-    if MASKED:
-        k = tl.load(k_rows[:, None] + cols[None, :], mask=in_range[:, None], other=0.0)
-        v = tl.load(v_rows[:, None] + cols[None, :], mask=in_range[:, None], other=0.0)
+    if KV_FP8:  # E4M3 codes in the cache (another element type than k/v): two masked loads
+        from_cache = (cached & in_range)[:, None]
+        from_step = (~cached & in_range)[:, None]
+        k_step = tl.load(k_ptr + new[:, None] * stride_kt + cols[None, :], mask=from_step, other=0.0)
+        v_step = tl.load(v_ptr + new[:, None] * stride_vt + cols[None, :], mask=from_step, other=0.0)
+        k_code = tl.load(k_cache_ptr + cache_off[:, None] + cols[None, :], mask=from_cache, other=0.0)
+        v_code = tl.load(v_cache_ptr + cache_off[:, None] + cols[None, :], mask=from_cache, other=0.0)
+        k = tl.where(from_cache, (k_code.to(tl.float32) * k_scale).to(k_step.dtype), k_step)
+        v = tl.where(from_cache, (v_code.to(tl.float32) * v_scale).to(v_step.dtype), v_step)
     else:
-        k = tl.load(k_rows[:, None] + cols[None, :])
-        v = tl.load(v_rows[:, None] + cols[None, :])
+        k_rows = tl.where(cached, k_cache_ptr + cache_off, k_ptr + new * stride_kt)  # [BLOCK_N] pointers
+        v_rows = tl.where(cached, v_cache_ptr + cache_off, v_ptr + new * stride_vt)
+        if MASKED:
+            k = tl.load(k_rows[:, None] + cols[None, :], mask=in_range[:, None], other=0.0)
+            v = tl.load(v_rows[:, None] + cols[None, :], mask=in_range[:, None], other=0.0)
+        else:
+            k = tl.load(k_rows[:, None] + cols[None, :])
+            v = tl.load(v_rows[:, None] + cols[None, :])
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -105,11 +116,11 @@ def _prefill_kernel(
     sinks_ptr,            # [Hq] fp32 (read when USE_SINKS)
     out_ptr,              # [N, Hq, D]
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
-    qk_scale, window, num_seqs,
+    qk_scale, window, num_seqs, k_scale, v_scale,
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    KV_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # last tiles see the most keys: start them first
@@ -159,20 +170,23 @@ def _prefill_kernel(
     if not PAGED:
         ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
     for kstart in range(lo, mid_lo, BLOCK_N):
-        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale,
+        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
                                  k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
                                  table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                 PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+                                 PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
+                                 KV_FP8=KV_FP8)
     for kstart in range(mid_lo, mid_hi, BLOCK_N):
-        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale,
+        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
                                  k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
                                  table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                 PAGED=PAGED, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+                                 PAGED=PAGED, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
+                                 KV_FP8=KV_FP8)
     for kstart in range(mid_hi, hi, BLOCK_N):
-        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale,
+        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
                                  k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
                                  table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                 PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+                                 PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
+                                 KV_FP8=KV_FP8)
     o_rows = (q_start + qi).to(tl.int64) * stride_ot + head * stride_oh
     tl.store(out_ptr + o_rows[:, None] + cols[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
@@ -183,11 +197,12 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None,
                       sm_scale: float, window: int, max_query_len: int,
                       block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, kv_scales: tuple[float, float] | None = None) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hk, D] of B sequences (query_start_loc [B+1]) -> out [N, Hq, D].
-    max_query_len: an upper bound of the new tokens per sequence (picks the tile height only)."""
+    max_query_len: an upper bound of the new tokens per sequence (picks the tile height only).
+    kv_scales: FP8 KV (attention.py)."""
     check_attention_inputs("prefill_attention", q, k, v, query_start_loc, context_lens, k_cache, v_cache,
-                           sinks, window, block_tables, ring_rows)
+                           sinks, window, block_tables, ring_rows, kv_scales)
     n, hq, d = q.shape
     hk = k.shape[1]
     if d & (d - 1) or d < 16:
@@ -217,9 +232,10 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         stride_vt=v.stride(0), stride_vh=v.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0) if paged else 0,
         qk_scale=sm_scale * LOG2E, window=window, num_seqs=batch,
+        k_scale=kv_scales[0] if kv_scales else 1.0, v_scale=kv_scales[1] if kv_scales else 1.0,
         HK=hk, G=g, D=d, ROWS_PER=k_cache.shape[1], G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=TILE_N,
         PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_scales is not None,
         **launch_args(q.device), num_warps=8 if block_m >= 128 else 4, num_stages=3,
     )
     return out
@@ -230,10 +246,11 @@ def prefill_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None,
                             sm_scale: float, window: int, max_query_len: int,
                             block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None, kv_scales: tuple[float, float] | None = None,
+                            ) -> torch.Tensor:
     """Same signature and semantics as `prefill_attention` (max_query_len is only a hint)."""
     result = attention_torch(q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks, sm_scale,
-                             window, block_tables=block_tables, ring_rows=ring_rows)
+                             window, block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales)
     if out is None:
         return result
     out.copy_(result)

@@ -4,6 +4,9 @@ qkv rows are [q heads | k heads | v heads], each head D wide. `cos_sin [max_pos,
 cos in its first D/2 columns and sin in the last D/2; None means no RoPE (the NoPE
 full-attention layers). V passes through. With caches, k (normed, roped) and v are also written
 to `cache.view(-1, Hk, D)[slot]` for every token whose slot is not -1.
+With FP8 KV (`kv_scales` (k_scale, v_scale), fp8_kv.py) k and v are quantised: the cache gets
+their E4M3 codes, and the k and v handed out (v then a new tensor) are the codes times the
+scales, the values every later reader of the cache sees.
 
 Numerics: each Q and K head is normalised as transformers' FlintRMSNorm (rms_norm.py: fp32
 statistics, the weight applied in fp32, one rounding to the input dtype), then rotated in fp32
@@ -27,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
+from .fp8_kv import FP8_DTYPE, check_scale, dequantize_torch, e4m3_round, index_copy_rows, quantize_torch
 from .rms_norm import normed_by
 from .tuning import INTERPRET
 
@@ -44,9 +48,9 @@ def _norm_rope_heads(
     w1, w2,       # [1, D/2] each: the norm weight's halves (loaded)
     cos, sin,     # [1, D/2] fp32 each at this token's position (loaded when USE_ROPE)
     cache_ptr,    # [heads, D] this block's cache rows (written when WRITE_CACHE and write)
-    n_heads, write, eps,
+    n_heads, write, eps, scale, inv_scale,  # scales: FP8 KV (KV_FP8) only
     D: tl.constexpr, BLOCK_HEADS: tl.constexpr,
-    USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
+    USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     HALF: tl.constexpr = D // 2
     heads = tl.arange(0, BLOCK_HEADS)[:, None]
@@ -64,12 +68,19 @@ def _norm_rope_heads(
         y1f, y2f = y1.to(tl.float32), y2.to(tl.float32)
         y1 = (y1f * cos - y2f * sin).to(x1.dtype)
         y2 = (y2f * cos + y1f * sin).to(x1.dtype)
+    c1 = y1
+    c2 = y2
+    if KV_FP8:  # E4M3 codes; the values handed out are code * scale (exact: a power of two)
+        c1 = e4m3_round(y1.to(tl.float32) * inv_scale)
+        c2 = e4m3_round(y2.to(tl.float32) * inv_scale)
+        y1 = (c1 * scale).to(x1.dtype)
+        y2 = (c2 * scale).to(x1.dtype)
     tl.store(dst_ptr + off, y1, mask=mask)
     tl.store(dst_ptr + off + HALF, y2, mask=mask)
     if WRITE_CACHE:
         cache_ty = cache_ptr.dtype.element_ty
-        tl.store(cache_ptr + off, y1.to(cache_ty), mask=mask & write)
-        tl.store(cache_ptr + off + HALF, y2.to(cache_ty), mask=mask & write)
+        tl.store(cache_ptr + off, c1.to(cache_ty), mask=mask & write)
+        tl.store(cache_ptr + off + HALF, c2.to(cache_ty), mask=mask & write)
 
 
 @triton.jit
@@ -82,15 +93,17 @@ def _qk_norm_rope_kernel(
     slots_ptr,      # [N] int64, -1 = no write (read when WRITE_CACHE)
     q_ptr,          # [N, Hq, D] contiguous
     k_ptr,          # [N, Hk, D] contiguous
+    v_ptr,          # [N, Hk, D] contiguous (written when KV_FP8: the quantised v)
     k_cache_ptr,    # [num_slots, Hk, D] contiguous (written when WRITE_CACHE)
     v_cache_ptr,    # [num_slots, Hk, D] contiguous
-    stride_qkv, eps,
+    stride_qkv, eps, k_scale, k_inv, v_scale, v_inv,
     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr,
+    USE_ROPE: tl.constexpr, WRITE_CACHE: tl.constexpr, KV_FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (token, block of heads: Q blocks, then K blocks, then V blocks when WRITE_CACHE).
+    """Program (token, block of heads: Q blocks, then K blocks, then V blocks when WRITE_CACHE
+    or KV_FP8).
     The norm weight, the token's cos | sin row and cache slot (weights, and metadata the host
     writes before the step) are loaded before the PDL prologue (pdl.py), the heads after it."""
     Q_BLOCKS: tl.constexpr = (HQ + BLOCK_Q - 1) // BLOCK_Q
@@ -114,21 +127,27 @@ def _qk_norm_rope_kernel(
     if blk < Q_BLOCKS:
         h0 = blk * BLOCK_Q
         _norm_rope_heads(row + h0 * D, q_ptr + (tok * HQ + h0) * D, w1, w2, cos, sin, q_ptr,
-                         HQ - h0, False, eps,
-                         D=D, BLOCK_HEADS=BLOCK_Q, USE_ROPE=USE_ROPE, WRITE_CACHE=False)
+                         HQ - h0, False, eps, 1.0, 1.0,
+                         D=D, BLOCK_HEADS=BLOCK_Q, USE_ROPE=USE_ROPE, WRITE_CACHE=False, KV_FP8=False)
     elif blk < Q_BLOCKS + K_BLOCKS:
         h0 = (blk - Q_BLOCKS) * BLOCK_K
         _norm_rope_heads(row + (HQ + h0) * D, k_ptr + (tok * HK + h0) * D, w1, w2, cos, sin,
                          k_cache_ptr + (tl.maximum(slot, 0) * HK + h0) * D, HK - h0, slot >= 0, eps,
-                         D=D, BLOCK_HEADS=BLOCK_K, USE_ROPE=USE_ROPE, WRITE_CACHE=WRITE_CACHE)
-    elif WRITE_CACHE:  # V block: a copy into the cache
+                         k_scale, k_inv,
+                         D=D, BLOCK_HEADS=BLOCK_K, USE_ROPE=USE_ROPE, WRITE_CACHE=WRITE_CACHE, KV_FP8=KV_FP8)
+    elif WRITE_CACHE or KV_FP8:  # V block: a copy into the cache (FP8: quantised, and handed out)
         h0 = (blk - Q_BLOCKS - K_BLOCKS) * BLOCK_K
         heads = tl.arange(0, BLOCK_K)[:, None]
         off = heads * D + tl.arange(0, D)[None, :]
-        mask = (heads < HK - h0) & (slot >= 0)
-        v = tl.load(row + (HQ + HK + h0) * D + off, mask=mask)
-        tl.store(v_cache_ptr + (tl.maximum(slot, 0) * HK + h0) * D + off,
-                 v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        in_heads = heads < HK - h0
+        v = tl.load(row + (HQ + HK + h0) * D + off, mask=in_heads)
+        code = v
+        if KV_FP8:
+            code = e4m3_round(v.to(tl.float32) * v_inv)
+            tl.store(v_ptr + (tok * HK + h0) * D + off, (code * v_scale).to(v.dtype), mask=in_heads)
+        if WRITE_CACHE:
+            tl.store(v_cache_ptr + (tl.maximum(slot, 0) * HK + h0) * D + off,
+                     code.to(v_cache_ptr.dtype.element_ty), mask=in_heads & (slot >= 0))
 
 
 def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -136,30 +155,39 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
                  num_q_heads: int, num_kv_heads: int,
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
                  slot_mapping: torch.Tensor | None = None, *, heads_per_program: int | None = None,
+                 kv_scales: tuple[float, float] | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """qkv [N, (Hq+2Hk)*D] -> q [N, Hq, D], k [N, Hk, D] (new tensors), v [N, Hk, D] (a view of qkv).
+    """qkv [N, (Hq+2Hk)*D] -> q [N, Hq, D], k [N, Hk, D] (new tensors), v [N, Hk, D] (a view of qkv;
+    with kv_scales a new tensor of the quantised v).
 
     heads_per_program: Q heads per program, a power of two (K/V blocks take as many, at most Hk);
-    None: one at decode, wider as N grows (about TARGET_PROGRAMS programs)."""
+    None: one at decode, wider as N grows (about TARGET_PROGRAMS programs).
+    kv_scales: (k_scale, v_scale), powers of two: FP8 KV (caches, if given, float8_e4m3fn)."""
     n, d, write = check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
-                               num_kv_heads, k_cache, v_cache, slot_mapping)
+                               num_kv_heads, k_cache, v_cache, slot_mapping, kv_scales=kv_scales)
     q = torch.empty((n, num_q_heads, d), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((n, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
-    v = qkv[:, (num_q_heads + num_kv_heads) * d:].view(n, num_kv_heads, d)
+    fp8 = kv_scales is not None
+    if fp8:
+        v = torch.empty((n, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
+    else:
+        v = qkv[:, (num_q_heads + num_kv_heads) * d:].view(n, num_kv_heads, d)
     if n == 0:
         return q, k, v
     block_q = _heads_per_program(n, num_q_heads, heads_per_program)
     block_k = min(block_q, triton.next_power_of_2(num_kv_heads))
-    blocks = triton.cdiv(num_q_heads, block_q) + triton.cdiv(num_kv_heads, block_k) * (2 if write else 1)
+    blocks = triton.cdiv(num_q_heads, block_q) + triton.cdiv(num_kv_heads, block_k) * (2 if write or fp8 else 1)
+    k_scale, v_scale = kv_scales or (1.0, 1.0)
     _qk_norm_rope_kernel[(n, blocks)](
         qkv_ptr=qkv, q_weight_ptr=q_weight, k_weight_ptr=k_weight, positions_ptr=positions,
         cos_sin_ptr=cos_sin if cos_sin is not None else qkv,
         slots_ptr=slot_mapping if write else positions,
-        q_ptr=q, k_ptr=k,
+        q_ptr=q, k_ptr=k, v_ptr=v,
         k_cache_ptr=k_cache if write else k, v_cache_ptr=v_cache if write else k,
-        stride_qkv=qkv.stride(0), eps=eps,
+        stride_qkv=qkv.stride(0), eps=eps, k_scale=k_scale, k_inv=1.0 / k_scale, v_scale=v_scale,
+        v_inv=1.0 / v_scale,
         HQ=num_q_heads, HK=num_kv_heads, D=d, BLOCK_Q=block_q, BLOCK_K=block_k,
-        USE_ROPE=cos_sin is not None, WRITE_CACHE=write, **launch_args(qkv.device),
+        USE_ROPE=cos_sin is not None, WRITE_CACHE=write, KV_FP8=fp8, **launch_args(qkv.device),
         num_warps=min(4, triton.next_power_of_2(triton.cdiv(block_q * d, ELEMS_PER_WARP))),
     )
     return q, k, v
@@ -177,11 +205,12 @@ def qk_norm_rope_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torc
                        positions: torch.Tensor, cos_sin: torch.Tensor | None, eps: float,
                        num_q_heads: int, num_kv_heads: int,
                        k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                       slot_mapping: torch.Tensor | None = None,
+                       slot_mapping: torch.Tensor | None = None, *,
+                       kv_scales: tuple[float, float] | None = None,
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same signature and semantics as `qk_norm_rope`, in plain torch."""
     n, d, write = check_inputs(qkv, q_weight, k_weight, positions, cos_sin, num_q_heads,
-                               num_kv_heads, k_cache, v_cache, slot_mapping)
+                               num_kv_heads, k_cache, v_cache, slot_mapping, kv_scales=kv_scales)
     hq, hk = num_q_heads, num_kv_heads
     q = _norm(qkv[:, :hq * d].reshape(n, hq, d), q_weight, eps)  # [N, Hq, D]
     k = _norm(qkv[:, hq * d:(hq + hk) * d].reshape(n, hk, d), k_weight, eps)  # [N, Hk, D]
@@ -191,11 +220,15 @@ def qk_norm_rope_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torc
         q, k = _rope(q, cs), _rope(k, cs)
     else:
         q, k = q.contiguous(), k.contiguous()
+    k_codes, v_codes = k, v
+    if kv_scales is not None:
+        k_codes, v_codes = quantize_torch(k, kv_scales[0]), quantize_torch(v, kv_scales[1])
+        k, v = dequantize_torch(k_codes, kv_scales[0], k.dtype), dequantize_torch(v_codes, kv_scales[1], v.dtype)
     if write:
         keep = slot_mapping >= 0
         slots = slot_mapping[keep]
-        k_cache.view(-1, hk, d).index_copy_(0, slots, k[keep].to(k_cache.dtype))
-        v_cache.view(-1, hk, d).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+        index_copy_rows(k_cache.view(-1, hk, d), slots, k_codes[keep].to(k_cache.dtype))
+        index_copy_rows(v_cache.view(-1, hk, d), slots, v_codes[keep].to(v_cache.dtype))
     return q, k, v
 
 
@@ -215,7 +248,7 @@ def _rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
 
 
 def check_inputs(qkv, q_weight, k_weight, positions, cos_sin, hq, hk, k_cache, v_cache, slot_mapping,
-                 name: str = "qk_norm_rope"):
+                 name: str = "qk_norm_rope", kv_scales: tuple[float, float] | None = None):
     """-> (N, head_dim, whether the cache is written); ValueError naming `name` and the field."""
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
         raise ValueError(f"{name}: qkv has shape {tuple(qkv.shape)} strides {qkv.stride()}, "
@@ -245,7 +278,15 @@ def check_inputs(qkv, q_weight, k_weight, positions, cos_sin, hq, hk, k_cache, v
             if cache.shape[-2:] != (hk, d) or not cache.is_contiguous():
                 raise ValueError(f"{name}: {field} has shape {tuple(cache.shape)}, "
                                  f"expected contiguous [..., {hk}, {d}]")
+        fp8 = kv_scales is not None
+        for field, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if (cache.dtype == FP8_DTYPE) != fp8:
+                raise ValueError(f"{name}: {field} is {cache.dtype}, expected "
+                                 + ("float8_e4m3fn with kv_scales" if fp8 else "no float8 cache without kv_scales"))
         if slot_mapping.shape != (n,) or slot_mapping.dtype != torch.int64:
             raise ValueError(f"{name}: slot_mapping is {slot_mapping.dtype} "
                              f"{tuple(slot_mapping.shape)}, expected int64 ({n},)")
+    if kv_scales is not None:
+        check_scale(f"{name}: kv_scales[0] (k_scale)", kv_scales[0])
+        check_scale(f"{name}: kv_scales[1] (v_scale)", kv_scales[1])
     return n, d, all(given)

@@ -11,6 +11,9 @@ from flint_backend.ops import BACKENDS
 from flint_backend.tokenizer import TOKENIZER_DIR
 
 DTYPES = ("bfloat16", "float32")
+# the KV cache's element type (vLLM's spellings): "auto" is the model dtype; "fp8" / "fp8_e4m3" store
+# E4M3 with a scale per layer for K and for V (kv_cache.py), half the bytes of bfloat16
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
 
 
 class EngineArgsError(ValueError):
@@ -29,6 +32,7 @@ class EngineArgs:
     dtype: str = "bfloat16"
     device: str = "auto"                  # "auto" -> cuda if available else cpu; "cpu", "cuda", "cuda:N"
     kernel_backend: str = "torch"         # "torch" or "triton"
+    kv_cache_dtype: str = "auto"          # "auto" (the model dtype), "bfloat16", "fp8" / "fp8_e4m3"
     block_size: int = 64                  # tokens per paged KV block (full-attention layers)
     max_num_seqs: int = 64                # running sequences (= sliding-window ring rows)
     max_num_batched_tokens: int = 2048    # token budget per step (prefill chunk size)
@@ -63,6 +67,11 @@ class EngineArgs:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise EngineArgsError(f"dtype: got {self.dtype!r}, expected one of {DTYPES}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise EngineArgsError(f"kv_cache_dtype: got {self.kv_cache_dtype!r}, expected one of {KV_CACHE_DTYPES}")
+        if self.kv_cache_dtype == "bfloat16" and self.dtype != "bfloat16":
+            raise EngineArgsError(f"kv_cache_dtype: 'bfloat16' with dtype {self.dtype!r}, expected 'auto' or 'fp8' "
+                                  "(the attention reads the cache in the model dtype or as FP8)")
         if self.quantization not in (None, "nvfp4"):
             raise EngineArgsError(f"quantization: got {self.quantization!r}, expected null or 'nvfp4'")
         if self.quantization is not None and self.model is not None:

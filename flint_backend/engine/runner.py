@@ -17,6 +17,7 @@ from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.engine.sequence import Sequence
 from flint_backend.kv_cache import KVCache, KVCacheSpec
 from flint_backend.model import FlintModel
+from flint_kernels.fp8_kv import FP8_DTYPE
 from flint_backend.ops import get_ops
 
 
@@ -42,6 +43,7 @@ class ModelRunner:
                  device: torch.device, max_model_len: int, release_weights: bool = False):
         self.config, self.args, self.device = config, args, device
         self.dtype = getattr(torch, args.dtype)
+        self.kv_dtype = FP8_DTYPE if args.kv_cache_dtype.startswith("fp8") else self.dtype
         self.ops = get_ops(args.kernel_backend)
         self.model = FlintModel(config, weights, self.ops, max_positions=max_model_len)
         if release_weights:  # the model holds its fused copies (qkv, gate_up, w13); the sources can go
@@ -49,7 +51,7 @@ class ModelRunner:
         if device.type == "cuda":
             torch.cuda.empty_cache()  # before the KV cache is sized from the free memory
         self.kv_spec = self._kv_spec(max_model_len)
-        self.kv = KVCache(config, self.kv_spec, self.dtype, device)
+        self.kv = KVCache(config, self.kv_spec, self.kv_dtype, device)
         # the torch backend keeps the plain-torch sampler; the triton backend samples with the kernel
         fused = self.ops.sample if args.kernel_backend == "triton" else None
         guided = GuidedDecoding(str(args.tokenizer_dir()), config.vocab_size, frozenset(config.eos_token_id or ()))
@@ -73,7 +75,7 @@ class ModelRunner:
                 budget = int(free * a.kv_cache_memory_fraction)
             else:
                 budget = a.kv_cache_memory_bytes
-            spec = KVCacheSpec.from_budget(c, budget, a.block_size, a.max_num_seqs, self.dtype,
+            spec = KVCacheSpec.from_budget(c, budget, a.block_size, a.max_num_seqs, self.kv_dtype,
                                            a.prefix_cache_window_fraction if a.enable_prefix_caching else 0.0,
                                            a.num_window_pages if a.enable_prefix_caching else 0)
         if spec.num_blocks * spec.block_size < max_model_len:

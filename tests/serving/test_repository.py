@@ -91,6 +91,8 @@ def test_configure_copies_the_source_or_configures_a_repository_in_place(repo_co
     ([], {"enable_prefix_caching": True}),  # on by default, and written
     (["--no-enable-prefix-caching"], {"enable_prefix_caching": False}),  # vLLM's switch, not "--x false"
     (["--enable-prefix-caching"], {"enable_prefix_caching": True}),
+    ([], {"kv_cache_dtype": "auto"}),
+    (["--kv-cache-dtype", "fp8"], {"kv_cache_dtype": "fp8"}),
 ])
 def test_configure_reads_bool_engine_args(repo_copy, tiny_checkpoint, flags, expected):
     # bool fields take true/false (any case); warmup, a bool or null, also null

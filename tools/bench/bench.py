@@ -2,6 +2,7 @@
 """End-to-end decode benchmark of the full-size model on one GPU (random weights built on the GPU).
 
     python tools/bench/bench.py --formats bf16,nvfp4 --contexts 1024,32768,100000 [--out FILE]
+    python tools/bench/bench.py --formats nvfp4,nvfp4/fp8 ...    (WEIGHTS/KV: an FP8 KV cache)
 
 For each weight format: batch-1 decode ms/token end to end (consecutive engine.step() calls: forward
 + LM head + sampling + the Python that async scheduling does not hide) at each context, with CUDA
@@ -38,6 +39,7 @@ from flint_backend.engine.sampling_params import SamplingParams  # noqa: E402
 from flint_backend.engine.sequence import SequenceStatus  # noqa: E402
 from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
 from flint_kernels import tuning  # noqa: E402
+from flint_kernels.fp8_kv import index_copy_rows  # noqa: E402
 from tools.bench.format_processes import run_in_child  # noqa: E402
 from tools.bench.timing import copy_bandwidth, nbytes, result_path, run_meta  # noqa: E402
 
@@ -69,8 +71,8 @@ def weight_bytes_per_token(engine: LLMEngine) -> int:
     return total
 
 
-def kv_bytes_per_token(config: FlintConfig, context: int) -> int:
-    per_pos = config.num_key_value_heads * config.head_dim * 2 * 2  # K and V, bf16
+def kv_bytes_per_token(config: FlintConfig, context: int, element_bytes: int = 2) -> int:
+    per_pos = config.num_key_value_heads * config.head_dim * 2 * element_bytes  # K and V
     return per_pos * (len(config.full_attention_layers) * context
                       + len(config.sliding_attention_layers) * min(context, config.sliding_window))
 
@@ -87,11 +89,12 @@ def start_at_context(engine: LLMEngine, context: int, max_tokens: int):
     bs = engine.blocks.block_size
     blocks = torch.tensor(seq.block_table, device=engine.device)
     for cache in (c for kv in engine.runner.kv.full.values() for c in kv):
-        cache.index_copy_(0, blocks, torch.randn((len(blocks), *cache.shape[1:]), device=cache.device,
-                                                 dtype=cache.dtype))
+        index_copy_rows(cache, blocks, torch.randn((len(blocks), *cache.shape[1:]), device=cache.device,
+                                                   dtype=torch.bfloat16).to(cache.dtype))
     kv = engine.runner.kv
     for ring in (kv.ring_k, kv.ring_v):
-        ring[:, seq.ring_row].normal_()  # a basic index: a view, filled in place
+        row = ring[:, seq.ring_row]  # a basic index: a view, filled in place
+        row.copy_(torch.randn(row.shape, device=row.device, dtype=torch.bfloat16).to(row.dtype))
     seq.num_computed = context
     assert len(seq.block_table) * bs >= context + 1
     return seq
@@ -228,7 +231,9 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    engine_args = dict(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None, dtype="bfloat16",
+    weights_format, _, kv_dtype = fmt.partition("/")  # "nvfp4/fp8": NVFP4 weights, an FP8 KV cache
+    engine_args = dict(preset=args.preset, quantization="nvfp4" if weights_format == "nvfp4" else None,
+                       dtype="bfloat16", kv_cache_dtype=kv_dtype or "auto",
                        device=args.device, kernel_backend=args.kernel_backend, block_size=64, max_num_seqs=64,
                        max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
                        kv_cache_memory_fraction=args.kv_fraction,
@@ -240,7 +245,7 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     result = {"format": fmt, "build_s": round(build_s, 1), "weight_bytes_per_token": weights,
               "weights_gib": round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None, "decode": []}
     for context in args.contexts:
-        kv = kv_bytes_per_token(engine.config, context)
+        kv = kv_bytes_per_token(engine.config, context, engine.runner.kv.dtype.itemsize)
         timed = decode_ms(engine, context, args.steps)
         ms = timed["ms_per_token"]
         replay = graph_replay_ms(engine, context)
