@@ -15,7 +15,9 @@ CUDA graph replays for any lengths: splits past a sequence's length exit at once
 Numerics: S = q . k with bf16 operands and fp32 accumulation, the softmax in fp32 (exp2 of the
 scaled scores, running max and sum), the unnormalised probabilities rounded to bf16 for the P V
 dot (fp32 accumulation), split partials (O, m, l) fp32, the sink added to the fp32 denominator,
-one rounding of O / l to the output dtype. The interpreter feeds its dots fp32. transformers
+one rounding of O / l to the output dtype. The interpreter feeds its dots fp32. With FP8 KV the
+dots take the E4M3 codes as fp16 (exact) and q as fp16 (q comes out of an RMSNorm: in fp16's
+range), the K scale multiplies the scores and the V scale the sum of p * v. transformers
 normalises P before rounding it to bf16; we divide the fp32 accumulator by l at the end.
 (Merging in the last split to arrive instead of a second launch measured slower on the H200,
 2026-12-02: a full layer at 100K 70.5 us vs 61.0, a sliding one 8.36 vs 6.53. The Q/K norm,
@@ -132,6 +134,12 @@ def _decode_split_kernel(
     q = _load_heads(q_ptr + b * stride_qb, h * G + rows, rows < G, stride_qh, D)  # [BLOCK_G, D]
     if DOT_FP32:
         q = q.to(tl.float32)
+    q_dot = q
+    tile_scale = qk_scale
+    if KV_FP8:  # dots on the E4M3 codes in fp16 (one conversion instruction a pair); the scales
+        if not DOT_FP32:  # applied to the scores and to the sum of p * v instead of to every element
+            q_dot = q.to(tl.float16)
+        tile_scale = qk_scale * k_scale
     m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -148,13 +156,13 @@ def _decode_split_kernel(
         kv_off = slot[:, None] * (HK * D) + h * D + cols[None, :]  # [BLOCK_N, D]
         k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        if KV_FP8:  # E4M3 codes * the layer's scales: exact in q's dtype (fp8_kv.py)
-            k = (k.to(tl.float32) * k_scale).to(q_ptr.dtype.element_ty)
-            v = (v.to(tl.float32) * v_scale).to(q_ptr.dtype.element_ty)
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        elif KV_FP8:
+            k = k.to(tl.float16)
+            v = v.to(tl.float16)
+        scores = tl.dot(q_dot, tl.trans(k), input_precision=DOT_PRECISION) * tile_scale  # [BLOCK_G, BLOCK_N]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -162,6 +170,8 @@ def _decode_split_kernel(
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
+    if KV_FP8:
+        acc = acc * v_scale
     head_ok = rows < G
     part = (b * (HK * G) + h * G + rows) * num_splits  # [BLOCK_G] (b, head, split 0)
     if n_splits > 1:  # partials for _decode_reduce_kernel
