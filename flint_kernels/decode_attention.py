@@ -15,9 +15,10 @@ CUDA graph replays for any lengths: splits past a sequence's length exit at once
 Numerics: S = q . k with bf16 operands and fp32 accumulation, the softmax in fp32 (exp2 of the
 scaled scores, running max and sum), the unnormalised probabilities rounded to bf16 for the P V
 dot (fp32 accumulation), split partials (O, m, l) fp32, the sink added to the fp32 denominator,
-one rounding of O / l to the output dtype. The interpreter feeds its dots fp32. With FP8 KV the
-dots take the E4M3 codes as fp16 (exact) and q as fp16 (q comes out of an RMSNorm: in fp16's
-range), the K scale multiplies the scores and the V scale the sum of p * v. transformers
+one rounding of O / l to the output dtype. The interpreter feeds its dots fp32. With FP8 KV the K
+scale multiplies the scores and the V scale the sum of p * v (powers of two: exact); a bf16
+model's dots take the E4M3 codes as fp16 (exact) and q as fp16 (q comes out of an RMSNorm: in
+fp16's range, with 3 more mantissa bits than bf16), an fp32 model's the codes as fp32. transformers
 normalises P before rounding it to bf16; we divide the fp32 accumulator by l at the end.
 (Merging in the last split to arrive instead of a second launch measured slower on the H200,
 2026-12-02: a full layer at 100K 70.5 us vs 61.0, a sliding one 8.36 vs 6.53. The Q/K norm,
@@ -110,7 +111,7 @@ def _decode_split_kernel(
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, PDL: tl.constexpr,
+    KV_FP8: tl.constexpr, FP16_DOTS: tl.constexpr, PDL: tl.constexpr,
 ):
     # the step's metadata (context lengths, ring rows, block tables: copied in by the host,
     # written by no kernel of the step) is read before the PDL wait (pdl.py)
@@ -136,10 +137,10 @@ def _decode_split_kernel(
         q = q.to(tl.float32)
     q_dot = q
     tile_scale = qk_scale
-    if KV_FP8:  # dots on the E4M3 codes in fp16 (one conversion instruction a pair); the scales
-        if not DOT_FP32:  # applied to the scores and to the sum of p * v instead of to every element
-            q_dot = q.to(tl.float16)
+    if KV_FP8:  # the scales go to the scores and to the sum of p * v, not to every element
         tile_scale = qk_scale * k_scale
+        if FP16_DOTS:  # a bf16 model: dots on the E4M3 codes as fp16 (one conversion a pair)
+            q_dot = q.to(tl.float16)
     m = tl.full([BLOCK_G], -1e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -159,9 +160,12 @@ def _decode_split_kernel(
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        elif KV_FP8:
+        elif FP16_DOTS:
             k = k.to(tl.float16)
             v = v.to(tl.float16)
+        elif KV_FP8:  # an fp32 model
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
         scores = tl.dot(q_dot, tl.trans(k), input_precision=DOT_PRECISION) * tile_scale  # [BLOCK_G, BLOCK_N]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -337,7 +341,8 @@ def _launch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, bl
         HK=hk, ROWS_PER=k_cache.shape[1], BLOCK_G=max(16, triton.next_power_of_2(hq // hk)),
         PAGED=paged, DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         k_scale=kv_scales[0] if kv_scales else 1.0, v_scale=kv_scales[1] if kv_scales else 1.0,
-        KV_FP8=kv_scales is not None, **common,
+        KV_FP8=kv_scales is not None,
+        FP16_DOTS=kv_scales is not None and q.dtype == torch.bfloat16 and not DOT_FP32, **common,
         num_warps=SPLIT_WARPS, num_stages=PAGED_STAGES if paged else RING_STAGES,
     )
     if splits > 1:  # else the one split wrote every output itself
