@@ -129,3 +129,28 @@ def test_fp8_caches_need_scales_and_scales_powers_of_two():
         decode_attention_torch(*args, **step.cache_kwargs())
     with pytest.raises(ValueError, match=r"kv_scales\[1\] \(v_scale\): got 0.3, expected a power of two"):
         decode_attention(*args, **step.cache_kwargs(), kv_scales=(1.0, 0.3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout,rows_per,window,contexts", [
+    ("paged", 64, 0, [1024, 32768, 100_000]),
+    ("ring", 513, 513, [100, 512, 513, 5000]),
+])
+def test_real_shapes_decode_attention_reads_codes(layout, rows_per, window, contexts):
+    step = quantised_step([(c, 1) for c in contexts], (1.0, 1.0), torch.bfloat16, hq=32, hk=4, d=128,
+                          layout=layout, rows_per=rows_per)
+    args = (step.q, step.k, step.v, step.k_cache, step.v_cache, step.context_lens, step.sinks, 128 ** -0.5, window)
+    got = decode_attention(*args, **step.cache_kwargs(), kv_scales=(1.0, 1.0))
+    assert_scaled_close(got, decode_attention_torch(*args, **step.cache_kwargs(), kv_scales=(1.0, 1.0)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqs", [[(0, 8192)], [(30000, 2048), (0, 1)], [(4096, 4096), (100, 7)]])
+def test_real_shapes_prefill_attention_reads_codes(seqs):
+    for layout, rows_per, window in (("paged", 64, 0), ("ring", 513, 513)):
+        step = quantised_step(seqs, (1.0, 1.0), torch.bfloat16, hq=32, hk=4, d=128, layout=layout,
+                              rows_per=rows_per)
+        args = (step.q, step.k, step.v, step.query_start_loc, step.context_lens, step.k_cache, step.v_cache,
+                step.sinks, 128 ** -0.5, window, max(n for _, n in seqs))
+        got = prefill_attention(*args, **step.cache_kwargs(), kv_scales=(1.0, 1.0))
+        assert_scaled_close(got, prefill_attention_torch(*args, **step.cache_kwargs(), kv_scales=(1.0, 1.0)))
