@@ -23,6 +23,11 @@ from flint_backend.config import FlintConfig
 from flint_kernels.fp8_kv import FP8_DTYPE
 
 
+def cache_element_type(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """EngineArgs.kv_cache_dtype -> the cache tensors' dtype: E4M3 for "fp8*", else the model's."""
+    return FP8_DTYPE if kv_cache_dtype.startswith("fp8") else model_dtype
+
+
 @dataclass
 class KVCacheSpec:
     num_blocks: int

@@ -15,9 +15,8 @@ from flint_backend.engine.sampler import SampleResult, Sampler
 from flint_backend.engine.scheduler import ScheduledBatch
 from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.engine.sequence import Sequence
-from flint_backend.kv_cache import KVCache, KVCacheSpec
+from flint_backend.kv_cache import KVCache, KVCacheSpec, cache_element_type
 from flint_backend.model import FlintModel
-from flint_kernels.fp8_kv import FP8_DTYPE
 from flint_backend.ops import get_ops
 
 
@@ -43,7 +42,7 @@ class ModelRunner:
                  device: torch.device, max_model_len: int, release_weights: bool = False):
         self.config, self.args, self.device = config, args, device
         self.dtype = getattr(torch, args.dtype)
-        self.kv_dtype = FP8_DTYPE if args.kv_cache_dtype.startswith("fp8") else self.dtype
+        self.kv_dtype = cache_element_type(args.kv_cache_dtype, self.dtype)
         self.ops = get_ops(args.kernel_backend)
         self.model = FlintModel(config, weights, self.ops, max_positions=max_model_len)
         if release_weights:  # the model holds its fused copies (qkv, gate_up, w13); the sources can go

@@ -18,6 +18,8 @@ from test_qk_norm_rope import _inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCALES = [(1.0, 1.0), (0.5, 4.0)]
+# attention: bf16 with unit scales (what serves), fp32 with others (tight tolerances catch a lost scale)
+SCALED_DTYPES = [((1.0, 1.0), torch.bfloat16), ((0.5, 4.0), torch.float32)]
 
 
 @triton.jit
@@ -26,7 +28,7 @@ def _quantize_kernel(x_ptr, codes_ptr, inv_scale, N: tl.constexpr):
     tl.store(codes_ptr + i, e4m3_round(tl.load(x_ptr + i).to(tl.float32) * inv_scale).to(tl.float8e4nv))
 
 
-@pytest.mark.parametrize("scale", [1.0, 0.25, 8.0])
+@pytest.mark.parametrize("scale", [1.0, 8.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_e4m3_round_is_torchs_conversion(scale, dtype):
     g = torch.Generator().manual_seed(0)
@@ -84,8 +86,7 @@ def quantised_step(seqs, kv_scales, dtype, **kwargs):
     return step
 
 
-@pytest.mark.parametrize("kv_scales", SCALES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_scales,dtype", SCALED_DTYPES)
 @pytest.mark.parametrize("layout,rows_per,window,contexts", [
     ("paged", 8, 0, [0, 1, 17, 40]),     # empty cache, block boundaries, several tiles
     ("ring", 9, 9, [7, 9, 10, 40]),      # a wrapped ring
@@ -106,8 +107,7 @@ def test_decode_attention_reads_codes(kv_scales, dtype, layout, rows_per, window
     assert torch.equal(expected, plain)
 
 
-@pytest.mark.parametrize("kv_scales", SCALES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_scales,dtype", SCALED_DTYPES)
 @pytest.mark.parametrize("layout,rows_per,window,seqs", [
     ("paged", 4, 0, [(0, 5), (13, 17), (40, 1), (3, 33)]),   # chunks after cached prefixes, a decode row
     ("ring", 12, 9, [(7, 4), (30, 9), (0, 20)]),
