@@ -16,6 +16,8 @@ E4M3 grid.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -55,6 +57,6 @@ def index_copy_rows(cache: torch.Tensor, index: torch.Tensor, rows: torch.Tensor
 
 def check_scale(name: str, scale: float) -> None:
     """Scales are powers of two (exact dequantisation); ValueError naming the field otherwise."""
-    mantissa, _ = __import__("math").frexp(scale)
+    mantissa, _ = math.frexp(scale)
     if not scale > 0 or mantissa != 0.5:
         raise ValueError(f"{name}: got {scale!r}, expected a power of two > 0 (an exact FP8 KV scale)")

@@ -58,9 +58,9 @@ class WindowCopy:
 
 @dataclass
 class PrefixHit:
-    blocks: list[int]         # the full layers' cached blocks, b = len(blocks) * block_size tokens
-    window: WindowCopy | None  # into the ring (ring_row filled in at admission); None when b <= 0
-    pages: list[int]          # the window's pages (refreshed as used)
+    blocks: list[int]    # the full layers' cached blocks, b = len(blocks) * block_size tokens
+    window: WindowCopy   # pages -> ring (its ring_row set at admission)
+    pages: list[int]     # the window's pages (refreshed as used)
 
     def num_tokens(self, block_size: int) -> int:
         return len(self.blocks) * block_size
@@ -158,7 +158,8 @@ class PrefixCache:
             else:
                 positions = range(start, end)
                 page_slots = [pages[p // bs - start // bs] * bs + p % bs for p in positions]
-                return PrefixHit(blocks[:k], WindowCopy(True, -1, list(positions), page_slots), pages)
+                ring_slots = [p % (self.context + 1) for p in positions]
+                return PrefixHit(blocks[:k], WindowCopy(True, -1, ring_slots, page_slots), pages)
         return None
 
     def count_query(self, seq: Sequence, hit: PrefixHit | None) -> None:
@@ -169,15 +170,13 @@ class PrefixCache:
         self.queries += seq.num_prompt_tokens
         self.hits += seq.num_cached_tokens
 
-    def take(self, seq: Sequence, hit: PrefixHit, ring_size: int) -> None:
+    def take(self, seq: Sequence, hit: PrefixHit) -> None:
         """After the blocks are taken and the ring row given: start `seq` at the hit."""
         seq.num_computed = hit.num_tokens(self.block_size)
         seq.num_registered_blocks = len(hit.blocks)
         seq.num_window_blocks = len(hit.blocks)
-        copy = hit.window
-        copy.ring_row = seq.ring_row
-        copy.ring_slots = [p % ring_size for p in copy.ring_slots]
-        self.copies.append(copy)
+        hit.window.ring_row = seq.ring_row
+        self.copies.append(hit.window)
         for page in hit.pages:
             self.pages.use(page)
 

@@ -21,7 +21,6 @@ from flint_backend.engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     entries: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens this step)
     preempted: list[Sequence] = field(default_factory=list)
-    admitted: list[Sequence] = field(default_factory=list)  # waiting before this step
 
     @property
     def num_tokens(self) -> int:
@@ -33,10 +32,9 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 cache: PrefixCache | None = None, window: int = 1):
+                 cache: PrefixCache | None = None):
         self.blocks = blocks
-        self.cache = cache or PrefixCache(blocks, 0, window, enabled=False)
-        self.window = window
+        self.cache = cache or PrefixCache(blocks, 0, window=1, enabled=False)
         self.max_num_seqs = min(max_num_seqs, blocks.num_ring_rows)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -105,10 +103,9 @@ class Scheduler:
                 self.blocks.take(seq, blocks)
             self.blocks.grow(seq, n + len(blocks) * self.blocks.block_size)
             if hit:
-                self.cache.take(seq, hit, self.window)
+                self.cache.take(seq, hit)
             self.cache.open_pages(seq, n)
             self.running.append(seq)
-            batch.admitted.append(seq)
             batch.entries.append((seq, n))
             scheduled.add(id(seq))
             budget -= n
