@@ -8,10 +8,11 @@ For each weight format: batch-1 decode ms/token end to end (consecutive engine.s
 + LM head + sampling + the Python that async scheduling does not hide) at each context, with CUDA
 graphs and eagerly, and the median of one step between two syncs; the GPU time of one graph
 replay; a per-kernel breakdown of one decode step; the roofline floor (bytes one step must read /
-measured copy bandwidth) and the achieved fraction; throughput at 8 and 64 streams (1K in / 512
-out, after an untimed run of the same requests that compiles their kernels); TTFT of a 100K-token
-prompt (the second such prompt: the first, which may still compile, is reported apart); GPU
-memory. Long contexts are set up by filling the KV cache with random values (decode speed does
+measured copy bandwidth) and the achieved fraction; throughput at each --streams count for each
+--workloads prompt:output pair (default 1, 8, 64, 128, 256 streams of 1K in / 512 out and 8K in /
+1K out; after an untimed run of the same requests that compiles their kernels), with TTFT and ITL
+percentiles; TTFT of each --ttft prompt length (the second such prompt: the first, which may still
+compile, is reported apart); GPU memory. Long contexts are set up by filling the KV cache with random values (decode speed does
 not depend on what the cache holds); the TTFT run prefills for real. With several formats each
 runs in its own process (on the H200 the BF16 engine built after the NVFP4 one in the same
 process spent 0.49-0.62 ms a step outside the graph replay, 0.30 in a process of its own).
@@ -191,27 +192,50 @@ def kernel_breakdown(engine: LLMEngine, context: int) -> list[dict]:
 def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len: int = 512,
                warmup: bool = True) -> dict:
     """Output tokens/s of `streams` requests submitted at once, over the whole run and over its
-    decode part. warmup: the same requests with WARMUP_TOKENS output tokens run first, untimed:
-    Triton compiles a kernel for each new specialisation on its first launch, and the engine's
-    start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and a short prompt, not every
-    batch of prompts; a compile would otherwise land in the timed prefill."""
+    decode part (from the step that gave every stream its first token), and per request the TTFT
+    and the gaps between its tokens (ITL; a step that delivers k tokens of a request counts its
+    gap / k k times), as percentiles in ms. warmup: the same requests with WARMUP_TOKENS output
+    tokens run first, untimed: Triton compiles a kernel for each new specialisation on its first
+    launch, and the engine's start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and a
+    short prompt, not every batch of prompts; a compile would otherwise land in the timed prefill."""
     if warmup:
         throughput(engine, streams, prompt_len, WARMUP_TOKENS, warmup=False)
     seqs = [engine.add_request([1 + (i * 31 + j) % 5000 for j in range(prompt_len)],
                                SamplingParams(max_tokens=out_len, **GREEDY)) for i in range(streams)]
     sync()
     t0 = time.perf_counter()
-    first = None
+    first, last_seen, ttfts, itls = None, {}, [], []
     while engine.has_work():
-        engine.step()
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            n = len(out.new_token_ids)
+            if not n:
+                continue
+            if out.request_id not in last_seen:
+                ttfts.append(now - t0)
+                n -= 1
+            elif n:
+                itls += [(now - last_seen[out.request_id]) / n] * n
+            last_seen[out.request_id] = now
         if first is None and all(s.num_output_tokens > 0 for s in seqs):
-            first = time.perf_counter()
+            first = now
     total = time.perf_counter() - t0
     decode = time.perf_counter() - first
     return {"streams": streams, "prompt": prompt_len, "output": out_len,
             "output_tok_s": round(streams * out_len / total, 1),
             "decode_tok_s": round(streams * (out_len - 1) / decode, 1),
-            "ms_per_step": round(decode / (out_len - 1) * 1e3, 3)}
+            "ms_per_step": round(decode / (out_len - 1) * 1e3, 3),
+            "ttft_ms": percentiles(ttfts), "itl_ms": percentiles(itls)}
+
+
+def percentiles(seconds: list[float]) -> dict:
+    """p50 / p90 / p99 and the mean, in ms (None without values)."""
+    if not seconds:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    ordered = sorted(seconds)
+    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "mean": round(statistics.fmean(ordered) * 1e3, 3)}
 
 
 WARMUP_TOKENS = 4
@@ -234,7 +258,8 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     weights_format, _, kv_dtype = fmt.partition("/")  # "nvfp4/fp8": NVFP4 weights, an FP8 KV cache
     engine_args = dict(preset=args.preset, quantization="nvfp4" if weights_format == "nvfp4" else None,
                        dtype="bfloat16", kv_cache_dtype=kv_dtype or "auto",
-                       device=args.device, kernel_backend=args.kernel_backend, block_size=64, max_num_seqs=64,
+                       device=args.device, kernel_backend=args.kernel_backend, block_size=64,
+                       max_num_seqs=max([64, *args.streams]), max_graph_batch=max([64, *args.streams]),
                        max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
                        kv_cache_memory_fraction=args.kv_fraction,
                        async_scheduling=not args.no_async_scheduling, warmup=False if args.no_engine_warmup else None)
@@ -264,10 +289,21 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     result["breakdown_context"] = args.contexts[-1]
     result["breakdown"] = kernel_breakdown(engine, args.contexts[-1])[:40]
     if not args.skip_throughput:
-        result["throughput"] = [throughput(engine, s) for s in (8, 64)]
-    if args.ttft:  # the first prompt of that length compiles its prefill kernels: timed apart
-        result["ttft_first_s"] = {str(args.ttft): round(ttft(engine, args.ttft), 3)}
-        result["ttft_s"] = {str(args.ttft): round(ttft(engine, args.ttft), 3)}
+        result["throughput"] = []
+        for prompt_len, out_len in args.workloads:
+            for streams in args.streams:
+                row = throughput(engine, streams, prompt_len, out_len)
+                print(f"  {fmt} {streams} streams of {prompt_len} in / {out_len} out: {row['output_tok_s']} "
+                      f"output tok/s ({row['decode_tok_s']} decoding, {row['ms_per_step']} ms a step), "
+                      f"TTFT p50 {row['ttft_ms']['p50']} ms, ITL p50 {row['itl_ms']['p50']} ms", flush=True)
+                result["throughput"].append(row)
+    # the first prompt of each length compiles what its prefill has not met: timed apart
+    result["ttft_first_s"], result["ttft_s"] = {}, {}
+    for length in args.ttft:
+        result["ttft_first_s"][str(length)] = round(ttft(engine, length), 3)
+        result["ttft_s"][str(length)] = round(ttft(engine, length), 3)
+        print(f"  {fmt} TTFT of {length} tokens: {result['ttft_s'][str(length)]} s "
+              f"(first {result['ttft_first_s'][str(length)]} s)", flush=True)
     graphs, engine.runner.graphs = engine.runner.graphs, None  # the same engine, eager steps
     result["eager_ms_per_token"] = {str(c): round(decode_ms(engine, c, args.steps // 2)["ms_per_token"], 3)
                                     for c in args.contexts}
@@ -297,8 +333,14 @@ def print_tables(results: dict) -> None:
                   f"{d['roofline_fraction']:.0%} |")
     for r in results["formats"]:
         print(f"\n{r['format']}: weights {r['weights_gib']} GiB, peak {r.get('peak_gpu_gib')} GiB, "
-              f"build {r['build_s']} s, TTFT {r.get('ttft_s')} (first {r.get('ttft_first_s')}), "
-              f"throughput {r.get('throughput')}")
+              f"build {r['build_s']} s, TTFT s {r.get('ttft_s')} (first {r.get('ttft_first_s')})")
+        if r.get("throughput"):
+            print("\n| streams | in / out | output tok/s | decode tok/s | ms a step | TTFT p50 / p99 ms "
+                  "| ITL p50 / p99 ms |\n|---|---|---|---|---|---|---|")
+            for t in r["throughput"]:
+                print(f"| {t['streams']} | {t['prompt']} / {t['output']} | {t['output_tok_s']} | {t['decode_tok_s']} | "
+                      f"{t['ms_per_step']} | {t['ttft_ms']['p50']} / {t['ttft_ms']['p99']} | "
+                      f"{t['itl_ms']['p50']} / {t['itl_ms']['p99']} |")
         print(f"top kernels of one eager decode step at {r['breakdown_context']} tokens (us):")
         for k in r["breakdown"][:12]:
             print(f"  {k['us']:9.1f}  x{k['calls']:<4} {k['kernel']}")
@@ -311,7 +353,10 @@ def main() -> None:
     parser.add_argument("--contexts", default="1024,32768,100000")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
-    parser.add_argument("--ttft", type=int, default=100000, help="prompt length for TTFT (0: skip)")
+    parser.add_argument("--ttft", default="8192,32768,100000", help="prompt lengths for TTFT (0: none)")
+    parser.add_argument("--streams", default="1,8,64,128,256", help="concurrent requests of each throughput run")
+    parser.add_argument("--workloads", default="1024:512,8192:1024",
+                        help="throughput runs' prompt:output token counts")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--no-engine-warmup", action="store_true",
                         help="the engine skips its start-up warm-up (EngineArgs.warmup false): ttft_first_s "
@@ -325,6 +370,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="default: benchmarks/<gpu>/<date>-<commit>-bench.json")
     args = parser.parse_args()
     args.contexts = [int(c) for c in args.contexts.split(",")]
+    args.ttft = [int(n) for n in args.ttft.split(",") if int(n)]
+    args.streams = [int(n) for n in args.streams.split(",")]
+    args.workloads = [tuple(int(n) for n in w.split(":")) for w in args.workloads.split(",")]
+    if any(n < 1 for n in args.streams) or any(len(w) != 2 or min(w) < 1 for w in args.workloads):
+        raise SystemExit("--streams: expected counts >= 1; --workloads: expected PROMPT:OUTPUT pairs, e.g. 1024:512")
     args.out = args.out or result_path("bench", args.device)
     bandwidth = copy_bandwidth(args.device, 1 << 30 if args.device == "cuda" else 1 << 24)
     results = {"meta": {**run_meta(__file__, bandwidth / 1e12, args.device),

@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""Where a replayed batch-1 decode step's time goes, kernel by kernel, on the critical path.
+"""Where a replayed decode step's time goes, kernel by kernel, on the critical path.
 
     python -m tools.bench.bench_step_timeline --formats nvfp4,bf16 --context 100000 \
-        --variant flint_kernels.tuning.HEAD_FOLD_NORM=0 [--out FILE]
+        --variant flint_kernels.tuning.HEAD_FOLD_NORM=0 [--batch 64] [--out FILE]
+    python -m tools.bench.bench_step_timeline --formats nvfp4 --prefill 8192 --context 98304
 
 Eager per-kernel sums (bench.py's breakdown) overstate under PDL: a kernel's time includes its
-wait for the one before. Here one CUDA graph of the decode step (bucket 1) is replayed under
-torch.profiler and each kernel is charged end(i) - end(i-1): what the step would lose without
+wait for the one before. Here one CUDA graph of the decode step (--batch sequences, each at --context;
+default 1) is replayed under torch.profiler and each kernel is charged end(i) - end(i-1): what the step would lose without
 it (with PDL a kernel cannot complete before its predecessor, so these sum to the step's span).
 Rows group kernels by name. Each --variant sets module attributes (the launchers read their
 switches, flint_kernels/tuning.py, at each call) and recaptures the graph, so variants compare
 in one process; the table
 also gives each variant's replay time without the profiler. Prints markdown, writes JSON (--out;
 by default benchmarks/<gpu>/<date>-<commit>-timeline.json).
+
+--prefill N: one eager prefill chunk of N tokens whose first token is at position --context
+(the K/V before it random), profiled the same way (no graph: prefill runs eagerly).
 
 --ncu: no timeline; each variant's graph is replayed once between cudaProfilerStart and Stop, for
 Nsight Compute to profile that replay's kernels one by one (`tools/gpu/gpu_run.sh ncu` runs it so).
@@ -35,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from flint_backend.config import PRESETS, FlintConfig  # noqa: E402
 from flint_backend.engine.engine import LLMEngine  # noqa: E402
 from flint_backend.engine.engine_args import EngineArgs  # noqa: E402
+from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
 from tools.bench.bench import kv_bytes_per_token, start_at_context, weight_bytes_per_token  # noqa: E402
 from tools.bench.format_processes import each_format  # noqa: E402
 from tools.bench.timing import copy_bandwidth, result_path, run_meta  # noqa: E402
@@ -73,11 +78,12 @@ def set_variant(settings: list[tuple[str, str, str]]) -> dict:
     return old
 
 
-def capture(engine: LLMEngine, seq) -> torch.cuda.CUDAGraph:
+def capture(engine: LLMEngine, seqs: list) -> torch.cuda.CUDAGraph:
     graphs = engine.runner.graphs
-    graphs._fill([seq], 1, 0)
+    bucket = graphs.bucket_for(len(seqs))
+    graphs._fill(seqs, bucket, 0)
     torch.cuda.synchronize()  # the inputs' copy (a side stream)
-    batch, forward = graphs._batch(1, 0), graphs.model.forward
+    batch, forward = graphs._batch(bucket, 0), graphs.model.forward
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -88,6 +94,20 @@ def capture(engine: LLMEngine, seq) -> torch.cuda.CUDAGraph:
         forward(batch, engine.runner.kv)
     torch.cuda.synchronize()
     return graph
+
+
+class PrefillChunk:
+    """replay() runs one eager prefill chunk (a graph's stand-in for replay_ms and timeline)."""
+
+    def __init__(self, engine: LLMEngine, seq, tokens: int):
+        self.model, self.kv = engine.runner.model, engine.runner.kv
+        self.batch = build_step_batch([(seq, tokens)], engine.blocks.block_size, engine.config.sliding_window,
+                                      engine.device)
+        self.replay()  # compiles
+        torch.cuda.synchronize()
+
+    def replay(self) -> None:
+        self.model.forward(self.batch, self.kv)
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
@@ -162,15 +182,20 @@ def timeline(graph: torch.cuda.CUDAGraph) -> dict:
 def run_format(fmt: str, args) -> dict:
     engine = LLMEngine(EngineArgs(preset=args.preset, quantization="nvfp4" if fmt == "nvfp4" else None,
                                   dtype="bfloat16", device="cuda", kernel_backend="triton", block_size=64,
-                                  max_num_seqs=64,
+                                  max_num_seqs=max(64, args.batch), max_graph_batch=max(64, args.batch),
+                                  max_num_batched_tokens=max(2048, args.prefill),
                                   max_model_len=args.max_model_len, kv_cache_memory_fraction=args.kv_fraction))
-    seq = start_at_context(engine, args.context, 10)
+    # a prefill chunk: one sequence with --context positions cached and --prefill more to compute
+    seqs = [start_at_context(engine, args.context + (args.prefill or 1) - 1, 10) for _ in range(args.batch)]
+    if args.prefill:
+        seqs[0].num_computed = args.context
     result = {"format": fmt, "preset": args.preset, "layers": engine.config.num_hidden_layers, "context": args.context,
+              "batch": args.batch, "prefill": args.prefill,
               "weight_bytes_per_token": weight_bytes_per_token(engine),
               "kv_bytes": kv_bytes_per_token(engine.config, args.context), "variants": []}
     for text in [""] + args.variant:
         old = set_variant(parse_variant(text))
-        graph = capture(engine, seq)
+        graph = PrefillChunk(engine, seqs[0], args.prefill) if args.prefill else capture(engine, seqs)
         if args.ncu:
             profiled_replay(graph)
             row = {"variant": text or "default", "ncu": True}
@@ -203,7 +228,8 @@ def with_layers(preset: str, layers: int) -> str:
 def print_tables(results: dict, top: int = 20) -> None:
     for fmt in results["formats"]:
         for v in fmt["variants"]:
-            print(f"\n### {fmt['format']} at {fmt['context']}: {v['variant']} (replay {v['replay_ms']:.3f} ms, "
+            what = f"prefill of {fmt['prefill']} tokens" if fmt.get("prefill") else f"batch {fmt.get('batch', 1)}"
+            print(f"\n### {fmt['format']} at {fmt['context']}, {what}: {v['variant']} (replay {v['replay_ms']:.3f} ms, "
                   f"profiled span {v['span_us'] / 1e3:.3f} ms, {v['kernels_per_step']} kernels)\n")
             print("| kernel | calls | critical us | us/call | kernel duration us |")
             print("| --- | ---: | ---: | ---: | ---: |")
@@ -222,6 +248,9 @@ def main() -> None:
                         help="the preset's first N layers (0: all); e.g. flint-40b in BF16 on a 78 GiB GPU")
     parser.add_argument("--formats", default="nvfp4,bf16")
     parser.add_argument("--context", type=int, default=100000)
+    parser.add_argument("--batch", type=int, default=1, help="decode sequences in the step, each at --context")
+    parser.add_argument("--prefill", type=int, default=0,
+                        help="profile one eager prefill chunk of this many tokens after --context cached ones")
     parser.add_argument("--variant", action="append", default=[],
                         help="module.ATTR=value[,...]: another graph with these knobs (repeatable)")
     parser.add_argument("--kv-fraction", type=float, default=0.5)
@@ -231,6 +260,8 @@ def main() -> None:
                         help="no timeline: one replay a variant inside cudaProfilerStart/Stop (tools/gpu/gpu_run.sh ncu)")
     parser.add_argument("--one-format", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.batch < 1 or (args.prefill and args.batch != 1):
+        raise SystemExit("--batch: expected >= 1, and 1 with --prefill")
     for text in args.variant:
         parse_variant(text)
     if args.layers:
