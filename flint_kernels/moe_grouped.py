@@ -9,7 +9,8 @@ cdiv(P, BLOCK_M) + E + 1 and blocks past the real count exit at once. Then three
   down     program (block, BLOCK_N hidden cols): inter rows @ W2[e].T -> ys [P, H] (x.dtype)
   combine  program (token, BLOCK_H): routed outputs weighted in fp32, rounded, + shared output.
 Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are decoded in
-registers to exact bf16 values before the dot, the global scale applied to the accumulator.
+registers to exact values before the dot (fp16 from 32-bit words with x as fp16:
+tuning.FP4_MMA_F16; else bf16), the global scale applied to the accumulator.
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)).
 Numerics are moe.py's: fp32 dot accumulation, gate/up/silu/product and each expert output
 rounded to x's dtype, the routed combine in fp32 rounded once, the shared output added, rounded.
@@ -22,30 +23,40 @@ import triton
 import triton.language as tl
 
 from .moe_sort import sort_pairs
-from .nvfp4 import is_nvfp4, weight_args, weight_tile
+from . import tuning
+from .nvfp4 import is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
 from .pdl import launch_args, pdl_prologue
 from .swiglu import silu_mul_rounded
 from .tuning import INTERPRET
 
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 COMBINE_BLOCK_H = 64 if INTERPRET else 1024
+F16_BLOCK_K = 128  # K a step of the fp16-decoded NVFP4 tiles: 16 words a row
 
 
 @triton.jit
 def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, stride_wn, stride_sn,
               BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] += A [BLOCK_M, n_k] @ W[rows, :n_k].T; a_rows_ptr [BLOCK_M] row pointers."""
+              DOT_PRECISION: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] += A [BLOCK_M, n_k] @ W[rows, :n_k].T; a_rows_ptr [BLOCK_M] row pointers.
+    F16 (NVFP4): w_ptr is the packed words (int32, stride_wn in words), tiles decoded to fp16
+    (nvfp4.weight_tile_f16) and A taken as fp16."""
     for k0 in range(0, n_k, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = a_mask[:, None]
         if MASK_K:
             mask = mask & (cols[None, :] < n_k)
         a = tl.load(a_rows_ptr[:, None] + cols[None, :], mask=mask, other=0.0)
-        w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
+        if F16:
+            w = weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0 // 8, n_k // 8, stride_wn, stride_sn,
+                                BLOCK_K // 8, MASK_K, PTX)
+        else:
+            w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
         if DOT_FP32:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
+        elif F16:
+            a = a.to(tl.float16)
         else:
             w = w.to(a.dtype)  # NVFP4: E2M1 * E4M3 is exact in bf16 / fp16
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
@@ -55,17 +66,18 @@ def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, s
 @triton.jit
 def _expert_gemm(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, scale_ptr, cols_n, n_out, n_k,
                  stride_wn, stride_sn, stride_gn, GATE_UP: tl.constexpr, BLOCK_K: tl.constexpr,
-                 MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 F16: tl.constexpr, PTX: tl.constexpr):
     """One expert's output tile(s), global scale applied: (out, up) for GATE_UP (gate rows
     cols_n, up rows n_out + cols_n), else (out, unchanged acc_up)."""
     col_mask = cols_n < n_out
     acc = _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n, col_mask, n_k, stride_wn, stride_sn,
-                    BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION)
+                    BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX)
     if FP4:  # the global scale, once per output
         acc *= tl.load(scale_ptr + cols_n * stride_gn, mask=col_mask, other=0.0)[None, :]
     if GATE_UP:
         acc_up = _dot_rows(acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n + n_out, col_mask, n_k,
-                           stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION)
+                           stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX)
         if FP4:
             acc_up *= tl.load(scale_ptr + (cols_n + n_out) * stride_gn, mask=col_mask, other=0.0)[None, :]
     return acc, acc_up
@@ -85,7 +97,7 @@ def _moe_grouped_kernel(
     SLOTS: tl.constexpr, GATE_UP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
     W_FP4: tl.constexpr, S_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    W_F16: tl.constexpr, S_F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     b = tl.program_id(0)
@@ -108,12 +120,12 @@ def _moe_grouped_kernel(
     if shared:
         acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, s_ptr, s_scales_ptr, s_scale_ptr, cols_n,
                                    n_out, n_k, s_sn, s_ssn, s_sgn, GATE_UP, BLOCK_K, MASK_K, S_FP4, DOT_FP32,
-                                   DOT_PRECISION)
+                                   DOT_PRECISION, S_F16, PTX)
     else:
         e64 = e.to(tl.int64)
         acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, w_ptr + e64 * w_se, w_scales_ptr + e64 * w_sse,
                                    w_scale_ptr + e64 * w_sge, cols_n, n_out, n_k, w_sn, w_ssn, w_sgn,
-                                   GATE_UP, BLOCK_K, MASK_K, W_FP4, DOT_FP32, DOT_PRECISION)
+                                   GATE_UP, BLOCK_K, MASK_K, W_FP4, DOT_FP32, DOT_PRECISION, W_F16, PTX)
     dtype = out_ptr.dtype.element_ty
     y = silu_mul_rounded(acc, acc_up, dtype) if GATE_UP else acc.to(dtype)
     out = out_ptr + pairs[:, None].to(tl.int64) * stride_out + cols_n[None, :]
@@ -159,6 +171,9 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     if t == 0:
         return out
     block_m, block_n13, block_n2, block_k, warps, stages = _tiles(p / (e + has_shared))
+    f16 = tuning.FP4_MMA_F16 and x.dtype != torch.float32  # fp16 tiles (an fp32 model keeps fp32 x)
+    if f16 and is_nvfp4(w13) and not INTERPRET:
+        block_k = F16_BLOCK_K
     sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
     blocks = block_expert.numel()
     inter = torch.empty((p, max(i, i_s)), dtype=x.dtype, device=x.device)
@@ -171,10 +186,12 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             (w13, shared_w13, x, inter, max(i, i_s), block_n13, (h,)),
             (w2, shared_w2, inter, ys, h, block_n2, (i, i_s))]):
         s = s if has_shared else w[0]
+        w_f16, s_f16 = f16 and is_nvfp4(w), f16 and is_nvfp4(s)
         _moe_grouped_kernel[(blocks, triton.cdiv(n_max, block_n))](
-            a_ptr=a, out_ptr=dst, **weight_args("w", w), **weight_args("s", s),
+            a_ptr=a, out_ptr=dst, **weight_args("w", w, words=w_f16), **weight_args("s", s, words=s_f16),
             stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n,
-            MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s), **common)
+            MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s),
+            W_F16=w_f16, S_F16=s_f16, PTX=ptx_decode(), **common)
     _moe_combine_kernel[(t, triton.cdiv(h, COMBINE_BLOCK_H))](
         ys_ptr=ys, topk_weights_ptr=topk_weights, out_ptr=out, H=h, K=k, SLOTS=slots,
         BLOCK_H=min(COMBINE_BLOCK_H, triton.next_power_of_2(h)), **launch_args(x.device), num_warps=4)

@@ -6,7 +6,8 @@ multiple of BLOCK_M (padding rows hold P), runs in expert order; block_expert[b]
 rows [b BLOCK_M, (b + 1) BLOCK_M), >= the expert count past the last run. The number of blocks is
 bounded on the host by cdiv(P, BLOCK_M) + experts, so the grid never waits on the device.
 
-Program c owns pairs [c BLOCK_P, (c + 1) BLOCK_P): it histograms every pair's expert (all pairs,
+Program c owns pairs [c BLOCK_P, (c + 1) BLOCK_P) (none past P: the grid also has a program for
+each BLOCK_B blocks of the block table, which it fills with the others): it histograms every pair's expert (all pairs,
 and those before its own), so it knows each run's start and how many of the expert's pairs come
 before its chunk; atomics on its own per-expert cursors order its pairs inside their runs (the
 order within a run is arbitrary; every pair's GEMM row is computed alone, so results are not).
@@ -92,7 +93,9 @@ def sort_pairs(topk_ids: torch.Tensor, num_experts: int, has_shared: bool,
     device = topk_ids.device
     sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=device)
-    programs = max(1, triton.cdiv(p, BLOCK_P))
+    # a program a chunk of pairs, and at least one a BLOCK_B step of the block table (decode
+    # batches: one chunk, ~E / BLOCK_B steps)
+    programs = max(1, triton.cdiv(p, BLOCK_P), triton.cdiv(blocks, BLOCK_B))
     e_pow2 = triton.next_power_of_2(n_exp)
     _moe_sort_kernel[(programs,)](
         ids_ptr=topk_ids, sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert,

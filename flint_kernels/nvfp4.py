@@ -167,6 +167,53 @@ add.f32 $0, s0, s1;
 """)
 
 
+# weight_tile_f16's PTX: a word's 8 weights decoded (E2M1 / 64) and times its block scale * 64
+# (the f16x2 pair $9, the scale twice) in four mul.rn.f16x2: E2M1 * scale exactly (5 significant
+# bits, 2**-10 <= |w| <= 2688: fp16 normals), outputs in the decode's order (k0, k2, k4, k6, k1, ...)
+_FP4_WORD_SCALED_F16_PTX = tl.constexpr("""
+{
+.reg .b32 t<4>, lo, hi, f<4>;
+.reg .b16 b<4>;""" + e2m1_word_to_f16x2_ptx("$8", ("f0", "f1", "f2", "f3")) + """mul.rn.f16x2 f0, f0, $9;
+mul.rn.f16x2 f1, f1, $9;
+mul.rn.f16x2 f2, f2, $9;
+mul.rn.f16x2 f3, f3, $9;
+mov.b32 {$0, $1}, f0;
+mov.b32 {$2, $3}, f1;
+mov.b32 {$4, $5}, f2;
+mov.b32 {$6, $7}, f3;
+}
+""")
+
+
+@triton.jit
+def weight_tile_f16(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
+                    KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
+    """[BLOCK_N, 8 KW] fp16 tile of an NVFP4 matrix read as 32-bit words (words [kw0, kw0 + KW)
+    of rows `rows`; fp4_load_words' arguments): E2M1 * block scale, exact in fp16, the global
+    scale not applied; masked rows and words read as 0. For tensor-core tiles whose activations
+    are converted to fp16 (tuning.FP4_MMA_F16). PTX: each word decoded and scaled in 11 + 4
+    instructions (_FP4_WORD_SCALED_F16_PTX); else the same values through fp32 (the interpreter)."""
+    words, s = fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn, KW, MASK_K)
+    n: tl.constexpr = words.shape[0]
+    s = tl.reshape(tl.join(s, s), [n, KW])  # word w's block scale: s[w // 2]
+    if PTX:
+        half = (s.to(tl.float32) * FP4_PTX_UNIT).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        d0, d2, d4, d6, d1, d3, d5, d7 = tl.inline_asm_elementwise(
+            _FP4_WORD_SCALED_F16_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, half | (half << 16)],
+            dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+    else:
+        scale = s.to(tl.float32) * F32_E2M1_HALF_UNIT  # _nibble_f32's E2M1 * 2**-126, times 2**63 twice
+        d0 = (_nibble_f32(words, 0) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
+        d1 = (_nibble_f32(words, 1) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
+        d2 = (_nibble_f32(words, 2) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
+        d3 = (_nibble_f32(words, 3) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
+        d4 = (_nibble_f32(words, 4) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
+        d5 = (_nibble_f32(words, 5) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
+        d6 = (_nibble_f32(words, 6) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
+        d7 = (_nibble_f32(words, 7) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
+    return tl.reshape(by_column(d0, d1, d2, d3, d4, d5, d6, d7), [n, 8 * KW])
+
+
 @triton.jit
 def fp4_word_nibbles(words, PTX: tl.constexpr):
     """The 8 weights of each 32-bit word (k = 8 w + j in nibble j) -> 8 fp32 tensors shaped like

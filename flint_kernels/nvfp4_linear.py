@@ -33,7 +33,7 @@ import triton.language as tl
 
 from . import nvfp4, tuning
 from .nvfp4 import (check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_norm_weight,
-                    fp4_x_block, packed_words, scale_strides, weight_tile)
+                    fp4_x_block, packed_words, scale_strides, weight_tile, weight_tile_f16)
 from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch, steps_rstd
@@ -60,6 +60,7 @@ GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
 # with the RMSNorm folded takes its row's rstd and updated residual from those blocks (no second
 # load of the row). Longer splits run the pipelined loop.
 GEMM_BLOCK_K = 32 if INTERPRET else 64
+F16_BLOCK_K = 128  # K a step of the fp16-decoded tiles (tuning.FP4_MMA_F16): 16 words a row
 GROUP_M = 8
 # From tuning.FP4_DEQUANT_MIN_TOKENS tokens (a prefill chunk) the GEMM decodes each weight once: a
 # first launch writes the weight's E2M1 x E4M3 values (exact) to an [N, K] scratch in x's dtype,
@@ -223,8 +224,10 @@ def _nvfp4_matmul_kernel(
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP4: tl.constexpr, PDL: tl.constexpr,
+    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
 ):
+    """F16 (FP4): packed_ptr is the packed words (int32, stride_pn in words), tiles decoded to
+    fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16)."""
     pdl_prologue(PDL)
     tile = tl.program_id(0)
     s = tl.program_id(1)
@@ -247,10 +250,16 @@ def _nvfp4_matmul_kernel(
         if MASK_K:
             a_mask = a_mask & (cols[None, :] < K)
         a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
-        w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, FP4)
+        if F16:
+            w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8, stride_pn, stride_sn,
+                                BLOCK_K // 8, MASK_K, PTX)
+        else:
+            w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, FP4)
         if DOT_FP32:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
+        elif F16:
+            a = a.to(tl.float16)
         else:
             w = w.to(a.dtype)  # E2M1 * E4M3 is exact in bf16 / fp16
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
@@ -354,6 +363,9 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
                    and not head)
         block_m, block_n, warps, stages = (dequant and tuning.FP4_DEQUANT_GEMM_TILES) or _gemm_tiles(t, n)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
+        f16 = tuning.FP4_MMA_F16 and not dequant and x.dtype != torch.float32
+        if f16 and not INTERPRET:
+            block_k = F16_BLOCK_K
     k_blocks = triton.cdiv(k, block_k)
     splits = 1 if greedy is not None else num_splits or pick_splits(tiles, k_blocks, x.device)
     prefetch_steps = tuning.GEMV_PREFETCH_STEPS
@@ -393,11 +405,12 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
     else:
         if norm is not None:
             raise ValueError(f"nvfp4_linear: the folded RMSNorm takes at most {GEMV_MAX_TOKENS} tokens, got {t}")
-        weight = dequantize_for_gemm(w, x.dtype) if dequant else w.packed
+        weight = dequantize_for_gemm(w, x.dtype) if dequant else packed_words(w) if f16 else w.packed
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=weight, stride_pn=weight.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FP4=not dequant,
+            F16=f16, PTX=nvfp4.ptx_decode(),
             **launch_args(x.device),
             num_warps=warps, num_stages=stages)
 

@@ -9,7 +9,8 @@ tile's [BLOCK_T, E] logits back and does sigmoid, top-k and the weights. Two til
 - decode (T <= GEMV_MAX_T): one token x GEMV_BLOCK_E experts, products summed with tl.sum, so
   the router weight (E x H = 1 MB in bf16) is spread over ~one program per SM, each issuing
   its rows' loads at once, and every token's top-k runs in its own program;
-- prefill: 16 tokens x 16-64 experts with tl.dot over H chunks.
+- prefill: 16 tokens x 16-64 experts with tl.dot over H chunks; an fp32 weight against bf16
+  activations as three bf16 parts on the tensor cores (exact products, _logits_dot).
 Both give exact products in fp32 (an fp32 operand: IEEE fp32 dots); sums differ in order only.
 Top-k: each expert's key is the order-preserving int of its score's fp32 bits in the high half
 and the reversed expert id in the low half, so one int64 max per pick finds the best expert and
@@ -68,7 +69,7 @@ def _router_kernel(
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LOGITS_ONLY: tl.constexpr,
-    PDL: tl.constexpr,
+    SPLIT_W: tl.constexpr, PDL: tl.constexpr,
 ):
     """NORM (decode tiles with ONE_CHUNK): x is the previous sublayer's output and the router
     reads rms_norm(residual + x), computed in every program (the RMSNorm launch folded in); the
@@ -87,7 +88,7 @@ def _router_kernel(
     elif USE_DOT:
         pdl_prologue(PDL)
         logits = _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
-                             BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION)
+                             BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION, SPLIT_W)
     else:
         logits = _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
                              BLOCK_E, BLOCK_H, ONE_CHUNK, PDL)
@@ -105,8 +106,11 @@ def _router_kernel(
 @triton.jit
 def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """[BLOCK_T, BLOCK_E] fp32 logits with tl.dot over H chunks."""
+                DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr):
+    """[BLOCK_T, BLOCK_E] fp32 logits with tl.dot over H chunks. SPLIT_W (bf16 x, fp32 W): each W
+    tile is split into three bf16 parts that sum to it exactly (8 significant bits each), and x
+    meets each part on the tensor cores: bf16 products are exact in fp32, so the logits are fp32
+    products summed in fp32, as the "ieee" dot computes them, at a fraction of its time."""
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
@@ -114,10 +118,22 @@ def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, str
                     mask=t_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_T, BLOCK_H]
         w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
                     mask=e_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_E, BLOCK_H]
-        if DOT_FP32 or a.dtype != w.dtype:
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        if SPLIT_W:
+            hi = w.to(tl.bfloat16)
+            rest = w - hi.to(tl.float32)  # exact: w and hi agree in their top bits
+            mid = rest.to(tl.bfloat16)
+            lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)  # exact: the last <= 8 bits
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                hi, mid, lo = hi.to(tl.float32), mid.to(tl.float32), lo.to(tl.float32)
+            acc = tl.dot(a, tl.trans(lo), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(a, tl.trans(mid), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(a, tl.trans(hi), acc, input_precision=DOT_PRECISION)
+        else:
+            if DOT_FP32 or a.dtype != w.dtype:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
     return acc
 
 
@@ -310,6 +326,7 @@ def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
         block_h = min(triton.next_power_of_2(h), max(GEMV_TILE // block_e, 16))
     one_chunk = not use_dot and block_h >= h  # a decode program loads its weight rows at once
     fp32 = torch.float32 in (x.dtype, weight.dtype)
+    split_w = use_dot and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32
     residual, res_out, h_out, norm_w, eps = norm or (None, x, x, x, 0.0)
     _router_kernel[tiles](
         x_ptr=x, w_ptr=weight, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
@@ -318,7 +335,8 @@ def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
         T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
-        DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 else "tf32", ONE_CHUNK=one_chunk,
+        DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 and not split_w else "tf32", ONE_CHUNK=one_chunk,
+        SPLIT_W=split_w,
         NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
         **launch_args(x.device),
         num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,

@@ -54,6 +54,13 @@ FP4_PTX = _flag("FP4_PTX", True)
 # (|x| >= 65504) and as the reference of test_f16_products_real_shapes.
 FP4_GEMV_F16 = _flag("FP4_GEMV_F16", True)
 
+# NVFP4 tensor-core tiles (the grouped MoE, moe_grouped.py; the W4A16 GEMM's decoding tiles,
+# nvfp4_linear.py) decode 32-bit words to fp16 with the block scale applied in PTX
+# (nvfp4.weight_tile_f16, 15 instructions a word) and take the activations as fp16: products
+# exact for 2**-14 <= |x| < 65504, as FP4_GEMV_F16. Off: bytes decoded through fp32 to bf16 tiles.
+# (Measured: docs/performance.md, batched decode.)
+FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
+
 # --- the W4A16 prefill GEMM (nvfp4_linear.py) ---
 # From this many tokens the weight is decoded once into a dense scratch the GEMM tiles load
 # (env 0: None, the tiles decode it in their K loop; bench_kernels.py times both). H100

@@ -293,6 +293,7 @@ def bench_moe(shape, device, smoke):
     Calls take turns over argument sets (Rotation) whose weights read twice the L2 between two
     uses of one: other experts (token 0's disjoint from the other sets') and another shared
     expert each, as a decode step's layers do; `experts read` is a call's mean."""
+    from flint_kernels import tuning
     from flint_kernels.moe import SMALL_BATCH_TOKENS, fused_moe, fused_moe_torch
     h, k, e = shape["hidden"], shape["top_k"], shape["experts"]
     cases = []
@@ -300,7 +301,7 @@ def bench_moe(shape, device, smoke):
         w13, w2, s13, s2 = _experts(shape, device, fmt)
         per_expert = nbytes(w13, w2) / e
         shared = nbytes(s13, s2)
-        for t in ([1, 3, 20] if smoke else [1, 8, 64]):
+        for t in ([1, 3, 20] if smoke else [1, 8, 64, 256]):
             x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
             per_call = min(e, t * k) * per_expert + shared
             n = min(_cold_sets(per_call, device, smoke), e // k)
@@ -310,13 +311,18 @@ def bench_moe(shape, device, smoke):
             sets = [(x, ids, weights, w13, w2, s13_, s2_) for (ids, weights), (s13_, s2_) in zip(routings, shareds)]
             chosen = sum(len(torch.unique(ids)) for ids, _ in routings) / n
             paths = ["small", "grouped"] if t <= 64 else ["grouped"]
-            for path in paths:
-                tag = " (default)" if (path == "small") == (t <= SMALL_BATCH_TOKENS) else ""
+            # the grouped path's NVFP4 tiles decoded to bf16 through fp32 (tuning.FP4_MMA_F16 off) beside
+            variants = [(path, None) for path in paths] + ([("grouped", False)] if fmt == "nvfp4" and t > 8 else [])
+            for path, f16 in variants:
+                tag = " (default)" if (path == "small") == (t <= SMALL_BATCH_TOKENS) and f16 is None else ""
+                tag += " bf16 tiles" if f16 is False else ""
                 turns = Rotation(sets)
+                run = (lambda turns=turns, p=path: fused_moe(*turns.next(), path=p)) if f16 is None else (
+                    lambda turns=turns, p=path: with_knob(tuning, "FP4_MMA_F16", False,
+                                                          lambda: fused_moe(*turns.next(), path=p)))
                 cases.append(Case(
                     "moe", f"{fmt} T={t} {path}{tag} experts read={chosen:g}+1, {n} sets",
-                    run=lambda turns=turns, p=path: fused_moe(*turns.next(), path=p),
-                    reference=lambda a=sets[0]: fused_moe_torch(*a), prepare=turns.reset,
+                    run=run, reference=lambda a=sets[0]: fused_moe_torch(*a), prepare=turns.reset,
                     bytes=chosen * per_expert + shared + 2 * 2 * t * h, graph=True,
                     max_rel_err=INTERPRETER_MOE_REL_ERR if smoke else MAX_REL_ERR,
                     tol=INTERPRETER_MOE_TOL if smoke else BF16_TOL))
@@ -377,7 +383,7 @@ def bench_w4a16(shape, device, smoke, prefill_tokens=PREFILL_TOKENS):
     for name, (n, k) in shapes.items():
         w = random_nvfp4(n, k, device=device)
         ws = [w] + [random_nvfp4(n, k, device=device) for _ in range(_cold_sets(w.nbytes(), device, smoke) - 1)]
-        for t in ([1, 5] if smoke else ([1, 4, 8, 64, prefill_tokens] if name != "lm_head" else [1, 8, 64])):
+        for t in ([1, 5] if smoke else ([1, 4, 8, 64, 256, prefill_tokens] if name != "lm_head" else [1, 8, 64])):
             x = torch.randn(t, k, device=device, dtype=torch.bfloat16)
             turns = Rotation(ws)  # the weights from HBM, as in a step
             cases.append(Case(
@@ -385,6 +391,13 @@ def bench_w4a16(shape, device, smoke, prefill_tokens=PREFILL_TOKENS):
                 run=lambda x=x, turns=turns: nvfp4_linear(x, turns.next()),
                 reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
                 bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
+            if t == 64:  # the decoding tiles in bf16 through fp32 (tuning.FP4_MMA_F16 off)
+                cases.append(Case(
+                    "w4a16", f"{name} {k}->{n} T={t} bf16 tiles",
+                    run=lambda x=x, turns=turns: with_knob(tuning, "FP4_MMA_F16", False, lambda: (
+                        nvfp4_linear(x, turns.next()))),
+                    reference=lambda x=x, w=w: nvfp4_linear_torch(x, w), prepare=turns.reset,
+                    bytes=w.nbytes() + 2 * t * (k + n), flops=2 * t * n * k, graph=True))
             if t == prefill_tokens:  # the prefill GEMM's other forms (its tuning switches)
                 for label, knob, value in [("decoding tiles", "FP4_DEQUANT_MIN_TOKENS", None),
                                            ("128x256 tiles", "FP4_DEQUANT_GEMM_TILES", (128, 256, 8, 3))]:

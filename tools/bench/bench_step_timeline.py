@@ -46,7 +46,6 @@ from tools.bench.timing import copy_bandwidth, result_path, run_meta  # noqa: E4
 
 REPLAYS = 20
 PROFILED = 3
-REPLAY_GAP_US = 100.0  # no kernel of a replayed step starts this long after the one before ends
 
 
 def parse_variant(text: str) -> list[tuple[str, str, str]]:
@@ -140,23 +139,19 @@ def short(name: str) -> str:
 
 
 def timeline(graph: torch.cuda.CUDAGraph) -> dict:
-    """Profiles PROFILED replays -> per-kernel-name critical-path time of the median replay."""
+    """Profiles PROFILED replays, each in a profiler session of its own (a prefill chunk's host
+    syncs leave gaps inside it) -> per-kernel-name critical-path time of the median replay."""
     graph.replay()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(PROFILED):
+    replays = []
+    for _ in range(PROFILED):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             graph.replay()
-            torch.cuda.synchronize()  # replays apart: each one's first kernel starts a new span
-    path = Path(tempfile.mkdtemp()) / "trace.json"
-    prof.export_chrome_trace(str(path))
-    kernels = sorted((e for e in json.loads(path.read_text())["traceEvents"]
-                      if e.get("cat") == "kernel" and e.get("ph") == "X"), key=lambda e: e["ts"])
-    replays, last_end = [], None  # the replays ran apart (synchronized): split at the gaps
-    for k in kernels:
-        if last_end is None or k["ts"] - last_end > REPLAY_GAP_US:
-            replays.append([])
-        replays[-1].append(k)
-        last_end = k["ts"] + k["dur"] if last_end is None else max(last_end, k["ts"] + k["dur"])
+            torch.cuda.synchronize()
+        path = Path(tempfile.mkdtemp()) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        replays.append(sorted((e for e in json.loads(path.read_text())["traceEvents"]
+                               if e.get("cat") == "kernel" and e.get("ph") == "X"), key=lambda e: e["ts"]))
     spans = []
     for ks in replays:
         rows: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
@@ -189,6 +184,8 @@ def run_format(fmt: str, args) -> dict:
     seqs = [start_at_context(engine, args.context + (args.prefill or 1) - 1, 10) for _ in range(args.batch)]
     if args.prefill:
         seqs[0].num_computed = args.context
+    for r, seq in enumerate(seqs):  # distinct input tokens: a batch's tokens route to different experts
+        seq.token_ids[seq.num_computed] = 1 + (r * 7919) % (engine.config.vocab_size - 1)
     result = {"format": fmt, "preset": args.preset, "layers": engine.config.num_hidden_layers, "context": args.context,
               "batch": args.batch, "prefill": args.prefill,
               "weight_bytes_per_token": weight_bytes_per_token(engine),

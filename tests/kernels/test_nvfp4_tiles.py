@@ -1,0 +1,55 @@
+"""nvfp4.weight_tile_f16: a tile of an NVFP4 matrix decoded from 32-bit words to fp16 with the
+block scale applied must equal the exact dequantised weight (E2M1 x E4M3, global scale not
+applied) bit for bit, in k order, with masked rows and words as 0. On the CPU the interpreter
+runs the fp32 decode; on a GPU also the PTX one (the tensor-core tiles of tuning.FP4_MMA_F16)."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from flint_backend.weights.nvfp4 import NVFP4Weight
+from flint_kernels.nvfp4 import packed_words, weight_tile_f16
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@triton.jit
+def _tile_kernel(words_ptr, scales_ptr, out_ptr, N, n_words, kw0, stride_wn, stride_sn,
+                 BLOCK_N: tl.constexpr, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
+    rows = tl.arange(0, BLOCK_N)
+    tile = weight_tile_f16(words_ptr, scales_ptr, rows, rows < N, kw0, n_words, stride_wn, stride_sn,
+                           KW, MASK_K, PTX)  # [BLOCK_N, 8 KW]
+    cols = tl.arange(0, 8 * KW)
+    tl.store(out_ptr + rows[:, None] * (8 * KW) + cols[None, :], tile)
+
+
+def _every_code_weight(n: int, k: int, seed: int) -> NVFP4Weight:
+    """Random codes (all 16 appear) and block scales over E4M3's range, subnormals included."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+    codes = torch.randint(1, 127, (n, k // 16), generator=g, dtype=torch.uint8)  # positive, finite E4M3
+    codes[0, 0], codes[-1, -1] = 1, 126  # the smallest subnormal 2**-9 and 448
+    return NVFP4Weight(packed, codes.view(torch.float8_e4m3fn), torch.tensor(1.0))
+
+
+def _exact(w: NVFP4Weight) -> torch.Tensor:
+    """E2M1 x block scale in fp32 (the global scale left out, as the tile leaves it)."""
+    return NVFP4Weight(w.packed, w.scales, torch.tensor(1.0)).dequantize(torch.float32)
+
+
+@pytest.mark.parametrize("ptx", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["fp32-decode", "ptx"])
+@pytest.mark.parametrize("n,k,kw0,kw", [(8, 64, 0, 8), (5, 96, 4, 16), (16, 48, 2, 4)],
+                         ids=["whole", "rows-and-words-masked", "tail-words"])
+def test_tile_equals_the_dequantised_weight(ptx, n, k, kw0, kw):
+    w = _every_code_weight(n, k, seed=n + k)
+    words = packed_words(w).to(DEVICE)
+    block_n = triton.next_power_of_2(n)
+    out = torch.full((block_n, 8 * kw), float("nan"), dtype=torch.float16, device=DEVICE)
+    n_words = k // 8
+    _tile_kernel[(1,)](words, w.scales.to(DEVICE), out, n, n_words, kw0, words.stride(0), w.scales.stride(0),
+                       BLOCK_N=block_n, KW=kw, MASK_K=kw0 + kw > n_words, PTX=ptx)
+    expected = torch.zeros(block_n, 8 * kw)
+    cols = min(8 * kw, k - 8 * kw0)
+    expected[:n, :cols] = _exact(w)[:, 8 * kw0:8 * kw0 + cols]
+    assert torch.equal(out.float().cpu(), expected)
