@@ -9,8 +9,8 @@ cdiv(P, BLOCK_M) + E + 1 and blocks past the real count exit at once. Then three
   down     program (block, BLOCK_N hidden cols): inter rows @ W2[e].T -> ys [P, H] (x.dtype)
   combine  program (token, BLOCK_H): routed outputs weighted in fp32, rounded, + shared output.
 Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are decoded in
-registers to exact values before the dot (fp16 from 32-bit words with x as fp16:
-tuning.FP4_MMA_F16; else bf16), the global scale applied to the accumulator.
+registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F16; else
+bf16), the global scale applied to the accumulator.
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)).
 Numerics are moe.py's: fp32 dot accumulation, gate/up/silu/product and each expert output
 rounded to x's dtype, the routed combine in fp32 rounded once, the shared output added, rounded.
@@ -31,7 +31,7 @@ from .tuning import INTERPRET
 
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 COMBINE_BLOCK_H = 64 if INTERPRET else 1024
-F16_BLOCK_K = 128  # K a step of the fp16-decoded NVFP4 tiles: 16 words a row
+F16_BLOCK_K = 128  # K a step of the fp16-decoded NVFP4 tiles: 64 bytes a row
 
 
 @triton.jit
@@ -39,8 +39,7 @@ def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, s
               BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr,
               DOT_PRECISION: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] += A [BLOCK_M, n_k] @ W[rows, :n_k].T; a_rows_ptr [BLOCK_M] row pointers.
-    F16 (NVFP4): w_ptr is the packed words (int32, stride_wn in words), tiles decoded to fp16
-    (nvfp4.weight_tile_f16) and A taken as fp16."""
+    F16 (NVFP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and A taken as fp16."""
     for k0 in range(0, n_k, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = a_mask[:, None]
@@ -48,8 +47,7 @@ def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, s
             mask = mask & (cols[None, :] < n_k)
         a = tl.load(a_rows_ptr[:, None] + cols[None, :], mask=mask, other=0.0)
         if F16:
-            w = weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0 // 8, n_k // 8, stride_wn, stride_sn,
-                                BLOCK_K // 8, MASK_K, PTX)
+            w = weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
         else:
             w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
         if DOT_FP32:
@@ -188,7 +186,7 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         s = s if has_shared else w[0]
         w_f16, s_f16 = f16 and is_nvfp4(w), f16 and is_nvfp4(s)
         _moe_grouped_kernel[(blocks, triton.cdiv(n_max, block_n))](
-            a_ptr=a, out_ptr=dst, **weight_args("w", w, words=w_f16), **weight_args("s", s, words=s_f16),
+            a_ptr=a, out_ptr=dst, **weight_args("w", w), **weight_args("s", s),
             stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n,
             MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s),
             W_F16=w_f16, S_F16=s_f16, PTX=ptx_decode(), **common)

@@ -167,51 +167,52 @@ add.f32 $0, s0, s1;
 """)
 
 
-# weight_tile_f16's PTX: a word's 8 weights decoded (E2M1 / 64) and times its block scale * 64
-# (the f16x2 pair $9, the scale twice) in four mul.rn.f16x2: E2M1 * scale exactly (5 significant
-# bits, 2**-10 <= |w| <= 2688: fp16 normals), outputs in the decode's order (k0, k2, k4, k6, k1, ...)
-_FP4_WORD_SCALED_F16_PTX = tl.constexpr("""
+# weight_tile_f16's PTX, four packed bytes at a time ($4: a 32-bit word; $5, $6: the four bytes'
+# block scales * 64 as two f16x2 pairs): the codes decoded (E2M1 / 64, e2m1_word_to_f16x2_ptx) and
+# multiplied by their scales in four mul.rn.f16x2 -> E2M1 * scale exactly (5 significant bits,
+# 2**-10 <= |w| <= 2688: fp16 normals). Outputs: the low nibbles of bytes 0..3 ($0, $1) and the
+# high nibbles ($2, $3), each byte's result from that byte alone (elementwise for any packing)
+_FP4_BYTES_SCALED_F16_PTX = tl.constexpr("""
 {
 .reg .b32 t<4>, lo, hi, f<4>;
-.reg .b16 b<4>;""" + e2m1_word_to_f16x2_ptx("$8", ("f0", "f1", "f2", "f3")) + """mul.rn.f16x2 f0, f0, $9;
-mul.rn.f16x2 f1, f1, $9;
-mul.rn.f16x2 f2, f2, $9;
-mul.rn.f16x2 f3, f3, $9;
-mov.b32 {$0, $1}, f0;
-mov.b32 {$2, $3}, f1;
-mov.b32 {$4, $5}, f2;
-mov.b32 {$6, $7}, f3;
+.reg .b16 b<4>;""" + e2m1_word_to_f16x2_ptx("$4", ("f0", "f1", "f2", "f3")) + """mul.rn.f16x2 $0, f0, $5;
+mul.rn.f16x2 $1, f1, $6;
+mul.rn.f16x2 $2, f2, $5;
+mul.rn.f16x2 $3, f3, $6;
 }
 """)
 
 
 @triton.jit
-def weight_tile_f16(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn,
-                    KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
-    """[BLOCK_N, 8 KW] fp16 tile of an NVFP4 matrix read as 32-bit words (words [kw0, kw0 + KW)
-    of rows `rows`; fp4_load_words' arguments): E2M1 * block scale, exact in fp16, the global
-    scale not applied; masked rows and words read as 0. For tensor-core tiles whose activations
-    are converted to fp16 (tuning.FP4_MMA_F16). PTX: each word decoded and scaled in 11 + 4
-    instructions (_FP4_WORD_SCALED_F16_PTX); else the same values through fp32 (the interpreter)."""
-    words, s = fp4_load_words(words_ptr, scales_ptr, rows, row_mask, kw0, n_words, stride_wn, stride_sn, KW, MASK_K)
-    n: tl.constexpr = words.shape[0]
-    s = tl.reshape(tl.join(s, s), [n, KW])  # word w's block scale: s[w // 2]
+def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
+                    BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
+    """weight_tile's NVFP4 tile in fp16 ([BLOCK_N, BLOCK_K], same arguments): E2M1 * block scale,
+    exact, the global scale not applied. For tensor-core tiles whose activations are converted
+    to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
+    instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter)."""
+    bytes_ = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    groups = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+    p_mask = row_mask[:, None]
+    s_mask = row_mask[:, None]
+    if MASK_K:
+        p_mask = p_mask & (bytes_[None, :] < K // 2)
+        s_mask = s_mask & (groups[None, :] < K // 16)
+    n: tl.constexpr = rows.shape[0]
+    p = tl.load(w_ptr + rows[:, None] * stride_wn + bytes_[None, :], mask=p_mask, other=0)
+    s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
+    s = tl.reshape(tl.broadcast_to(s[:, :, None], [n, BLOCK_K // 16, 8]), [n, BLOCK_K // 2])  # a byte's scale
     if PTX:
-        half = (s.to(tl.float32) * FP4_PTX_UNIT).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        d0, d2, d4, d6, d1, d3, d5, d7 = tl.inline_asm_elementwise(
-            _FP4_WORD_SCALED_F16_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, half | (half << 16)],
-            dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+        lo, hi = tl.inline_asm_elementwise(
+            _FP4_BYTES_SCALED_F16_PTX, "=r,=r,=r,=r,r,r,r", [p, (s.to(tl.float32) * FP4_PTX_UNIT).to(tl.float16)],
+            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     else:
-        scale = s.to(tl.float32) * F32_E2M1_HALF_UNIT  # _nibble_f32's E2M1 * 2**-126, times 2**63 twice
-        d0 = (_nibble_f32(words, 0) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
-        d1 = (_nibble_f32(words, 1) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
-        d2 = (_nibble_f32(words, 2) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
-        d3 = (_nibble_f32(words, 3) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
-        d4 = (_nibble_f32(words, 4) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
-        d5 = (_nibble_f32(words, 5) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
-        d6 = (_nibble_f32(words, 6) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
-        d7 = (_nibble_f32(words, 7) * F32_E2M1_HALF_UNIT * scale).to(tl.float16)
-    return tl.reshape(by_column(d0, d1, d2, d3, d4, d5, d6, d7), [n, 8 * KW])
+        codes = p.to(tl.int32)
+        scale = s.to(tl.float32) * FP16_E2M1_UNIT
+        lo = ((((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+              .to(tl.float32) * scale).to(tl.float16)
+        hi = ((((codes & 0x70) << 5) | ((codes & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
+              .to(tl.float32) * scale).to(tl.float16)
+    return tl.reshape(tl.join(lo, hi), [n, BLOCK_K])  # (even, odd) pairs: k order
 
 
 @triton.jit

@@ -60,7 +60,7 @@ GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
 # with the RMSNorm folded takes its row's rstd and updated residual from those blocks (no second
 # load of the row). Longer splits run the pipelined loop.
 GEMM_BLOCK_K = 32 if INTERPRET else 64
-F16_BLOCK_K = 128  # K a step of the fp16-decoded tiles (tuning.FP4_MMA_F16): 16 words a row
+F16_BLOCK_K = 128  # K a step of the fp16-decoded tiles (tuning.FP4_MMA_F16): 64 bytes a row
 GROUP_M = 8
 # From tuning.FP4_DEQUANT_MIN_TOKENS tokens (a prefill chunk) the GEMM decodes each weight once: a
 # first launch writes the weight's E2M1 x E4M3 values (exact) to an [N, K] scratch in x's dtype,
@@ -226,8 +226,7 @@ def _nvfp4_matmul_kernel(
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
 ):
-    """F16 (FP4): packed_ptr is the packed words (int32, stride_pn in words), tiles decoded to
-    fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16)."""
+    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16)."""
     pdl_prologue(PDL)
     tile = tl.program_id(0)
     s = tl.program_id(1)
@@ -251,8 +250,7 @@ def _nvfp4_matmul_kernel(
             a_mask = a_mask & (cols[None, :] < K)
         a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
         if F16:
-            w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0 // 8, K // 8, stride_pn, stride_sn,
-                                BLOCK_K // 8, MASK_K, PTX)
+            w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, PTX)
         else:
             w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, FP4)
         if DOT_FP32:
@@ -405,7 +403,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
     else:
         if norm is not None:
             raise ValueError(f"nvfp4_linear: the folded RMSNorm takes at most {GEMV_MAX_TOKENS} tokens, got {t}")
-        weight = dequantize_for_gemm(w, x.dtype) if dequant else packed_words(w) if f16 else w.packed
+        weight = dequantize_for_gemm(w, x.dtype) if dequant else w.packed
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=weight, stride_pn=weight.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,

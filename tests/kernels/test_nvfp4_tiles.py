@@ -1,6 +1,6 @@
-"""nvfp4.weight_tile_f16: a tile of an NVFP4 matrix decoded from 32-bit words to fp16 with the
-block scale applied must equal the exact dequantised weight (E2M1 x E4M3, global scale not
-applied) bit for bit, in k order, with masked rows and words as 0. On the CPU the interpreter
+"""nvfp4.weight_tile_f16: a tile of an NVFP4 matrix decoded to fp16 with the block scale applied
+must equal the exact dequantised weight (E2M1 x E4M3, global scale not
+applied) bit for bit, in k order, with masked rows and columns as 0. On the CPU the interpreter
 runs the fp32 decode; on a GPU also the PTX one (the tensor-core tiles of tuning.FP4_MMA_F16)."""
 
 import pytest
@@ -9,19 +9,19 @@ import triton
 import triton.language as tl
 
 from flint_backend.weights.nvfp4 import NVFP4Weight
-from flint_kernels.nvfp4 import packed_words, weight_tile_f16
+from flint_kernels.nvfp4 import weight_tile_f16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @triton.jit
-def _tile_kernel(words_ptr, scales_ptr, out_ptr, N, n_words, kw0, stride_wn, stride_sn,
-                 BLOCK_N: tl.constexpr, KW: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
+def _tile_kernel(w_ptr, scales_ptr, out_ptr, N, K, k0, stride_wn, stride_sn,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
     rows = tl.arange(0, BLOCK_N)
-    tile = weight_tile_f16(words_ptr, scales_ptr, rows, rows < N, kw0, n_words, stride_wn, stride_sn,
-                           KW, MASK_K, PTX)  # [BLOCK_N, 8 KW]
-    cols = tl.arange(0, 8 * KW)
-    tl.store(out_ptr + rows[:, None] * (8 * KW) + cols[None, :], tile)
+    tile = weight_tile_f16(w_ptr, scales_ptr, rows, rows < N, k0, K, stride_wn, stride_sn,
+                           BLOCK_K, MASK_K, PTX)  # [BLOCK_N, BLOCK_K]
+    cols = tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows[:, None] * BLOCK_K + cols[None, :], tile)
 
 
 def _every_code_weight(n: int, k: int, seed: int) -> NVFP4Weight:
@@ -39,17 +39,15 @@ def _exact(w: NVFP4Weight) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("ptx", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["fp32-decode", "ptx"])
-@pytest.mark.parametrize("n,k,kw0,kw", [(8, 64, 0, 8), (5, 96, 4, 16), (16, 48, 2, 4)],
-                         ids=["whole", "rows-and-words-masked", "tail-words"])
-def test_tile_equals_the_dequantised_weight(ptx, n, k, kw0, kw):
+@pytest.mark.parametrize("n,k,k0,block_k", [(8, 64, 0, 64), (5, 96, 32, 128), (16, 96, 64, 32)],
+                         ids=["whole", "rows-and-columns-masked", "last-step"])
+def test_tile_equals_the_dequantised_weight(ptx, n, k, k0, block_k):
     w = _every_code_weight(n, k, seed=n + k)
-    words = packed_words(w).to(DEVICE)
     block_n = triton.next_power_of_2(n)
-    out = torch.full((block_n, 8 * kw), float("nan"), dtype=torch.float16, device=DEVICE)
-    n_words = k // 8
-    _tile_kernel[(1,)](words, w.scales.to(DEVICE), out, n, n_words, kw0, words.stride(0), w.scales.stride(0),
-                       BLOCK_N=block_n, KW=kw, MASK_K=kw0 + kw > n_words, PTX=ptx)
-    expected = torch.zeros(block_n, 8 * kw)
-    cols = min(8 * kw, k - 8 * kw0)
-    expected[:n, :cols] = _exact(w)[:, 8 * kw0:8 * kw0 + cols]
+    out = torch.full((block_n, block_k), float("nan"), dtype=torch.float16, device=DEVICE)
+    _tile_kernel[(1,)](w.packed.to(DEVICE), w.scales.to(DEVICE), out, n, k, k0, w.packed.stride(0),
+                       w.scales.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=k0 + block_k > k, PTX=ptx)
+    expected = torch.zeros(block_n, block_k)
+    cols = min(block_k, k - k0)
+    expected[:n, :cols] = _exact(w)[:, k0:k0 + cols]
     assert torch.equal(out.float().cpu(), expected)
