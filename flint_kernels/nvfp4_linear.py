@@ -364,6 +364,10 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         f16 = tuning.FP4_MMA_F16 and not dequant and x.dtype != torch.float32
         if f16 and not INTERPRET:
             block_k = F16_BLOCK_K
+        if tuning.FP4_GEMM_TILES and not dequant:
+            block_m, block_n, warps, stages, asked_splits = tuning.FP4_GEMM_TILES
+            tiles = triton.cdiv(t, block_m) * triton.cdiv(n, block_n)
+            num_splits = num_splits or asked_splits or None
     k_blocks = triton.cdiv(k, block_k)
     splits = 1 if greedy is not None else num_splits or pick_splits(tiles, k_blocks, x.device)
     prefetch_steps = tuning.GEMV_PREFETCH_STEPS

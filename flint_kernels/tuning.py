@@ -61,6 +61,13 @@ FP4_GEMV_F16 = _flag("FP4_GEMV_F16", True)
 # (Measured: docs/performance.md, batched decode.)
 FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 
+# (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
+# (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
+MOE_GROUPED_TILES: tuple[int, int, int, int, int, int] | None = None
+# (BLOCK_M, BLOCK_N, warps, stages, K splits or 0 for the launcher's) of the W4A16 GEMM's decoding
+# tiles (batches above the GEMV's tokens, below FP4_DEQUANT_MIN_TOKENS); None: nvfp4_linear._gemm_tiles.
+FP4_GEMM_TILES: tuple[int, int, int, int, int] | None = None
+
 # --- the W4A16 prefill GEMM (nvfp4_linear.py) ---
 # From this many tokens the weight is decoded once into a dense scratch the GEMM tiles load
 # (env 0: None, the tiles decode it in their K loop; bench_kernels.py times both). H100
