@@ -262,7 +262,9 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
                        max_num_seqs=max([64, *args.streams]), max_graph_batch=max([64, *args.streams]),
                        max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
                        kv_cache_memory_fraction=args.kv_fraction,
-                       async_scheduling=not args.no_async_scheduling, warmup=False if args.no_engine_warmup else None)
+                       async_scheduling=not args.no_async_scheduling, warmup=False if args.no_engine_warmup else None,
+                       # the timed runs repeat their warm-up's prompts: a prefix cache would serve them
+                       enable_prefix_caching=args.prefix_caching)
     engine = LLMEngine(EngineArgs(**engine_args))
     sync()
     build_s = time.perf_counter() - t0
@@ -358,6 +360,8 @@ def main() -> None:
     parser.add_argument("--workloads", default="1024:512,8192:1024",
                         help="throughput runs' prompt:output token counts")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="the engine's prefix cache on (off by default: each timed run repeats its warm-up's prompts)")
     parser.add_argument("--no-engine-warmup", action="store_true",
                         help="the engine skips its start-up warm-up (EngineArgs.warmup false): ttft_first_s "
                              "then includes compiling the chunk's prefill kernels")
