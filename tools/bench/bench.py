@@ -306,6 +306,15 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
         result["ttft_s"][str(length)] = round(ttft(engine, length), 3)
         print(f"  {fmt} TTFT of {length} tokens: {result['ttft_s'][str(length)]} s "
               f"(first {result['ttft_first_s'][str(length)]} s)", flush=True)
+    if args.ttft_chunks:  # the scheduler's chunk size (max_num_batched_tokens), set on the running engine
+        result["ttft_by_chunk_s"] = {}
+        for chunk in args.ttft_chunks:
+            engine.scheduler.max_num_batched_tokens = chunk
+            for length in args.ttft:
+                ttft(engine, length)  # compiles the chunk's shapes
+                result["ttft_by_chunk_s"][f"{chunk}:{length}"] = seconds = round(ttft(engine, length), 3)
+                print(f"  {fmt} chunk {chunk}: TTFT of {length} tokens {seconds} s", flush=True)
+        engine.scheduler.max_num_batched_tokens = args.chunk
     graphs, engine.runner.graphs = engine.runner.graphs, None  # the same engine, eager steps
     result["eager_ms_per_token"] = {str(c): round(decode_ms(engine, c, args.steps // 2)["ms_per_token"], 3)
                                     for c in args.contexts}
@@ -356,6 +365,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
     parser.add_argument("--ttft", default="8192,32768,100000", help="prompt lengths for TTFT (0: none)")
+    parser.add_argument("--ttft-chunks", default="", help="also TTFT at each of these chunk sizes (e.g. 2048,8192)")
     parser.add_argument("--streams", default="1,8,64,128,256", help="concurrent requests of each throughput run")
     parser.add_argument("--workloads", default="1024:512,8192:1024",
                         help="throughput runs' prompt:output token counts")
@@ -376,6 +386,7 @@ def main() -> None:
     args.contexts = [int(c) for c in args.contexts.split(",")]
     args.ttft = [int(n) for n in args.ttft.split(",") if int(n)]
     args.streams = [int(n) for n in args.streams.split(",")]
+    args.ttft_chunks = [int(n) for n in args.ttft_chunks.split(",") if n]
     args.workloads = [tuple(int(n) for n in w.split(":")) for w in args.workloads.split(",")]
     if any(n < 1 for n in args.streams) or any(len(w) != 2 or min(w) < 1 for w in args.workloads):
         raise SystemExit("--streams: expected counts >= 1; --workloads: expected PROMPT:OUTPUT pairs, e.g. 1024:512")
