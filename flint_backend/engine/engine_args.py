@@ -35,7 +35,11 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"          # "auto" (the model dtype), "bfloat16", "fp8" / "fp8_e4m3"
     block_size: int = 64                  # tokens per paged KV block (full-attention layers)
     max_num_seqs: int = 64                # running sequences (= sliding-window ring rows)
-    max_num_batched_tokens: int = 2048    # token budget per step (prefill chunk size)
+    # token budget per step (prefill chunk size). H100 2026-12-06, flint-40b NVFP4, TTFT of 8K / 32K /
+    # 100K tokens: 2048 0.311 / 1.54 / 7.43 s, 8192 0.226 / 1.18 / 6.33 s, 16384 0.226 / 1.12 / 6.14 s
+    # (bench.py --ttft-chunks); 8192: 16384's further 3% would double a chunk step's stall of the
+    # decoding streams beside it
+    max_num_batched_tokens: int = 8192
     max_model_len: int | None = None      # None -> the config's max_position_embeddings
     num_kv_blocks: int | None = None      # fixed pool size; None -> sized from the memory budget
     kv_cache_memory_fraction: float = 0.9  # GPU: fraction of free memory (after weights) for the KV cache
@@ -48,7 +52,8 @@ class EngineArgs:
     num_window_pages: int | None = None
     prefix_cache_window_fraction: float = 0.1
     enforce_eager: bool = False           # True: no CUDA graphs / static decode buffers
-    max_graph_batch: int = 64             # largest decode batch replayed from a CUDA graph
+    max_graph_batch: int = 256            # largest decode batch replayed from a CUDA graph (a bucket each
+    #                                       power of two up to min(this, max_num_seqs))
     # launch each all-decode step before the host has read the previous step's tokens, so the device
     # does not idle while Python appends them, checks stops and fills the next step (engine.py);
     # steps with prefill, logprobs, penalties, or enforce_eager run synchronously either way
