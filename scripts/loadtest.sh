@@ -2,6 +2,12 @@
 # Load-test the `flint` ensemble of a running server: perf_analyzer over gRPC with --streaming,
 # one run per concurrency, then genai-perf (when installed; --backend tensorrtllm and vllm) for
 # token-level latencies (TTFT, inter-token latency; it counts tokens by re-tokenising with --tokenizer).
+# After the perf_analyzer runs it prints, per concurrency, output tokens/s, TTFT and ITL p50 / p90 /
+# p99 from perf_analyzer's own profile export (scripts/loadtest_report.py: every response's arrival
+# and the num_output_tokens the ensemble sends in it), counted as the serve check counts them. The
+# in-process engine's figure on the same kind of requests comes from the serve check's concurrency
+# mode, which puts both side by side: tools/gpu/gpu_serve_check.sh --concurrency N --prompt-tokens P
+# --tokens T (docs/performance.md, "Serving many streams").
 #
 #   scripts/loadtest.sh [--url localhost:8001] [--concurrency "1 2 4 8"] [--max-tokens 128]
 #                       [--prompt-words 64] [--requests 32] [--out build/loadtest]
@@ -13,8 +19,9 @@
 # LD_LIBRARY_PATH gets that Python's nvidia-cuda-runtime-cu12 lib folder; and Debian's libb64-0d
 # (apt-get install libb64-0d), which no wheel brings: the script says so when it is missing.
 # genai-perf (numpy 2: best in its own venv) is --genai-perf PATH, else on PATH, else in that
-# Python's bin; it runs the perf_analyzer found here, with the same library path. Output: one CSV
-# per concurrency (perf_analyzer -f) and genai-perf's artifacts, under --out. Exits non-zero when a run fails.
+# Python's bin; it runs the perf_analyzer found here, with the same library path. Output, under --out:
+# per concurrency a CSV (perf_analyzer -f) and a profile export (perf_analyzer_cN.json), the summary
+# table as loadtest_summary.json, and genai-perf's artifacts. Exits non-zero when a run fails.
 set -euo pipefail
 
 URL=localhost:8001 CONCURRENCY="1 2 4 8" MAX_TOKENS=128 PROMPT_WORDS=64 REQUESTS=32 OUT=build/loadtest
@@ -69,8 +76,13 @@ for c in $CONCURRENCY; do
   echo "== perf_analyzer: concurrency $c, $MAX_TOKENS tokens per request"
   "$PERF_ANALYZER" -m flint -i grpc --streaming -u "$URL" --input-data "$OUT/input.json" \
     --concurrency-range "$c:$c" --measurement-mode count_windows --measurement-request-count "$REQUESTS" \
-    --stability-percentage 999 --max-trials 3 -f "$OUT/perf_analyzer_c$c.csv"
+    --stability-percentage 999 --max-trials 3 -f "$OUT/perf_analyzer_c$c.csv" \
+    --profile-export-file "$OUT/perf_analyzer_c$c.json"
 done
+EXPORTS=()
+for c in $CONCURRENCY; do EXPORTS+=("$OUT/perf_analyzer_c$c.json"); done
+echo "== output tokens/s, TTFT and ITL by concurrency (perf_analyzer's profile export; ms)"
+"$PYTHON" "$ROOT/scripts/loadtest_report.py" "${EXPORTS[@]}" --json "$OUT/loadtest_summary.json"
 
 [ -n "$GENAI_PERF_BIN" ] || GENAI_PERF_BIN=$(command -v genai-perf || echo "$BIN/genai-perf")
 if [ "$GENAI_PERF" = 1 ] && [ -x "$GENAI_PERF_BIN" ]; then

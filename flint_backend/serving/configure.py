@@ -5,7 +5,7 @@
         [--enable-auto-tool-choice] [--tool-call-parser glm47] [--reasoning-parser glm47]
         [--exclude-tools-when-tool-choice-none] [--no-constrain-auto-tool-calls] [--default-max-tokens N]
         [--kernel-backend triton] [--device cuda] [--max-num-seqs N] [--max-num-batched-tokens N]
-        [--no-enable-prefix-caching] ...
+        [--no-enable-prefix-caching] [--response-busy-fraction 0.25] ...
         [--gpus 0,1,...|all] [--instances N] [--repository build/model_repository] [--source model_repository]
 
 The tracked `model_repository/` is the source: its models are copied to `--repository`
@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "its schema; required and named choices always are)")
     parser.add_argument("--default-max-tokens", type=int, default=16,
                         help="max_tokens of requests that give none (vLLM's default: 16)")
+    parser.add_argument("--response-busy-fraction", type=float, default=0.25,
+                        help="flint_model: when many streams run, outputs wait a few steps and go out together "
+                             "so that its response thread is busy at most this share of the time (0: a response "
+                             "a step; default 0.25)")
     parser.add_argument("--gpus", help="one engine per GPU: comma-separated CUDA ids, or 'all' (KIND_GPU)")
     parser.add_argument("--instances", type=int, help="N CPU engines (KIND_CPU); with --gpus, N per GPU")
     return parser
@@ -156,12 +160,12 @@ def engine_instance_group(args: argparse.Namespace, device: str) -> str:
     return instance_group(gpus, args.instances)
 
 
-def set_parameters(pbtxt: str, values: dict[str, str]) -> str:
+def set_parameters(pbtxt: str, values: dict[str, str], name: Path = TOKENIZER_CONFIG) -> str:
     for key, value in values.items():
         pattern = re.compile(r'(parameters\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*")[^"]*(")')
         pbtxt, count = pattern.subn(lambda m: m.group(1) + value + m.group(2), pbtxt)
         if count != 1:
-            raise ValueError(f"{TOKENIZER_CONFIG}: expected one parameter {key!r}, found {count}")
+            raise ValueError(f"{name}: expected one parameter {key!r}, found {count}")
     return pbtxt
 
 
@@ -189,7 +193,10 @@ def main(argv: list[str] | None = None) -> None:
             "constrain_auto_tool_calls": str(options.constrain_auto_tool_calls).lower(),
             "default_max_tokens": str(args.default_max_tokens)})
         group = engine_instance_group(args, engine.device)
-        engine_config = set_instance_group((args.source / ENGINE_CONFIG).read_text(), group)
+        if not 0.0 <= args.response_busy_fraction < 1.0:
+            raise ValueError(f"--response-busy-fraction: expected a number in [0, 1), got {args.response_busy_fraction}")
+        engine_config = set_parameters(set_instance_group((args.source / ENGINE_CONFIG).read_text(), group),
+                                       {"response_busy_fraction": str(args.response_busy_fraction)}, ENGINE_CONFIG)
         copy_models(args.source, args.repository)
     except (ValueError, OSError) as error:
         sys.exit(f"configure: {error}")

@@ -5,6 +5,9 @@ sentinel, that the model's response thread drains.
 One response per engine step and request; when the response thread falls behind (a slow
 client or postprocessor), the outputs of a request waiting in the queue go out together
 as one chunk, so a slow reader gets a few tokens per response instead of a growing backlog.
+When many streams run, ResponsePacing (response_pacing.py) holds a request's outputs for a few
+steps so that responses, each of which costs the same host work in every stage after this one,
+stay within what those stages keep up with.
 Every request gets a fresh key (the postprocessor's per-request state is keyed by it), unique
 across instances and starting with `key_prefix` (the instance's address: abort_relay.py), and
 numbered chunks; its output config rides on chunk 0 only.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator
@@ -22,6 +26,7 @@ from flint_backend.engine.engine import LLMEngine, RequestOutput
 from flint_backend.engine.engine_thread import EngineThread
 from flint_backend.engine.sampling_params import SamplingParams
 from flint_backend.serving.chunks import EngineChunk
+from flint_backend.serving.response_pacing import ResponsePacing, merge_outputs
 from flint_backend.serving.tensors import Inputs, scalar
 
 
@@ -36,9 +41,11 @@ class HostedRequest:
 
 
 class EngineHost:
-    def __init__(self, engine: LLMEngine, key_prefix: str = ""):
+    def __init__(self, engine: LLMEngine, key_prefix: str = "", busy_fraction: float = 0.0):
+        """busy_fraction: ResponsePacing's bound on the response thread's busy time (0: a response a step)."""
         self.engine = engine
         self.key_prefix = key_prefix
+        self.pacing = ResponsePacing(busy_fraction)
         self._thread = EngineThread(engine)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # (HostedRequest, RequestOutput) | None
 
@@ -66,18 +73,31 @@ class EngineHost:
         return request.cancelled
 
     def responses(self) -> Iterator[tuple[HostedRequest, EngineChunk]]:
-        """Blocks; ends at the sentinel that `shutdown` queues after the last output."""
+        """Blocks; ends at the sentinel that `shutdown` queues after the last output. The time the
+        consumer takes for each response (until it asks for the next) paces the next ones."""
         while True:
-            items = [self._queue.get()]
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            items = self._take(self.pacing.wait_s())
             for request, output in _coalesce([i for i in items if i is not None]):
+                self.pacing.add(request, output)
+            stop = any(i is None for i in items)
+            for request, output in self.pacing.ready(flush=stop):
+                start = time.perf_counter()
                 yield request, self._chunk(request, output)
-            if any(i is None for i in items):
+                self.pacing.sent(time.perf_counter() - start)
+            if stop:
                 return
+
+    def _take(self, timeout: float | None) -> list:
+        """What the queue holds, once it holds something or `timeout` s have passed ([])."""
+        try:
+            items = [self._queue.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                return items
 
     def _chunk(self, request: HostedRequest, out: RequestOutput) -> EngineChunk:
         logprobs = [[lp.token_logprob, [list(pair) for pair in lp.top]] for lp in out.logprobs if lp is not None]
@@ -97,19 +117,11 @@ class EngineHost:
 
 
 def _coalesce(items: list[tuple[HostedRequest, RequestOutput]]) -> list[tuple[HostedRequest, RequestOutput]]:
+    """One output a request: the ones queued together, merged in order."""
     merged: dict[int, tuple[HostedRequest, RequestOutput]] = {}
     for request, out in items:
-        if id(request) not in merged:
-            merged[id(request)] = (request, RequestOutput(**vars(out)))
-            merged[id(request)][1].new_token_ids = list(out.new_token_ids)
-            continue
-        last = merged[id(request)][1]
-        last.new_token_ids += out.new_token_ids
-        last.logprobs = last.logprobs + out.logprobs
-        last.prompt_logprobs = last.prompt_logprobs or out.prompt_logprobs
-        last.finished, last.finish_reason = out.finished, out.finish_reason
-        last.num_output_tokens, last.error = out.num_output_tokens, out.error
-        last.num_cached_tokens = out.num_cached_tokens
+        earlier = merged.get(id(request))
+        merged[id(request)] = (request, out if earlier is None else merge_outputs(earlier[1], out))
     return list(merged.values())
 
 

@@ -87,6 +87,18 @@ def chat_options(params: dict[str, str]) -> ChatOptions:
                        constrain_auto_tool_calls=flag("constrain_auto_tool_calls", "true"))
 
 
+def response_busy_fraction(params: dict[str, str]) -> float:
+    """flint_model's parameter: the share of time its response thread may spend sending (response_pacing.py)."""
+    text = params.get("response_busy_fraction", "0")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"parameter response_busy_fraction: expected a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"parameter response_busy_fraction: expected a number in [0, 1), got {text!r}")
+    return value
+
+
 def instance_group(gpus: list[int] | None = None, count: int | None = None) -> str:
     """flint_model's instance_group line: `count` engines (default 1) on each GPU of `gpus`
     (KIND_GPU); else `count` CPU engines (KIND_CPU); neither: one engine on engine_args.json's

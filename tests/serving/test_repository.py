@@ -132,6 +132,22 @@ def instance_groups(repo: Path) -> list:
     return list(text_format.Parse(pbtxt, model_config_pb2.ModelConfig()).instance_group)
 
 
+def test_configure_writes_the_engine_models_response_pacing(repo_copy):
+    from flint_backend.serving.repository import response_busy_fraction
+
+    def written():
+        pbtxt = (repo_copy / "flint_model" / "config.pbtxt").read_text()
+        return re.findall(r'key: "response_busy_fraction" value: \{ string_value: "([^"]*)" \}', pbtxt)
+
+    configure(["--repository", str(repo_copy), "--response-busy-fraction", "0"])
+    assert written() == ["0.0"]
+    configure(["--repository", str(repo_copy)])
+    assert written() == ["0.25"] and response_busy_fraction({"response_busy_fraction": "0.25"}) == 0.25
+    assert response_busy_fraction({}) == 0.0  # a repository from before the parameter: a response a step
+    with pytest.raises(ValueError, match="parameter response_busy_fraction: expected a number in \\[0, 1\\), got 'x'"):
+        response_busy_fraction({"response_busy_fraction": "x"})
+
+
 @pytest.mark.parametrize("flags, kind, count, gpus", [
     ([], "KIND_MODEL", 1, []),
     (["--gpus", "0,1,2,3"], "KIND_GPU", 1, [0, 1, 2, 3]),
@@ -188,6 +204,7 @@ def test_configure_gpus_all_counts_the_visible_gpus(repo_copy, monkeypatch):
     (["--warmup", "sometimes"], "expected true or false"),
     (["--enable-prefix-caching", "false"], "--no-enable-prefix-caching turns it off"),
     (["--no-enable-prefix-caching", "true"], "MODEL: got 'true'"),
+    (["--response-busy-fraction", "1"], "--response-busy-fraction: expected a number in [0, 1), got 1.0"),
 ])
 def test_configure_refuses_unknown_or_bad_flags(repo_copy, flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

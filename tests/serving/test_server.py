@@ -339,6 +339,11 @@ def test_perf_analyzer_streaming_run_has_no_errors(server, tmp_path):
     assert "Concurrency: 2" in run.stdout
     rows = (tmp_path / "perf_analyzer_c2.csv").read_text().splitlines()
     assert len(rows) >= 2
+    # tokens/s, TTFT and ITL from perf_analyzer's profile export (scripts/loadtest_report.py)
+    assert "| concurrency | requests | output tok/s | TTFT p50 / p90 / p99 ms |" in run.stdout
+    (summary,) = json.loads((tmp_path / "loadtest_summary.json").read_text())
+    assert summary["value"] == 2 and summary["output_tokens"] == 8 * summary["streams"] > 0
+    assert summary["output_tok_s"] > 0 and summary["ttft_ms"]["p50"] > 0 and summary["itl_ms"]["p50"] > 0
 
 
 def test_gpu_serve_check_phases_agree_with_the_server(server, tmp_path):
@@ -370,3 +375,33 @@ def test_gpu_serve_check_phases_agree_with_the_server(server, tmp_path):
     assert engine["ms_per_token_unsynced"] > 0  # as bench.py times it: steps unsynced, over their tokens
     assert case["itl_over_ms_per_token"] == client["flint_model"]["itl"]["median_ms"] / engine["ms_per_token_unsynced"]
     assert "| tiny |" in phase("summary", files["all"])
+
+
+def test_serve_concurrency_phases_run_against_the_server(server, tmp_path):
+    """tools/gpu/serve_concurrency.py on the CPU (its GPU run is gpu_serve_check.sh --concurrency N): the
+    same 4 requests in-process and as 4 concurrent streams to flint_model and to the ensemble; every
+    stream gets its tokens, and the report puts the runs side by side with each process's CPU a token."""
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "serve_concurrency.py"
+    files = {name: str(tmp_path / f"{name}.json") for name in ("engine", "client", "all")}
+
+    def phase(*args):
+        run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return run.stdout
+
+    phase("engine", "--repository", str(server.repository), "--streams", "4", "--prompt-tokens", "32",
+          "--tokens", "6", "--out", files["engine"])
+    phase("client", "--url", server.http_url, "--engine", files["engine"], "--server-pid", str(server.process.pid),
+          "--out", files["client"])
+    out = phase("report", files["engine"], files["client"], "--case", "tiny", "--into", files["all"], "--target", "0")
+    assert "| measure | in-process | served flint_model | served flint |" in out
+    (case,) = json.loads(Path(files["all"]).read_text())["cases"]
+    assert case["streams"] == 4 and case["ok"] and case["engine"]["stats"]["output_tokens"] == 24
+    for model, served in case["served"].items():
+        assert served["stats"]["output_tokens"] == 24 and served["ratio"] > 0, model
+        cpu = served["cpu_ms_per_token"]  # clock ticks of 10 ms: a short run's stage may read 0
+        assert {"tritonserver", "flint_model", "flint_postprocess", "client"} <= set(cpu) and sum(cpu.values()) > 0
+    assert case["served"]["flint"]["models"]["flint_postprocess"]["requests_per_token"] > 0
+    assert "| tiny | 4 |" in phase("summary", files["all"])

@@ -16,7 +16,9 @@ to `flint_model` with the engine's prompt ids (one event per engine step, token 
 the Python backend) and to the `flint` ensemble with the prompt text (tokenizer, engine and
 postprocessor: what clients use), and reads the engine's own time per output token inside the
 server from /metrics. `report` compares the served tokens and text with the engine's, prints
-the case's table and adds it to the JSON file; it exits 1 when they differ.
+the case's table and adds it to the JSON file; it exits 1 when they differ. Many streams at once
+(in-process vs served tokens/s, TTFT and ITL at N concurrent streams): serve_concurrency.py, run by
+gpu_serve_check.sh --concurrency N.
 
 Random weights over the 8192-id project tokenizer: a model with a larger vocabulary (flint-40b
 has 151552) mostly emits ids that decode to nothing, and the postprocessor sends no empty
@@ -54,12 +56,17 @@ def summary(seconds: list[float]) -> dict:
     return {"median_ms": statistics.median(ms), "p90_ms": pct(ms, 0.9), "mean_ms": statistics.fmean(ms), "n": len(ms)}
 
 
-def make_prompt(tokenizer, n_tokens: int) -> str:
-    """The longest run of corpus words that tokenises to at most n_tokens tokens."""
+def corpus_words() -> list[str]:
+    return " ".join(line for line in CORPUS.read_text().splitlines() if not line.startswith("#")).split()
+
+
+def make_prompt(tokenizer, n_tokens: int, start: int = 0) -> str:
+    """The longest run of corpus words from word `start` on (round the corpus) that tokenises to
+    at most n_tokens tokens."""
     from flint_backend.chat.request import encode_text_input
 
-    words = " ".join(line for line in CORPUS.read_text().splitlines() if not line.startswith("#")).split()
-    text = lambda k: " ".join(words[i % len(words)] for i in range(k))  # noqa: E731
+    words = corpus_words()
+    text = lambda k: " ".join(words[(start + i) % len(words)] for i in range(k))  # noqa: E731
     count = lambda k: len(encode_text_input(tokenizer, text(k)))  # noqa: E731
     k = max(1, n_tokens * n_tokens // count(n_tokens))
     while k > 1 and count(k) > n_tokens:

@@ -5,7 +5,8 @@ with its own KV pool; its metrics carry the label `instance`. The engine runs on
 thread; `execute` hands requests over and returns at once; outputs leave through the host's
 queue, which a response thread drains until the sentinel. An abort control request may
 reach any instance: the relay forwards it to the owner (abort_relay.py). `finalize` stops
-the engine, then joins the response thread, then the relay and the metrics. Without a
+the engine, then joins the response thread, then the relay and the metrics. The parameter
+`response_busy_fraction` paces responses when many streams run (response_pacing.py). Without a
 `finalize` (tritonserver killed) or on SIGTERM, ParentWatch aborts everything and exits.
 The engine lease tells flint_postprocess's watch whether this process stopped cleanly
 (engine_lease.py): if it dies any other way, the server is stopped rather than left hanging.
@@ -55,7 +56,8 @@ class TritonPythonModel:
             self.logger.log_info(f"flint_model: instance {placement.name} warmed up in {engine.warmup_s:.1f} s "
                                  "(two requests: Triton compiled the prefill kernels)")
         self.relay = AbortRelay(placement.name, on_abort=lambda key: self.host.abort(key))
-        self.host = EngineHost(engine, key_prefix=self.relay.key_prefix)
+        self.host = EngineHost(engine, key_prefix=self.relay.key_prefix,
+                               busy_fraction=repository.response_busy_fraction(repository.model_parameters(config)))
         labels = {"model": args["model_name"], "version": args["model_version"], "instance": placement.name}
         self.metrics = MetricsPublisher(pb_utils, self.host.engine.metrics, labels).start()
         self.response_thread = threading.Thread(target=self._response_loop, name="flint-responses", daemon=True)
