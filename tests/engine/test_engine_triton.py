@@ -12,6 +12,7 @@ from flint_backend.config import FlintConfig
 from flint_backend.engine.engine import LLMEngine
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.engine.sampling_params import SamplingParams
+from flint_backend.engine.step_batch import build_step_batch
 from flint_backend.weights.convert import convert_checkpoint
 from flint_backend.weights.loader import load_checkpoint
 from flint_backend.weights.nvfp4 import NVFP4Weight
@@ -19,7 +20,7 @@ from flint_backend.weights.random_init import random_stacked_weights, random_wei
 from flint_backend.weights.safetensors_writer import write_sharded
 
 from engine_cases import random_prompts, run_to_completion
-from oracle import TIE_MARGIN, NearTie, greedy, oracle_model
+from oracle import BF16_BOUND, TIE_MARGIN, NearTie, greedy, logits_distance, oracle_model
 
 NEW_TOKENS = 6
 # one prefill step for all prompts (T > SMALL_BATCH_TOKENS: the grouped MoE path), then decode
@@ -70,15 +71,22 @@ def test_triton_backend_greedy_equals_the_oracle():
 
 
 @pytest.fixture(scope="module")
-def nvfp4_checkpoint(tmp_path_factory):
+def nvfp4_gguf(tmp_path_factory):
     """Every linear's K a multiple of 64, so every linear (the LM head too) is NVFP4: written as
-    HF safetensors, converted to an NVFP4 GGUF, loaded with keep_nvfp4."""
+    HF safetensors, converted to an NVFP4 GGUF -> (the GGUF, the HF folder with its config)."""
     config = tiny_config()
     hf_dir = tmp_path_factory.mktemp("w4a16") / "flint-tiny"
     write_sharded(random_weights(config, 0), hf_dir, 1 << 30)
     config.to_json(hf_dir)
     gguf = hf_dir.parent / "flint-tiny-nvfp4.gguf"
     convert_checkpoint(hf_dir, gguf, outtype="nvfp4", progress=False)
+    return gguf, hf_dir
+
+
+@pytest.fixture(scope="module")
+def nvfp4_checkpoint(nvfp4_gguf):
+    """The NVFP4 GGUF loaded with keep_nvfp4, fp32 activations."""
+    gguf, hf_dir = nvfp4_gguf
     ckpt = load_checkpoint(gguf, hf_config_path=hf_dir, dtype=torch.float32, keep_nvfp4=True, progress=False)
     assert isinstance(ckpt.tensors["model.layers.3.mlp.experts.down_proj.weight"], NVFP4Weight)
     assert isinstance(ckpt.tensors["model.layers.0.self_attn.k_proj.weight"], NVFP4Weight)
@@ -94,3 +102,52 @@ def test_w4a16_greedy_equals_the_oracle_on_the_dequantised_weights(backend, prom
                        weights=nvfp4_checkpoint.tensors)
     assert run_greedy(engine, [p for p, _ in cases], new_tokens) == [out[:new_tokens] for _, out in cases]
 
+
+
+def decode_step_logits(engine: LLMEngine, prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
+    """Prefills the prompts and samples each one's first token (greedy), then runs one decode step
+    of all of them through the model -> (each prompt + its first token, that step's fp32 logits
+    [len(prompts), V])."""
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    seqs = [engine.add_request(p, params) for p in prompts]
+    while not all(s.num_output_tokens for s in seqs):
+        engine.step()
+    scheduled = engine.scheduler.schedule()
+    assert [n for _, n in scheduled.entries] == [1] * len(prompts)  # one decode batch of every sequence
+    batch = build_step_batch(scheduled.entries, engine.blocks.block_size, engine.config.sliding_window,
+                             engine.device)
+    model = engine.runner.model
+    x, residual = model.hidden_states(batch, engine.runner.kv)
+    logits = model.logits_of_rows(x, residual, torch.arange(len(prompts))).float()
+    order = [next(i for i, s in enumerate(seqs) if s is seq) for seq, _ in scheduled.entries]
+    return [list(seqs[i].token_ids) for i in order], logits
+
+
+def test_w4a16_bf16_decode_batch_is_within_the_bf16_bound(tmp_path):
+    """A decode step of 17 sequences in bf16 on the Triton kernels: more tokens than
+    moe.SMALL_BATCH_TOKENS, router.GEMV_MAX_T and nvfp4_linear.GEMV_MAX_TOKENS, so the grouped MoE,
+    the router's tensor-core tiles (its fp32 weight split into bf16 parts) and the W4A16 GEMM run,
+    their NVFP4 tiles decoded to fp16 (tuning.FP4_MMA_F16). Its logits are within the bf16 bound of
+    transformers' fp32 FlintForCausalLM on the dequantised weights, at each sequence's position.
+    Three layers (dense 0-1, MoE 2) and a 512-token vocabulary: every launch of a 17-sequence step
+    runs in the interpreter."""
+    config = FlintConfig.preset("flint-tiny", num_hidden_layers=3, vocab_size=512)
+    hf_dir = tmp_path / "flint-tiny"
+    write_sharded(random_weights(config, 0), hf_dir, 1 << 30)
+    config.to_json(hf_dir)
+    convert_checkpoint(hf_dir, tmp_path / "nvfp4.gguf", outtype="nvfp4", progress=False)
+    ckpt = load_checkpoint(tmp_path / "nvfp4.gguf", hf_config_path=hf_dir, dtype=torch.bfloat16, keep_nvfp4=True,
+                           progress=False)
+    assert ckpt.tensors["model.layers.2.mlp.gate.weight"].dtype == torch.float32
+    prompts = random_prompts(17, 3, 5, seed=11, vocab=512)
+    engine = LLMEngine(EngineArgs(kernel_backend="triton", dtype="bfloat16", device="cpu", block_size=4,
+                                  max_num_batched_tokens=128, max_num_seqs=32, num_kv_blocks=128, max_model_len=32,
+                                  async_scheduling=False, enable_prefix_caching=False),
+                       config=ckpt.config, weights=ckpt.tensors)
+    assert engine.runner.model.layers[2].mlp.w13.packed.dtype == torch.uint8  # NVFP4 experts
+    tokens, logits = decode_step_logits(engine, prompts)
+    oracle = oracle_model(ckpt.config, ckpt.tensors, torch.float32)
+    with torch.no_grad():
+        expected = [oracle(torch.tensor([t])).logits[0, -1:] for t in tokens]
+    distance = logits_distance([row[None] for row in logits], expected)
+    assert distance < BF16_BOUND, f"bf16 decode batch vs fp32 oracle: {distance:.4f}"
