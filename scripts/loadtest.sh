@@ -7,7 +7,7 @@
 # and the num_output_tokens the ensemble sends in it), counted as the serve check counts them. The
 # in-process engine's figure on the same kind of requests comes from the serve check's concurrency
 # mode, which puts both side by side: tools/gpu/gpu_serve_check.sh --concurrency N --prompt-tokens P
-# --tokens T (docs/performance.md, "Serving many streams").
+# --tokens T (docs/performance.md, "Many streams: served through tritonserver").
 #
 #   scripts/loadtest.sh [--url localhost:8001] [--concurrency "1 2 4 8"] [--max-tokens 128]
 #                       [--prompt-words 64] [--requests 32] [--out build/loadtest]

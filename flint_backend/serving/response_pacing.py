@@ -5,7 +5,7 @@ send (each a round trip to tritonserver), in tritonserver the ensemble's routing
 flint_postprocess an execution of its own (its inputs, a cancellation check, a send: about twice
 flint_model's part), then the client's event. At one response a token, 64 streams of a fast
 engine ask more of these single-threaded stages than they have: flint_postprocess falls behind
-and the served tokens/s with it (docs/performance.md, "Serving many streams").
+and the served tokens/s with it (docs/performance.md, "Many streams: served through tritonserver").
 
 So the host keeps its response thread busy at most `busy_fraction` of the time. Every WINDOW_S it
 reads how many outputs arrived a second and how long its consumer took for a response; when one
