@@ -21,15 +21,16 @@ def test_prefill_gemms_have_a_bf16_linear_twin():
 
 
 def test_prefill_gemm_forms_restore_the_knobs():
-    # the "decoding tiles" and "128x256 tiles" rows set a tuning switch for their call only,
-    # and each is checked like every case (against dequantise-then-matmul)
+    # the "bf16 tiles", "decoding tiles" and "128x256 tiles" rows set a tuning switch for their
+    # call only, and each is checked like every case (against dequantise-then-matmul)
     from flint_kernels import tuning
-    before = (tuning.FP4_DEQUANT_MIN_TOKENS, tuning.FP4_DEQUANT_GEMM_TILES)
+    before = (tuning.FP4_DEQUANT_MIN_TOKENS, tuning.FP4_DEQUANT_GEMM_TILES, tuning.FP4_MMA_F16)
     cases = bench_w4a16(SMOKE, torch.device("cpu"), smoke=False, prefill_tokens=96)  # a chunk the interpreter runs fast
     forms = [c for c in cases if c.name.startswith("qkv ") and c.name.endswith(" tiles")]
-    assert [c.name for c in forms] == [f"qkv 64->192 T=96 {f}" for f in ("decoding tiles", "128x256 tiles")]
+    assert [c.name for c in forms] == ["qkv 64->192 T=64 bf16 tiles"] + [
+        f"qkv 64->192 T=96 {f}" for f in ("decoding tiles", "128x256 tiles")]
     for case in forms:
         case.prepare()
         status, rel_err = check(case)
         assert status == "ok" and rel_err < 1e-2, (case.name, status, rel_err)
-        assert (tuning.FP4_DEQUANT_MIN_TOKENS, tuning.FP4_DEQUANT_GEMM_TILES) == before
+        assert (tuning.FP4_DEQUANT_MIN_TOKENS, tuning.FP4_DEQUANT_GEMM_TILES, tuning.FP4_MMA_F16) == before
