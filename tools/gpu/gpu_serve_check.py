@@ -269,11 +269,15 @@ def report(args) -> int:
     case = {"case": args.case, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "checks": checks,
             "itl_over_step": ratio, "itl_over_ms_per_token": per_token_ratio,
             "engine": {k: v for k, v in engine.items() if k not in ("prompt", "prompt_ids")}, "client": client}
-    into = Path(args.into)
-    cases = json.loads(into.read_text())["cases"] if into.exists() else []
-    into.write_text(json.dumps({"cases": [c for c in cases if c["case"] != args.case] + [case]}, indent=2))
-    print(f"added {args.case} to {into}")
+    add_case(Path(args.into), case)
     return 0 if checks["ok"] else 1
+
+
+def add_case(into: Path, case: dict) -> None:
+    """Adds (or replaces, by name) a case in the results file `into`."""
+    cases = json.loads(into.read_text())["cases"] if into.exists() else []
+    into.write_text(json.dumps({"cases": [c for c in cases if c["case"] != case["case"]] + [case]}, indent=2))
+    print(f"added {case['case']} to {into}")
 
 
 def print_summary(args) -> int:

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # tools.*, run as a file
 
-from tools.gpu.gpu_serve_check import corpus_words, listed, stream  # noqa: E402
+from tools.gpu.gpu_serve_check import add_case, corpus_words, listed, stream  # noqa: E402
 from tools.gpu.stream_stats import Stream, run_statistics, served_ratio, side_by_side  # noqa: E402
 
 WARMUP_TOKENS = 8
@@ -289,10 +289,7 @@ def report(args) -> int:
         print(f"{model}: served / in-process output tok/s {s['ratio']:.3f} (target {args.target}); "
               f"streams with the engine's {'tokens' if model == 'flint_model' else 'text'}: "
               f"{s['same_outputs']} of {result['streams']}")
-    into = Path(args.into)
-    cases = json.loads(into.read_text())["cases"] if into.exists() else []
-    into.write_text(json.dumps({"cases": [c for c in cases if c["case"] != args.case] + [result]}, indent=2))
-    print(f"added {args.case} to {into}")
+    add_case(Path(args.into), result)
     return 0 if result["ok"] else 1
 
 
