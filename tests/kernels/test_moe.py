@@ -145,14 +145,18 @@ def test_down_words_rows_a_program(rows, monkeypatch):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_one_expert_for_every_token_and_no_shared_expert(path):
-    t, e, k = 6, 16, 2
-    w13, w2, _, _ = experts(e, 64, 32, 32, torch.float32, "dense", seed=2)
+@pytest.mark.parametrize("fmt,dtype,t", [("dense", torch.float32, 6), ("nvfp4", torch.bfloat16, 19)],
+                         ids=["dense", "nvfp4-bf16-two-blocks"])
+def test_one_expert_for_every_token_and_no_shared_expert(path, fmt, dtype, t):
+    """Expert 5 takes every token (19: more than one 16-row block of the grouped path, whose bf16
+    NVFP4 tiles decode to fp16: tuning.FP4_MMA_F16), most others none."""
+    e, k = 16, 2
+    w13, w2, _, _ = experts(e, 64, 32, 32, dtype, fmt, seed=2)
     ids, weights = routing(t, e, k, seed=2)
     ids[:, 0] = 5
     ids[:, 1] = torch.where(ids[:, 1] == 5, 6, ids[:, 1])
-    x = torch.randn(t, 64, device=DEVICE)
-    check(fused_moe(x, ids, weights, w13, w2, path=path), fused_moe_torch(x, ids, weights, w13, w2), torch.float32)
+    x = torch.randn(t, 64, device=DEVICE).to(dtype)
+    check(fused_moe(x, ids, weights, w13, w2, path=path), fused_moe_torch(x, ids, weights, w13, w2), dtype)
 
 
 @pytest.mark.parametrize("path", PATHS)
