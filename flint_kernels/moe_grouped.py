@@ -24,14 +24,13 @@ import triton.language as tl
 
 from .moe_sort import sort_pairs
 from . import tuning
-from .nvfp4 import is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
+from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
 from .pdl import launch_args, pdl_prologue
 from .swiglu import silu_mul_rounded
 from .tuning import INTERPRET
 
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 COMBINE_BLOCK_H = 64 if INTERPRET else 1024
-F16_BLOCK_K = 128  # K a step of the fp16-decoded NVFP4 tiles: 64 bytes a row
 
 
 @triton.jit

@@ -7,9 +7,9 @@ rows [b BLOCK_M, (b + 1) BLOCK_M), >= the expert count past the last run. The nu
 bounded on the host by cdiv(P, BLOCK_M) + experts, so the grid never waits on the device.
 
 Program c owns pairs [c BLOCK_P, (c + 1) BLOCK_P) (none past P: the grid also has a program for
-each BLOCK_B blocks of the block table, which it fills with the others): it histograms every pair's expert (all pairs,
-and those before its own), so it knows each run's start and how many of the expert's pairs come
-before its chunk; atomics on its own per-expert cursors order its pairs inside their runs (the
+each BLOCK_B blocks of the block table, which it fills with the others): it histograms every
+pair's expert (all pairs, and those before its own), so it knows each run's start and how many of
+the expert's pairs come before its chunk; atomics on its own per-expert cursors order its pairs inside their runs (the
 order within a run is arbitrary; every pair's GEMM row is computed alone, so results are not).
 The cursors live in the cached zero buffer of split_k.py; each program zeroes its own again.
 """

@@ -70,23 +70,10 @@ def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
 
     w_ptr / scales_ptr point at the matrix (expert applied): dense values or packed bytes, block
     scales; rows [BLOCK_N] int, row_mask [BLOCK_N]; masked rows (and k >= K when MASK_K) read as
-    0. NVFP4 needs BLOCK_K % 32 == 0. (One function, no nested calls: the interpreter pays per call.)"""
+    0. NVFP4 needs BLOCK_K % 32 == 0: weight_tile_f16's values (exact in fp16) as fp32."""
     if FP4:
-        bytes_ = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        groups = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        p_mask = row_mask[:, None]
-        s_mask = row_mask[:, None]
-        if MASK_K:
-            p_mask = p_mask & (bytes_[None, :] < K // 2)
-            s_mask = s_mask & (groups[None, :] < K // 16)
-        p = tl.load(w_ptr + rows[:, None] * stride_wn + bytes_[None, :], mask=p_mask, other=0).to(tl.int32)
-        s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
-        codes = tl.reshape(tl.join(p & 0xF, p >> 4), [rows.shape[0], BLOCK_K])  # (even, odd) pairs: k order
-        # a code's sign and magnitude bits placed in an fp16: E2M1 / FP16_E2M1_UNIT, exactly
-        values = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
-        s = s.to(tl.float32) * FP16_E2M1_UNIT  # [BLOCK_N, BLOCK_K / 16]
-        s = tl.reshape(tl.broadcast_to(s[:, :, None], [rows.shape[0], BLOCK_K // 16, 16]), [rows.shape[0], BLOCK_K])
-        return values.to(tl.float32) * s
+        return weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K,
+                               False).to(tl.float32)
     else:
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = row_mask[:, None]
@@ -167,6 +154,7 @@ add.f32 $0, s0, s1;
 """)
 
 
+F16_BLOCK_K = 128  # K a step of weight_tile_f16's tiles on a GPU (tuning.FP4_MMA_F16): 64 bytes a row
 # weight_tile_f16's PTX, four packed bytes at a time ($4: a 32-bit word; $5, $6: the four bytes'
 # block scales * 64 as two f16x2 pairs): the codes decoded (E2M1 / 64, e2m1_word_to_f16x2_ptx) and
 # multiplied by their scales in four mul.rn.f16x2 -> E2M1 * scale exactly (5 significant bits,
@@ -189,7 +177,7 @@ def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_
     """weight_tile's NVFP4 tile in fp16 ([BLOCK_N, BLOCK_K], same arguments): E2M1 * block scale,
     exact, the global scale not applied. For tensor-core tiles whose activations are converted
     to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
-    instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter)."""
+    instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter; weight_tile)."""
     bytes_ = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     groups = k0 // 16 + tl.arange(0, BLOCK_K // 16)
     p_mask = row_mask[:, None]

@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from . import nvfp4, tuning
-from .nvfp4 import (check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words, fp4_norm_weight,
-                    fp4_x_block, packed_words, scale_strides, weight_tile, weight_tile_f16)
+from .nvfp4 import (F16_BLOCK_K, check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words,
+                    fp4_norm_weight, fp4_x_block, packed_words, scale_strides, weight_tile, weight_tile_f16)
 from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch, steps_rstd
@@ -60,7 +60,6 @@ GEMV_WORDS_BLOCK_K = 256 if INTERPRET else 1024
 # with the RMSNorm folded takes its row's rstd and updated residual from those blocks (no second
 # load of the row). Longer splits run the pipelined loop.
 GEMM_BLOCK_K = 32 if INTERPRET else 64
-F16_BLOCK_K = 128  # K a step of the fp16-decoded tiles (tuning.FP4_MMA_F16): 64 bytes a row
 GROUP_M = 8
 # From tuning.FP4_DEQUANT_MIN_TOKENS tokens (a prefill chunk) the GEMM decodes each weight once: a
 # first launch writes the weight's E2M1 x E4M3 values (exact) to an [N, K] scratch in x's dtype,

@@ -355,9 +355,9 @@ def _tile(t: int, e: int, device: torch.device, asked: tuple[int, int] | None) -
         return asked
     if t <= GEMV_MAX_T:
         return 1, GEMV_BLOCK_E
-    if t <= DOT_DECODE_MAX_T:  # decode batches: latency-bound (sweep_tiles.py, H100 2026-12-06, fp32 weight:
-        return BLOCK_T, max(16, min(DOT_DECODE_BLOCK_E, triton.next_power_of_2(e)))  # T=64 27.5 -> 19.7 us,
-        # T=256 34.4 -> 19.9 against the rule below)
+    if t <= DOT_DECODE_MAX_T:  # decode batches are latency-bound: sweep_tiles.py, H100 2026-12-06, fp32
+        # weight, 16 x 32 against the rule below: T=64 27.5 -> 19.7 us, T=256 34.4 -> 19.9
+        return BLOCK_T, max(16, min(DOT_DECODE_BLOCK_E, triton.next_power_of_2(e)))
     # 16-token tiles: the widest expert block that still gives every SM a program
     block_e = min(64, max(16, triton.next_power_of_2(e)))
     while block_e > 16 and triton.cdiv(t, BLOCK_T) * triton.cdiv(e, block_e) < num_sms(device):

@@ -7,7 +7,7 @@ perf_analyzer writes (--profile-export-file; scripts/loadtest.sh writes one a co
 Each request of the export is a stream: its send time, then each response's arrival and the
 tokens it adds (the steps of its `num_output_tokens`, which the flint ensemble puts in every
 response). They are counted as tools/gpu/serve_concurrency.py counts its streams
-(tools/gpu/stream_stats.py), over the whole run of one concurrency (first send to last
+(tools/bench/stream_stats.py), over the whole run of one concurrency (first send to last
 response): so a row here reads beside the serve check's "served flint" column, whose first
 column is the in-process engine on the same requests (`tools/gpu/gpu_serve_check.sh
 --concurrency N`).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools.gpu, run as a file
 
-from tools.gpu.stream_stats import Stream, run_statistics  # noqa: E402
+from tools.bench.stream_stats import Stream, run_statistics  # noqa: E402
 
 
 def output_tokens(output: dict, where: str) -> int:

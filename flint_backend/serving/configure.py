@@ -45,8 +45,8 @@ from pathlib import Path
 from flint_backend.chat.chat_options import ChatOptions
 from flint_backend.engine.engine_args import EngineArgs
 from flint_backend.serving.launch import PROJECT_ROOT
-from flint_backend.serving.repository import (ENGINE_MODEL, PATH_KEYS, engine_args_path, instance_group,
-                                              resolve_model_path, set_instance_group)
+from flint_backend.serving.repository import (ENGINE_MODEL, PATH_KEYS, checked_busy_fraction, engine_args_path,
+                                              instance_group, resolve_model_path, set_instance_group)
 
 TOKENIZER_CONFIG = Path("flint_tokenizer") / "config.pbtxt"
 ENGINE_CONFIG = Path(ENGINE_MODEL) / "config.pbtxt"
@@ -193,10 +193,9 @@ def main(argv: list[str] | None = None) -> None:
             "constrain_auto_tool_calls": str(options.constrain_auto_tool_calls).lower(),
             "default_max_tokens": str(args.default_max_tokens)})
         group = engine_instance_group(args, engine.device)
-        if not 0.0 <= args.response_busy_fraction < 1.0:
-            raise ValueError(f"--response-busy-fraction: expected a number in [0, 1), got {args.response_busy_fraction}")
+        busy = checked_busy_fraction(args.response_busy_fraction, "--response-busy-fraction")
         engine_config = set_parameters(set_instance_group((args.source / ENGINE_CONFIG).read_text(), group),
-                                       {"response_busy_fraction": str(args.response_busy_fraction)}, ENGINE_CONFIG)
+                                       {"response_busy_fraction": str(busy)}, ENGINE_CONFIG)
         copy_models(args.source, args.repository)
     except (ValueError, OSError) as error:
         sys.exit(f"configure: {error}")

@@ -87,6 +87,14 @@ def chat_options(params: dict[str, str]) -> ChatOptions:
                        constrain_auto_tool_calls=flag("constrain_auto_tool_calls", "true"))
 
 
+def checked_busy_fraction(value: float, field: str) -> float:
+    """value, if it is a busy fraction (response_pacing.py): a number in [0, 1); else a
+    ValueError naming `field`."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{field}: expected a number in [0, 1), got {value!r}")
+    return value
+
+
 def response_busy_fraction(params: dict[str, str]) -> float:
     """flint_model's parameter: the share of time its response thread may spend sending (response_pacing.py)."""
     text = params.get("response_busy_fraction", "0")
@@ -94,9 +102,7 @@ def response_busy_fraction(params: dict[str, str]) -> float:
         value = float(text)
     except ValueError:
         raise ValueError(f"parameter response_busy_fraction: expected a number in [0, 1), got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"parameter response_busy_fraction: expected a number in [0, 1), got {text!r}")
-    return value
+    return checked_busy_fraction(value, "parameter response_busy_fraction")
 
 
 def instance_group(gpus: list[int] | None = None, count: int | None = None) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from flint_backend.engine.engine import RequestOutput
+from flint_backend.serving.repository import checked_busy_fraction
 
 WINDOW_S = 0.5
 MAX_TOKENS = 16
@@ -54,9 +55,7 @@ class _Paced:
 
 class ResponsePacing:
     def __init__(self, busy_fraction: float, clock: Callable[[], float] = time.monotonic):
-        if not 0.0 <= busy_fraction < 1.0:
-            raise ValueError(f"response_busy_fraction: expected a number in [0, 1), got {busy_fraction!r}")
-        self.busy_fraction = busy_fraction
+        self.busy_fraction = checked_busy_fraction(busy_fraction, "response_busy_fraction")
         self.tokens_per_response = 1
         self._clock = clock
         self._paced: dict[int, _Paced] = {}

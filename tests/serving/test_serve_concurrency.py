@@ -16,7 +16,7 @@ from flint_backend.serving.preprocess import Preprocessor
 from flint_backend.tokenizer import load_tokenizer
 from tools.gpu.serve_concurrency import (case_result, engine_run, new_tokens, print_summary, report, request_body,
                                          stream_prompts)
-from tools.gpu.stream_stats import Stream, run_statistics, served_ratio
+from tools.bench.stream_stats import Stream, run_statistics, served_ratio
 
 # stream 0: first token at 0.5 s, then 1 token after 0.1 s and 2 tokens after 0.2 s (0.1 s each);
 # stream 1 starts at 0.1 s: first token at 0.7 s, one more 0.3 s later, then a final event alone

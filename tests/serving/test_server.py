@@ -4,6 +4,7 @@ tritonclient gRPC streaming, HTTP generate / generate_stream and perf_analyzer."
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -346,19 +347,24 @@ def test_perf_analyzer_streaming_run_has_no_errors(server, tmp_path):
     assert summary["output_tok_s"] > 0 and summary["ttft_ms"]["p50"] > 0 and summary["itl_ms"]["p50"] > 0
 
 
-def test_gpu_serve_check_phases_agree_with_the_server(server, tmp_path):
-    """tools/gpu/gpu_serve_check.py on the CPU (its GPU run is tools/gpu/gpu_serve_check.sh): the engine
-    phase on the server's own repository, the client phase's flint_model and flint streams, and the
-    report, which finds the served tokens and text equal to the in-process engine's."""
-    import sys
-
-    script = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "gpu_serve_check.py"
-    files = {name: str(tmp_path / f"{name}.json") for name in ("engine", "client", "all")}
+def gpu_tool_phases(name: str):
+    """-> phase(*args): runs tools/gpu/<name>.py with those arguments, asserts it exits 0, -> its stdout."""
+    script = Path(__file__).resolve().parents[2] / "tools" / "gpu" / f"{name}.py"
 
     def phase(*args):
         run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         return run.stdout
+
+    return phase
+
+
+def test_gpu_serve_check_phases_agree_with_the_server(server, tmp_path):
+    """tools/gpu/gpu_serve_check.py on the CPU (its GPU run is tools/gpu/gpu_serve_check.sh): the engine
+    phase on the server's own repository, the client phase's flint_model and flint streams, and the
+    report, which finds the served tokens and text equal to the in-process engine's."""
+    phase = gpu_tool_phases("gpu_serve_check")
+    files = {name: str(tmp_path / f"{name}.json") for name in ("engine", "client", "all")}
 
     phase("engine", "--repository", str(server.repository), "--prompt-tokens", "40", "--tokens", "6",
           "--runs", "2", "--out", files["engine"])
@@ -381,15 +387,8 @@ def test_serve_concurrency_phases_run_against_the_server(server, tmp_path):
     """tools/gpu/serve_concurrency.py on the CPU (its GPU run is gpu_serve_check.sh --concurrency N): the
     same 4 requests in-process and as 4 concurrent streams to flint_model and to the ensemble; every
     stream gets its tokens, and the report puts the runs side by side with each process's CPU a token."""
-    import sys
-
-    script = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "serve_concurrency.py"
+    phase = gpu_tool_phases("serve_concurrency")
     files = {name: str(tmp_path / f"{name}.json") for name in ("engine", "client", "all")}
-
-    def phase(*args):
-        run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        return run.stdout
 
     phase("engine", "--repository", str(server.repository), "--streams", "4", "--prompt-tokens", "32",
           "--tokens", "6", "--out", files["engine"])

@@ -42,6 +42,7 @@ from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
 from flint_kernels import tuning  # noqa: E402
 from flint_kernels.fp8_kv import index_copy_rows  # noqa: E402
 from tools.bench.format_processes import run_in_child  # noqa: E402
+from tools.bench.stream_stats import Stream, run_statistics  # noqa: E402
 from tools.bench.timing import copy_bandwidth, nbytes, result_path, run_meta  # noqa: E402
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -192,50 +193,32 @@ def kernel_breakdown(engine: LLMEngine, context: int) -> list[dict]:
 def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len: int = 512,
                warmup: bool = True) -> dict:
     """Output tokens/s of `streams` requests submitted at once, over the whole run and over its
-    decode part (from the step that gave every stream its first token), and per request the TTFT
-    and the gaps between its tokens (ITL; a step that delivers k tokens of a request counts its
-    gap / k k times), as percentiles in ms. warmup: the same requests with WARMUP_TOKENS output
-    tokens run first, untimed: Triton compiles a kernel for each new specialisation on its first
-    launch, and the engine's start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and a
-    short prompt, not every batch of prompts; a compile would otherwise land in the timed prefill."""
+    decode part (from the step that gave every stream its first token), and the TTFT and ITL
+    percentiles in ms (stream_stats.run_statistics). warmup: the same requests with WARMUP_TOKENS
+    output tokens run first, untimed: Triton compiles a kernel for each new specialisation on its
+    first launch, and the engine's start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and
+    a short prompt, not every batch of prompts; a compile would otherwise land in the timed prefill."""
     if warmup:
         throughput(engine, streams, prompt_len, WARMUP_TOKENS, warmup=False)
     seqs = [engine.add_request([1 + (i * 31 + j) % 5000 for j in range(prompt_len)],
                                SamplingParams(max_tokens=out_len, **GREEDY)) for i in range(streams)]
+    events: dict[str, list[tuple[float, int]]] = {s.request_id: [] for s in seqs}
     sync()
     t0 = time.perf_counter()
-    first, last_seen, ttfts, itls = None, {}, [], []
+    first = None
     while engine.has_work():
         outputs = engine.step()
         now = time.perf_counter()
         for out in outputs:
-            n = len(out.new_token_ids)
-            if not n:
-                continue
-            if out.request_id not in last_seen:
-                ttfts.append(now - t0)
-                n -= 1
-            elif n:
-                itls += [(now - last_seen[out.request_id]) / n] * n
-            last_seen[out.request_id] = now
+            events[out.request_id].append((now - t0, len(out.new_token_ids)))
         if first is None and all(s.num_output_tokens > 0 for s in seqs):
             first = now
-    total = time.perf_counter() - t0
     decode = time.perf_counter() - first
-    return {"streams": streams, "prompt": prompt_len, "output": out_len,
-            "output_tok_s": round(streams * out_len / total, 1),
+    run = run_statistics([Stream(0.0, e) for e in events.values()])
+    return {"streams": streams, "prompt": prompt_len, "output": out_len, "output_tok_s": run["output_tok_s"],
             "decode_tok_s": round(streams * (out_len - 1) / decode, 1),
             "ms_per_step": round(decode / (out_len - 1) * 1e3, 3),
-            "ttft_ms": percentiles(ttfts), "itl_ms": percentiles(itls)}
-
-
-def percentiles(seconds: list[float]) -> dict:
-    """p50 / p90 / p99 and the mean, in ms (None without values)."""
-    if not seconds:
-        return {"p50": None, "p90": None, "p99": None, "mean": None}
-    ordered = sorted(seconds)
-    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)  # noqa: E731
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "mean": round(statistics.fmean(ordered) * 1e3, 3)}
+            "ttft_ms": run["ttft_ms"], "itl_ms": run["itl_ms"]}
 
 
 WARMUP_TOKENS = 4

@@ -16,7 +16,7 @@ requests concurrently, one thread and HTTP generate_stream each (standard librar
 `flint_model` with the engine's prompt ids and to the `flint` ensemble with the prompt text
 (tokenizer, engine and postprocessor); with --server-pid it also reads each server process's CPU
 time and Triton's model statistics around each run (server_probes.py). `report` prints output
-tokens/s, TTFT and ITL percentiles side by side (stream_stats.py), the served / in-process
+tokens/s, TTFT and ITL percentiles side by side (tools/bench/stream_stats.py), the served / in-process
 ratio of tokens/s, and each stage's host cost a token; it exits 1 when a ratio is below --target.
 
 The ensemble streams text: a step whose tokens decode to no new text sends no event, so with
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # tools.*, run as a file
 
 from tools.gpu.gpu_serve_check import add_case, corpus_words, listed, stream  # noqa: E402
-from tools.gpu.stream_stats import Stream, run_statistics, served_ratio, side_by_side  # noqa: E402
+from tools.bench.stream_stats import Stream, run_statistics, served_ratio, side_by_side  # noqa: E402
 
 WARMUP_TOKENS = 8
 SERVED = ("flint_model", "flint")  # the timed runs through tritonserver, in this order

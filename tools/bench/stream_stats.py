@@ -1,9 +1,9 @@
-"""What the serve check's concurrency mode computes from its streams, the same way for the
-in-process engine and for tritonserver's clients (tools/gpu/serve_concurrency.py records them).
+"""Output tokens/s, TTFT and ITL of N streams started together, counted one way for bench.py's
+in-process throughput runs, the serve check's concurrency mode (tools/gpu/serve_concurrency.py:
+the engine and tritonserver's clients) and scripts/loadtest_report.py.
 
-A run is N streams started together. A stream is its start and its events: (arrival, new output
-tokens) in seconds from the run's start. As tools/bench/bench.py's `throughput` counts them:
-output tokens/s is every stream's tokens over the run (start to the last arrival); TTFT is a
+A stream is its start and its events: (arrival, new output tokens) in seconds from the run's
+start. Output tokens/s is every stream's tokens over the run (start to the last arrival); TTFT is a
 stream's first event with tokens less its start; an event after it that brings k tokens a gap g
 after the one before with tokens counts g / k as the ITL of each of its k tokens (the first
 event's extra tokens have no gap). An event without tokens (a final response alone) only ends
@@ -12,9 +12,8 @@ its stream.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
-
-from tools.bench.bench import percentiles
 
 
 @dataclass
@@ -32,6 +31,15 @@ class Stream:
 
     def to_dict(self) -> dict:
         return {"start": self.start, "events": [[t, n] for t, n in self.events]}
+
+
+def percentiles(seconds: list[float]) -> dict:
+    """p50 / p90 / p99 and the mean, in ms (None without values)."""
+    if not seconds:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    ordered = sorted(seconds)
+    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "mean": round(statistics.fmean(ordered) * 1e3, 3)}
 
 
 def run_statistics(streams: list[Stream]) -> dict:
