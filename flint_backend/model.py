@@ -73,7 +73,8 @@ class FlintAttention:
             slot_mapping=slots if write_now else None, kv_scales=kv_scales)
         out = ops.attention(
             q, k, v, batch.query_start_loc, batch.context_lens, k_cache, v_cache, self.sinks, self.sm_scale,
-            self.window, **cache_rows, decode_only=False, max_query_len=batch.max_query_len)  # [N, Hq, D]
+            self.window, **cache_rows, decode_only=False, max_query_len=batch.max_query_len,
+            kv_in_cache=write_now)  # [N, Hq, D]
         if not write_now:
             ops.cache_write(k, v, k_cache, v_cache, slots, kv_scales)
             if batch.window_slots is not None:  # the prefix cache's window pages (engine.prefix_cache)

@@ -239,12 +239,13 @@ def norm_moe_triton(x, residual, norm_w, eps, router_w, top_k, renormalize, w13,
     return moe_k.fused_moe(h, ids, weights, w13, w2, shared_w13, shared_w2), residual
 
 
-def _attention_torch(*args, decode_only: bool, max_query_len: int, **kwargs):
+def _attention_torch(*args, decode_only: bool, max_query_len: int, kv_in_cache: bool = False, **kwargs):
     return attention_k.attention_torch(*args, **kwargs)
 
 
 def _attention_triton(q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks, sm_scale, window,
-                      block_tables=None, ring_rows=None, *, decode_only: bool, max_query_len: int, kv_scales=None):
+                      block_tables=None, ring_rows=None, *, decode_only: bool, max_query_len: int, kv_scales=None,
+                      kv_in_cache: bool = False):
     from flint_kernels.decode_attention import decode_attention
     from flint_kernels.prefill_attention import prefill_attention
 
@@ -252,7 +253,8 @@ def _attention_triton(q, k, v, query_start_loc, context_lens, k_cache, v_cache, 
         return decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
                                 block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales)
     return prefill_attention(q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks, sm_scale, window,
-                             max_query_len, block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales)
+                             max_query_len, block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales,
+                             kv_in_cache=kv_in_cache)
 
 
 def _decode_attention_o_torch(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,

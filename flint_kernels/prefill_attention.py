@@ -8,6 +8,9 @@ cached ones from the paged/ring cache and this step's from k/v (a tile may mix b
 every row sees whole skip the causal/window mask; tiles no row sees are never loaded.
 The grid is (cdiv(N, BLOCK_Q) + B, Hk): sequence b owns tile slots from
 query_start_loc[b] // BLOCK_Q + b on, found by binary search, so no host sync is needed.
+A paged cache that already holds the step's keys (full layers write before attention:
+kv_in_cache) is read by whole pages through tensor descriptors (TMA on Hopper), one or two
+pages a key tile (_attend_pages), with no address tensors in registers.
 
 Numerics as decode_attention.py: bf16 dots with fp32 accumulation, an fp32 online softmax with
 the sink in its denominator, unnormalised probabilities rounded to bf16 for P V, one rounding
@@ -19,14 +22,17 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .attention import attention_torch, check_attention_inputs
+from . import tuning
 from .pdl import launch_args, pdl_prologue
 from .tuning import INTERPRET
 
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 LOG2E = 1.4426950408889634
-# GPU tiles: 128 rows x 64 keys, D up to 128 (H100/H200 flash-attention shape); interpreter: small
+# GPU tiles: 128 rows x 64 keys, D up to 128 (H100/H200 flash-attention shape; other shapes:
+# tuning.PREFILL_ATTENTION_TILES); interpreter: small
 TILE_M, TILE_N = (32, 16) if INTERPRET else (128, 64)
 
 
@@ -103,6 +109,52 @@ def _attend_tile(
 
 
 @triton.jit
+def _page_scores(q, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr, n_pages, h,
+                 D: tl.constexpr, ROWS_PER: tl.constexpr, MASKED: tl.constexpr, DOT_FP32: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """One page's scores [BLOCK_M, ROWS_PER] (masked: -inf) and values [ROWS_PER, D] (masked: 0,
+    as rows past the written ones may hold anything)."""
+    page = tl.load(table_ptr + kstart // ROWS_PER, mask=kstart // ROWS_PER < n_pages, other=0)
+    k = k_desc.load([page * ROWS_PER, h * D])
+    v = v_desc.load([page * ROWS_PER, h * D])
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        pos = kstart + tl.arange(0, ROWS_PER)
+        in_range = pos < hi
+        seen = in_range[None, :] & (pos[None, :] <= qpos[:, None])
+        seen &= (window == 0) | (pos[None, :] > qpos[:, None] - window)
+        scores = tl.where(seen, scores, float("-inf"))
+        v = tl.where(in_range[:, None], v, 0.0)
+    return scores, v
+
+
+@triton.jit
+def _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr, n_pages, h,
+                  D: tl.constexpr, ROWS_PER: tl.constexpr, PAGES: tl.constexpr, MASKED: tl.constexpr,
+                  DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """_attend_tile over PAGES (1 or 2) whole pages of a cache holding every key (kv_in_cache)."""
+    s0, v0 = _page_scores(q, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr, n_pages, h,
+                          D, ROWS_PER, MASKED, DOT_FP32, DOT_PRECISION)
+    m_new = tl.maximum(m, tl.max(s0, axis=1))
+    if PAGES == 2:
+        s1, v1 = _page_scores(q, kstart + ROWS_PER, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr,
+                              n_pages, h, D, ROWS_PER, MASKED, DOT_FP32, DOT_PRECISION)
+        m_new = tl.maximum(m_new, tl.max(s1, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p0 = tl.exp2(s0 - m_new[:, None])
+    l = l * alpha + tl.sum(p0, axis=1)
+    acc = tl.dot(p0.to(v0.dtype), v0, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    if PAGES == 2:
+        p1 = tl.exp2(s1 - m_new[:, None])
+        l += tl.sum(p1, axis=1)
+        acc = tl.dot(p1.to(v1.dtype), v1, acc, input_precision=DOT_PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,                # [N, Hq, D]
     k_ptr,                # [N, Hk, D] this step's keys
@@ -115,12 +167,13 @@ def _prefill_kernel(
     ring_rows_ptr,        # [B] int32 (read when not PAGED)
     sinks_ptr,            # [Hq] fp32 (read when USE_SINKS)
     out_ptr,              # [N, Hq, D]
+    k_desc, v_desc,       # PAGES: descriptors of the caches as [num_slots, Hk * D], blocks [ROWS_PER, D]
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
-    qk_scale, window, num_seqs, k_scale, v_scale,
+    qk_scale, window, num_seqs, k_scale, v_scale, n_pages,  # n_pages: block_tables' width
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, PDL: tl.constexpr,
+    KV_FP8: tl.constexpr, PAGES: tl.constexpr, PDL: tl.constexpr,  # PAGES: 0, or pages a key tile (kv_in_cache)
 ):
     pdl_prologue(PDL)
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # last tiles see the most keys: start them first
@@ -169,24 +222,38 @@ def _prefill_kernel(
     ring_base = 0
     if not PAGED:
         ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
-    for kstart in range(lo, mid_lo, BLOCK_N):
-        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
-                                 k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
-                                 table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                 PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
-                                 KV_FP8=KV_FP8)
-    for kstart in range(mid_lo, mid_hi, BLOCK_N):
-        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
-                                 k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
-                                 table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                 PAGED=PAGED, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
-                                 KV_FP8=KV_FP8)
-    for kstart in range(mid_hi, hi, BLOCK_N):
-        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
-                                 k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
-                                 table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                 PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
-                                 KV_FP8=KV_FP8)
+    if PAGES:
+        for kstart in range(lo, mid_lo, BLOCK_N):
+            m, l, acc = _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table,
+                                      n_pages, h, D=D, ROWS_PER=ROWS_PER, PAGES=PAGES, MASKED=True,
+                                      DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+        for kstart in range(mid_lo, mid_hi, BLOCK_N):
+            m, l, acc = _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table,
+                                      n_pages, h, D=D, ROWS_PER=ROWS_PER, PAGES=PAGES, MASKED=False,
+                                      DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+        for kstart in range(mid_hi, hi, BLOCK_N):
+            m, l, acc = _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table,
+                                      n_pages, h, D=D, ROWS_PER=ROWS_PER, PAGES=PAGES, MASKED=True,
+                                      DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+    else:
+        for kstart in range(lo, mid_lo, BLOCK_N):
+            m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
+                                     k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
+                                     table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
+                                     PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
+                                     KV_FP8=KV_FP8)
+        for kstart in range(mid_lo, mid_hi, BLOCK_N):
+            m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
+                                     k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
+                                     table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
+                                     PAGED=PAGED, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
+                                     KV_FP8=KV_FP8)
+        for kstart in range(mid_hi, hi, BLOCK_N):
+            m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
+                                     k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
+                                     table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
+                                     PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
+                                     KV_FP8=KV_FP8)
     o_rows = (q_start + qi).to(tl.int64) * stride_ot + head * stride_oh
     tl.store(out_ptr + o_rows[:, None] + cols[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
@@ -197,10 +264,12 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None,
                       sm_scale: float, window: int, max_query_len: int,
                       block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None, kv_scales: tuple[float, float] | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, kv_scales: tuple[float, float] | None = None,
+                      kv_in_cache: bool = False) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hk, D] of B sequences (query_start_loc [B+1]) -> out [N, Hq, D].
     max_query_len: an upper bound of the new tokens per sequence (picks the tile height only).
-    kv_scales: FP8 KV (attention.py)."""
+    kv_scales: FP8 KV (attention.py). kv_in_cache: the paged cache already holds k/v at the
+    step's positions (then whole pages are read through descriptors: _tile_pages)."""
     check_attention_inputs("prefill_attention", q, k, v, query_start_loc, context_lens, k_cache, v_cache,
                            sinks, window, block_tables, ring_rows, kv_scales)
     n, hq, d = q.shape
@@ -219,26 +288,42 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return out
     g = hq // hk
     g_pad = triton.next_power_of_2(g)
-    block_m = max(16, min(TILE_M, triton.next_power_of_2(max_query_len) * g_pad))
+    tile_m, tile_n, warps, stages = tuning.PREFILL_ATTENTION_TILES or (TILE_M, TILE_N, None, 3)
+    block_m = max(16, min(tile_m, triton.next_power_of_2(max_query_len) * g_pad))
     block_q = max(1, block_m // g_pad)
     paged = block_tables is not None
+    rows_per = k_cache.shape[1]
+    pages = _tile_pages(tile_n, rows_per) if kv_in_cache and paged and not window and kv_scales is None else 0
+    descs = (None, None)
+    if pages:
+        descs = tuple(TensorDescriptor.from_tensor(c.view(-1, hk * d), [rows_per, d]) for c in (k_cache, v_cache))
     _prefill_kernel[(triton.cdiv(n, block_q) + batch, hk)](
         q_ptr=q, k_ptr=k, v_ptr=v, query_start_loc_ptr=query_start_loc, context_lens_ptr=context_lens,
         k_cache_ptr=k_cache, v_cache_ptr=v_cache,
         block_tables_ptr=block_tables if paged else context_lens,
         ring_rows_ptr=context_lens if paged else ring_rows,
-        sinks_ptr=sinks if sinks is not None else q, out_ptr=out,
+        sinks_ptr=sinks if sinks is not None else q, out_ptr=out, k_desc=descs[0], v_desc=descs[1],
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kt=k.stride(0), stride_kh=k.stride(1),
         stride_vt=v.stride(0), stride_vh=v.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0) if paged else 0,
         qk_scale=sm_scale * LOG2E, window=window, num_seqs=batch,
         k_scale=kv_scales[0] if kv_scales else 1.0, v_scale=kv_scales[1] if kv_scales else 1.0,
-        HK=hk, G=g, D=d, ROWS_PER=k_cache.shape[1], G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=TILE_N,
+        n_pages=block_tables.shape[1] if paged else 0,
+        HK=hk, G=g, D=d, ROWS_PER=rows_per, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=tile_n,
         PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_scales is not None,
-        **launch_args(q.device), num_warps=8 if block_m >= 128 else 4, num_stages=3,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_scales is not None, PAGES=pages,
+        **launch_args(q.device), num_warps=warps or (8 if block_m >= 128 else 4), num_stages=stages,
     )
     return out
+
+
+def _tile_pages(tile_n: int, rows_per: int) -> int:
+    """Pages a key tile of tile_n keys when whole pages are read by descriptors: 1 or 2, or 0
+    (the gathered path) for pages that are not a power of two of >= 16 rows (tl.dot's least) or
+    that a tile does not hold once or twice (tuning.PREFILL_ATTENTION_TMA off: 0)."""
+    if not tuning.PREFILL_ATTENTION_TMA or rows_per < 16 or rows_per & (rows_per - 1):
+        return 0
+    return tile_n // rows_per if tile_n in (rows_per, 2 * rows_per) else 0
 
 
 def prefill_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -247,8 +332,9 @@ def prefill_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             sm_scale: float, window: int, max_query_len: int,
                             block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
                             out: torch.Tensor | None = None, kv_scales: tuple[float, float] | None = None,
-                            ) -> torch.Tensor:
-    """Same signature and semantics as `prefill_attention` (max_query_len is only a hint)."""
+                            kv_in_cache: bool = False) -> torch.Tensor:
+    """Same signature and semantics as `prefill_attention` (max_query_len and kv_in_cache are
+    only hints)."""
     result = attention_torch(q, k, v, query_start_loc, context_lens, k_cache, v_cache, sinks, sm_scale,
                              window, block_tables=block_tables, ring_rows=ring_rows, kv_scales=kv_scales)
     if out is None:

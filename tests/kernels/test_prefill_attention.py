@@ -15,12 +15,17 @@ TOL = {torch.bfloat16: dict(rtol=2e-2, atol=1e-2), torch.float32: dict(rtol=1e-4
 WINDOW = 9
 
 
-def run_both(step, window, sinks="step"):
+def run_both(step, window, sinks="step", kv_in_cache=False):
+    """kv_in_cache: the kernel gets NaN k / v, so every key it uses comes from the cache."""
     sinks = step.sinks if sinks == "step" else sinks
     max_q = int((step.query_start_loc[1:] - step.query_start_loc[:-1]).max())
     args = (step.q, step.k, step.v, step.query_start_loc, step.context_lens, step.k_cache, step.v_cache,
             sinks, 1 / math.sqrt(step.q.shape[-1]), window, max_q)
-    return prefill_attention(*args, **step.cache_kwargs()), prefill_attention_torch(*args, **step.cache_kwargs())
+    kernel_args = args
+    if kv_in_cache:
+        kernel_args = (step.q, torch.full_like(step.k, float("nan")), torch.full_like(step.v, float("nan"))) + args[3:]
+    got = prefill_attention(*kernel_args, **step.cache_kwargs(), kv_in_cache=kv_in_cache)
+    return got, prefill_attention_torch(*args, **step.cache_kwargs())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -67,6 +72,31 @@ def test_gpu_tile_sizes(monkeypatch, window):
     torch.testing.assert_close(got, expected, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tiles", [None, (32, 32, 4, 3)])  # a key tile of one page (the interpreter's 16), of two
+def test_whole_pages_of_a_cache_holding_the_step(monkeypatch, tiles, dtype):
+    # full layers write the step's K/V first (kv_in_cache): keys come by whole pages (tensor
+    # descriptors); rows past the written ones are NaN in make_step's cache and must not reach P V
+    from flint_kernels import tuning
+    monkeypatch.setattr(tuning, "PREFILL_ATTENTION_TILES", tiles)
+    seqs = [(50, 30), (0, 17), (16, 1), (33, 16), (0, 1), (47, 2)]
+    step = make_step(seqs, dtype=dtype, rows_per=16, write_current=True, seed=5, device=DEVICE)
+    got, expected = run_both(step, 0, kv_in_cache=True)
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("layout,rows_per,window", [("paged", 8, 0), ("paged", 16, WINDOW), ("ring", 16, WINDOW)])
+def test_kv_in_cache_where_pages_do_not_fit(monkeypatch, layout, rows_per, window):
+    # pages under 16 rows and windowed layers keep the gathered path, which reads the step's k / v
+    step = make_step([(20, 9), (0, 5)], layout=layout, rows_per=rows_per, write_current=True, device=DEVICE)
+    args = (step.q, step.k, step.v, step.query_start_loc, step.context_lens, step.k_cache, step.v_cache,
+            step.sinks, 0.25, window, 9)
+    got = prefill_attention(*args, **step.cache_kwargs(), kv_in_cache=True)
+    torch.testing.assert_close(got, prefill_attention_torch(*args, **step.cache_kwargs()), **TOL[torch.float32])
+    from flint_kernels import prefill_attention as module
+    assert module._tile_pages(module.TILE_N, rows_per) == (1 if rows_per == 16 else 0)
+
+
 def test_huge_sink_and_no_sink():
     step = make_step([(5, 6), (0, 3), (2, 1)], rows_per=4, device=DEVICE)
     got, _ = run_both(step, 0, sinks=torch.full((8,), 1e4, device=DEVICE))
@@ -88,10 +118,11 @@ def test_other_group_sizes_and_strided_inputs():
     ([(0, 8192)], 0), ([(0, 8192)], 513), ([(4096, 2048), (0, 1), (30_000, 1), (100, 700)], 0),
     ([(5000, 2048), (0, 1000), (512, 1), (513, 3)], 513), ([(0, 32768)], 0),
 ])
-def test_real_shapes(seqs, window):
+@pytest.mark.parametrize("kv_in_cache", [False, True])
+def test_real_shapes(seqs, window, kv_in_cache):
     layout, rows_per = ("ring", 513) if window else ("paged", 64)
     step = make_step(seqs, hq=32, hk=4, d=128, dtype=torch.bfloat16, layout=layout, rows_per=rows_per,
-                     device=DEVICE)
-    got, expected = run_both(step, window)
+                     write_current=kv_in_cache and not window, device=DEVICE)
+    got, expected = run_both(step, window, kv_in_cache=kv_in_cache and not window)
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
     assert_scaled_close(got, expected)

@@ -54,6 +54,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from flint_kernels.registers import programs_per_sm  # noqa: E402
 from tools.bench.knobs import with_knob  # noqa: E402
@@ -99,8 +100,10 @@ def compile_launch(fn, kwargs, arch: int):
     options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     for i, param in enumerate(fn.params):
         value = kwargs[param.name]
-        if param.is_constexpr or (type(value) is int and value == 1):  # the JIT specialises 1 too
+        if param.is_constexpr or value is None or (type(value) is int and value == 1):  # the JIT specialises 1, None
             signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, TensorDescriptor):
+            signature[param.name] = f"tensordesc<{DTYPES[value.base.dtype]}{list(value.block_shape)}>"
         elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + DTYPES[value.dtype]
             if value.data_ptr() % 16 == 0:
@@ -244,6 +247,8 @@ def launches() -> list[tuple[str, object, object]]:
             q, k, v_view, ring, ring, lens, sinks, scale, 513, ring_rows=rows)),
         ("prefill paged", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 4096, block_tables=tables)),
+        ("prefill paged pages", prefill_attention, lambda: prefill_attention.prefill_attention(
+            q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 4096, block_tables=tables, kv_in_cache=True)),
         ("prefill ring", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl, lens, ring, ring, sinks, scale, 513, 4096, ring_rows=rows)),
         ("prefill decode-rows", prefill_attention, lambda: prefill_attention.prefill_attention(

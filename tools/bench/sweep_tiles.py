@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Launch shapes of the batched-decode launches, timed against each other: the grouped MoE
-(tuning.MOE_GROUPED_TILES) with random routing over flint-40b's 256 experts, and the W4A16
-GEMM's decoding tiles (tuning.FP4_GEMM_TILES) on the attention projections, NVFP4, at the
-token counts of decode batches. Weights rotate over sets that read twice the L2 between two uses
-(bench_kernels.Rotation), as in a step; and the router (fp32 weight) by its tile. Each row is
-checked against the torch twin.
+"""Launch shapes timed against each other: the batched-decode launches (the grouped MoE,
+tuning.MOE_GROUPED_TILES, with random routing over flint-40b's 256 experts; the W4A16 GEMM's
+decoding tiles, tuning.FP4_GEMM_TILES, on the attention projections, NVFP4, at the token counts
+of decode batches; the router, fp32 weight, by its tile) and prefill attention's tiles
+(tuning.PREFILL_ATTENTION_TILES) on a prefill chunk at the start and at the end of a 100K-token
+prompt. Weights rotate over sets that read twice the L2 between two uses (bench_kernels.Rotation),
+as in a step. Each row is checked against the torch twin.
 
-    python tools/bench/sweep_tiles.py [--tokens 64,256] [--out FILE]
+    python tools/bench/sweep_tiles.py [--only moe,w4a16,router,prefill_attention] [--tokens 64,256] [--out FILE]
 
 Prints a table per launch (the default shape first) and writes JSON (by default
 benchmarks/<gpu>/<date>-<commit>-sweep-tiles.json).
@@ -27,13 +28,17 @@ from flint_kernels import tuning  # noqa: E402
 from flint_kernels.moe import fused_moe, fused_moe_torch  # noqa: E402
 from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch  # noqa: E402
 from flint_kernels.router import router_topk, router_topk_torch  # noqa: E402
-from tools.bench.bench_kernels import FULL, Rotation, _cold_sets, _experts, _routing, random_nvfp4  # noqa: E402
+from tools.bench.bench_kernels import (FULL, PREFILL_TOKENS, Rotation, _cold_sets, _experts, _paged_kv,  # noqa: E402
+                                       _routing, _visible, random_nvfp4)
 from tools.bench.knobs import with_knob  # noqa: E402
 from tools.bench.timing import copy_bandwidth, graph_us, nbytes, result_path, run_meta  # noqa: E402
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages)
 MOE_TILES = [None, (16, 64, 64, 128, 4, 3), (16, 128, 128, 128, 4, 3), (16, 64, 128, 128, 4, 4),
              (16, 32, 64, 128, 4, 4), (16, 64, 64, 256, 4, 3), (16, 64, 64, 128, 8, 4), (32, 64, 128, 128, 4, 4)]
+# (BLOCK_M rows, BLOCK_N keys, warps, stages)
+ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3),
+                   (64, 128, 4, 3), (64, 128, 4, 2), (128, 32, 8, 4)]
 # (BLOCK_M, BLOCK_N, warps, stages, splits: 0 the launcher's)
 GEMM_TILES = [None, (16, 64, 4, 4, 0), (16, 32, 4, 4, 0), (32, 64, 4, 4, 0), (64, 32, 4, 4, 0), (64, 64, 4, 4, 1),
               (64, 128, 4, 3, 0), (16, 64, 4, 4, 1)]
@@ -42,8 +47,9 @@ GEMM_TILES = [None, (16, 64, 4, 4, 0), (16, 32, 4, 4, 0), (32, 64, 4, 4, 0), (64
 ROUTER_TILES = [None, (16, 32), (16, 64), (1, 2), (1, 8)]
 
 
-def time_rows(label: str, knob: str | None, shapes: list, run, reference, bytes_: float, bandwidth: float) -> list[dict]:
-    """knob None: run and reference take the shape."""
+def time_rows(label: str, knob: str | None, shapes: list, run, reference, bytes_: float, bandwidth: float,
+              flops: float = 0.0) -> list[dict]:
+    """knob None: run and reference take the shape. flops: TFLOP/s in the table instead of % copy."""
     rows = []
     for shape in shapes:
         call = (lambda: run(shape)) if knob is None else (lambda: with_knob(tuning, knob, shape, run))
@@ -54,48 +60,97 @@ def time_rows(label: str, knob: str | None, shapes: list, run, reference, bytes_
         us = graph_us(call)
         rows.append({"launch": label, "shape": shape or "default", "us": round(us, 2), "rel_err": err,
                      "pct_copy": round(100 * bytes_ / (us * 1e-6) / bandwidth, 1)})
-        print(f"| {label} | {shape or 'default'} | {us:.1f} | {rows[-1]['pct_copy']} | {err:.1e} |", flush=True)
+        if flops:
+            rows[-1]["tflop_s"] = round(flops / (us * 1e-6) / 1e12, 1)
+        rate = f"{rows[-1]['tflop_s']} TFLOP/s" if flops else rows[-1]["pct_copy"]
+        print(f"| {label} | {shape or 'default'} | {us:.1f} | {rate} | {err:.1e} |", flush=True)
+    return rows
+
+
+def prefill_attention_rows(shape: dict, device, bandwidth: float) -> list[dict]:
+    """An 8192-token chunk of a 100K-token prompt, first (context 0) and last (context 92160),
+    on a full layer (paged, causal) and a sliding one (ring, window 513)."""
+    from flint_kernels.prefill_attention import prefill_attention, prefill_attention_torch
+    hq, hk, d, n = shape["hq"], shape["hk"], shape["d"], PREFILL_TOKENS
+    rows = []
+    for ctx, window in [(0, 0), (92160, 0), (92160, shape["window"])]:
+        k_cache, v_cache, extra = _paged_kv([ctx + n], shape, device, window)
+        q = torch.randn(n, hq, d, device=device, dtype=torch.bfloat16)
+        k, v = torch.randn(2, n, hk, d, device=device, dtype=torch.bfloat16)
+        if not window:  # the step's keys in the cache too, as a full layer writes them before attention
+            pos = torch.arange(ctx, ctx + n, device=device)
+            slots = extra["block_tables"][0].long()[pos // shape["block_size"]] * shape["block_size"]
+            slots += pos % shape["block_size"]
+            k_cache.view(-1, hk, d)[slots], v_cache.view(-1, hk, d)[slots] = k, v
+        qsl = torch.tensor([0, n], dtype=torch.int32, device=device)
+        lens = torch.tensor([ctx], dtype=torch.int32, device=device)
+        args = (q, k, v, qsl, lens, k_cache, v_cache, torch.randn(hq, device=device), d ** -0.5, window, n)
+        pairs = sum(_visible(ctx + i, window) + 1 for i in range(n))
+        for tma in (False, True) if not window else (False,):  # tuning.PREFILL_ATTENTION_TMA (full layers)
+            extra_in_cache = dict(extra, kv_in_cache=not window)
+            rows += with_knob(tuning, "PREFILL_ATTENTION_TMA", tma, lambda: time_rows(
+                f"prefill_attention {n} tok ctx={ctx} " + (f"window={window}" if window else "causal")
+                + (" pages by TMA" if tma else ""), "PREFILL_ATTENTION_TILES", ATTENTION_TILES,
+                lambda a=args, e=extra_in_cache: prefill_attention(*a, **e),
+                lambda a=args, e=extra: prefill_attention_torch(*a, **e),
+                nbytes(q, k, v) * 2 + 2 * 2 * _visible(ctx, window) * hk * d, bandwidth, flops=4 * pairs * hq * d))
+    return rows
+
+
+def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidth: float) -> list[dict]:
+    """The grouped MoE, the W4A16 GEMM's decoding tiles and the router at t tokens."""
+    h, e, k = shape["hidden"], shape["experts"], shape["top_k"]
+    w13, w2, s13, s2 = experts
+    rows = []
+    if "moe" in only:
+        x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+        sets = [(x, *_routing(t, shape, device), w13, w2, s13, s2) for _ in range(2)]
+        chosen = sum(len(torch.unique(s[1])) for s in sets) / len(sets)
+        turns = Rotation(sets)
+        for one_loop in (False, True):  # tuning.MOE_GATE_UP_ONE_LOOP
+            rows += with_knob(tuning, "MOE_GATE_UP_ONE_LOOP", one_loop, lambda: time_rows(
+                f"moe T={t} ({chosen:g}+1 experts)" + (" gate/up one loop" if one_loop else ""), "MOE_GROUPED_TILES",
+                MOE_TILES if not one_loop else MOE_TILES[:4],
+                lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+                lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
+                chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth))
+    if "w4a16" in only:
+        for name, (n, kk) in {"qkv": (5120, h), "o_proj": (h, 4096)}.items():
+            ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
+            xs = torch.randn(t, kk, device=device, dtype=torch.bfloat16)
+            wturns = Rotation(ws)
+            rows += time_rows(
+                f"w4a16 {name} T={t}", "FP4_GEMM_TILES", GEMM_TILES,
+                lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
+                lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
+                nbytes(ws[0]), bandwidth)
+    if "router" in only:
+        router_w = torch.randn(e, h, device=device) / h ** 0.5  # fp32, as flint-40b's
+        xr = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+        rows += time_rows(
+            f"router T={t} (fp32 weight)", None, ROUTER_TILES,
+            lambda tile: router_topk(xr, router_w, k, True, tile=tile)[1],
+            lambda tile: router_topk_torch(xr, router_w, k, True)[1], nbytes(router_w), bandwidth)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="moe,w4a16,router,prefill_attention")
     parser.add_argument("--tokens", default="64,256")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    only = set(args.only.split(","))
     device = torch.device("cuda")
     bandwidth = copy_bandwidth()
-    shape = FULL
-    h, e, k = shape["hidden"], shape["experts"], shape["top_k"]
-    print("| launch | shape | us | % copy | rel err |\n| --- | --- | ---: | ---: | ---: |")
+    print("| launch | shape | us | % copy or TFLOP/s | rel err |\n| --- | --- | ---: | ---: | ---: |")
     results = {"meta": run_meta(__file__, bandwidth / 1e12), "rows": []}
-    w13, w2, s13, s2 = _experts(shape, device, "nvfp4")
-    per_expert = nbytes(w13, w2) / e
-    for t in [int(n) for n in args.tokens.split(",")]:
-        x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
-        sets = [(x, *_routing(t, shape, device), w13, w2, s13, s2) for _ in range(2)]
-        chosen = sum(len(torch.unique(s[1])) for s in sets) / len(sets)
-        turns = Rotation(sets)
-        results["rows"] += time_rows(
-            f"moe T={t} ({chosen:g}+1 experts)", "MOE_GROUPED_TILES", MOE_TILES,
-            lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
-            lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-            chosen * per_expert + nbytes(s13, s2), bandwidth)
-        for name, (n, kk) in {"qkv": (5120, h), "o_proj": (h, 4096)}.items():
-            ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
-            xs = torch.randn(t, kk, device=device, dtype=torch.bfloat16)
-            wturns = Rotation(ws)
-            results["rows"] += time_rows(
-                f"w4a16 {name} T={t}", "FP4_GEMM_TILES", GEMM_TILES,
-                lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
-                lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
-                nbytes(ws[0]), bandwidth)
-        router_w = torch.randn(e, h, device=device) / h ** 0.5  # fp32, as flint-40b's
-        xr = torch.randn(t, h, device=device, dtype=torch.bfloat16)
-        results["rows"] += time_rows(
-            f"router T={t} (fp32 weight)", None, ROUTER_TILES,
-            lambda tile: router_topk(xr, router_w, k, True, tile=tile)[1],
-            lambda tile: router_topk_torch(xr, router_w, k, True)[1], nbytes(router_w), bandwidth)
+    if only & {"moe", "w4a16", "router"}:
+        experts = _experts(FULL, device, "nvfp4")
+        for t in [int(n) for n in args.tokens.split(",")]:
+            results["rows"] += decode_rows(t, only, FULL, experts, device, bandwidth)
+    if "prefill_attention" in only:
+        results["rows"] += prefill_attention_rows(FULL, device, bandwidth)
     out = args.out or result_path("sweep-tiles")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
