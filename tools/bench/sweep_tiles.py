@@ -2,12 +2,14 @@
 """Launch shapes timed against each other: the batched-decode launches (the grouped MoE,
 tuning.MOE_GROUPED_TILES, with random routing over flint-40b's 256 experts; the W4A16 GEMM's
 decoding tiles, tuning.FP4_GEMM_TILES, on the attention projections, NVFP4, at the token counts
-of decode batches; the router, fp32 weight, by its tile) and prefill attention's tiles
+of decode batches; the router, fp32 weight, by its tile; decode attention's splits at that many
+sequences) and prefill attention's tiles
 (tuning.PREFILL_ATTENTION_TILES) on a prefill chunk at the start and at the end of a 100K-token
 prompt. Weights rotate over sets that read twice the L2 between two uses (bench_kernels.Rotation),
 as in a step. Each row is checked against the torch twin.
 
-    python tools/bench/sweep_tiles.py [--only moe,w4a16,router,prefill_attention] [--tokens 64,256] [--out FILE]
+    python tools/bench/sweep_tiles.py [--only moe,w4a16,router,decode_attention,prefill_attention] [--tokens 64,256]
+        [--out FILE]
 
 Prints a table per launch (the default shape first) and writes JSON (by default
 benchmarks/<gpu>/<date>-<commit>-sweep-tiles.json).
@@ -38,6 +40,8 @@ MOE_TILES = [None, (16, 64, 64, 128, 4, 3), (16, 128, 128, 128, 4, 3), (16, 64, 
              (16, 32, 64, 128, 4, 4), (16, 64, 64, 256, 4, 3), (16, 64, 64, 128, 8, 4), (32, 64, 128, 128, 4, 4)]
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
+# decode attention's splits of each sequence's context (None: the launcher's)
+DECODE_SPLITS = [None, 1, 3, 4, 6, 8, 12]
 # (BLOCK_M, BLOCK_N, warps, stages, splits: 0 the launcher's)
 GEMM_TILES = [None, (16, 64, 4, 4, 0), (16, 32, 4, 4, 0), (32, 64, 4, 4, 0), (64, 32, 4, 4, 0), (64, 64, 4, 4, 1),
               (64, 128, 4, 3, 0), (16, 64, 4, 4, 1)]
@@ -96,6 +100,27 @@ def prefill_attention_rows(shape: dict, device, bandwidth: float) -> list[dict]:
     return rows
 
 
+def decode_attention_rows(batch: int, shape: dict, device, bandwidth: float) -> list[dict]:
+    """Split counts of decode attention (split + reduce) for `batch` sequences of 1280-1730 cached
+    positions (a 1K-in / 512-out run's), on a full layer (paged) and a sliding one (ring)."""
+    from flint_kernels.decode_attention import decode_attention, decode_attention_torch
+    hq, hk, d = shape["hq"], shape["hk"], shape["d"]
+    rows = []
+    for window in (0, shape["window"]):
+        contexts = [1280 + 7 * i for i in range(batch)]  # mixed lengths around 1.5K
+        k_cache, v_cache, extra = _paged_kv(contexts, shape, device, window)
+        q = torch.randn(batch, hq, d, device=device, dtype=torch.bfloat16)
+        k, v = torch.randn(2, batch, hk, d, device=device, dtype=torch.bfloat16)
+        lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+        args = (q, k, v, k_cache, v_cache, lens, torch.randn(hq, device=device), d ** -0.5, window)
+        keys = sum(_visible(c, window) for c in contexts)
+        rows += time_rows(
+            f"decode_attention B={batch} " + (f"ring W={window}" if window else "paged"), None, DECODE_SPLITS,
+            lambda splits, a=args, e=extra: decode_attention(*a, **e, num_splits=splits),
+            lambda splits, a=args, e=extra: decode_attention_torch(*a, **e), 2 * 2 * keys * hk * d, bandwidth)
+    return rows
+
+
 def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidth: float) -> list[dict]:
     """The grouped MoE, the W4A16 GEMM's decoding tiles and the router at t tokens."""
     h, e, k = shape["hidden"], shape["experts"], shape["top_k"]
@@ -135,7 +160,7 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="moe,w4a16,router,prefill_attention")
+    parser.add_argument("--only", default="moe,w4a16,router,decode_attention,prefill_attention")
     parser.add_argument("--tokens", default="64,256")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -148,6 +173,9 @@ def main() -> None:
         experts = _experts(FULL, device, "nvfp4")
         for t in [int(n) for n in args.tokens.split(",")]:
             results["rows"] += decode_rows(t, only, FULL, experts, device, bandwidth)
+    if "decode_attention" in only:
+        for t in [int(n) for n in args.tokens.split(",")]:
+            results["rows"] += decode_attention_rows(t, FULL, device, bandwidth)
     if "prefill_attention" in only:
         results["rows"] += prefill_attention_rows(FULL, device, bandwidth)
     out = args.out or result_path("sweep-tiles")
