@@ -143,11 +143,15 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
             ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
             xs = torch.randn(t, kk, device=device, dtype=torch.bfloat16)
             wturns = Rotation(ws)
-            rows += time_rows(
-                f"w4a16 {name} T={t}", "FP4_GEMM_TILES", GEMM_TILES,
-                lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
-                lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
-                nbytes(ws[0]), bandwidth)
+            dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS
+            for decode_tiles in (False, True) if dequant else (False,):  # the decoding tiles at this t
+                rows += with_knob(tuning, "FP4_DEQUANT_MIN_TOKENS", None if decode_tiles else tuning.FP4_DEQUANT_MIN_TOKENS,
+                                  lambda: time_rows(
+                    f"w4a16 {name} T={t}" + (" (decoded weight)" if dequant and not decode_tiles else ""),
+                    "FP4_GEMM_TILES", GEMM_TILES if not dequant or decode_tiles else [None],
+                    lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
+                    lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
+                    nbytes(ws[0]), bandwidth))
     if "router" in only:
         router_w = torch.randn(e, h, device=device) / h ** 0.5  # fp32, as flint-40b's
         xr = torch.randn(t, h, device=device, dtype=torch.bfloat16)
