@@ -34,6 +34,10 @@ LOG2E = 1.4426950408889634
 # GPU tiles: 128 rows x 64 keys, D up to 128 (H100/H200 flash-attention shape; other shapes:
 # tuning.PREFILL_ATTENTION_TILES); interpreter: small
 TILE_M, TILE_N = (32, 16) if INTERPRET else (128, 64)
+# (rows, keys, warps, stages) of tiles read by whole pages (kv_in_cache): two 64-row pages a key
+# tile, 2 stages. H100 2026-12-06 (sweep_tiles.py), an 8192-token chunk at 92160 cached positions:
+# 296 TFLOP/s gathered in 128 x 64 tiles, 348 by pages in them, 452 by pages in 128 x 128 x 2.
+PAGE_TILES = (32, 32, 4, 1) if INTERPRET else (128, 128, 8, 2)
 
 
 @triton.jit
@@ -288,12 +292,14 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return out
     g = hq // hk
     g_pad = triton.next_power_of_2(g)
-    tile_m, tile_n, warps, stages = tuning.PREFILL_ATTENTION_TILES or (TILE_M, TILE_N, None, 3)
-    block_m = max(16, min(tile_m, triton.next_power_of_2(max_query_len) * g_pad))
-    block_q = max(1, block_m // g_pad)
     paged = block_tables is not None
     rows_per = k_cache.shape[1]
-    pages = _tile_pages(tile_n, rows_per) if kv_in_cache and paged and not window and kv_scales is None else 0
+    whole_pages = kv_in_cache and paged and not window and kv_scales is None
+    default = PAGE_TILES if whole_pages and _tile_pages(PAGE_TILES[1], rows_per) else (TILE_M, TILE_N, None, 3)
+    tile_m, tile_n, warps, stages = tuning.PREFILL_ATTENTION_TILES or default
+    block_m = max(16, min(tile_m, triton.next_power_of_2(max_query_len) * g_pad))
+    block_q = max(1, block_m // g_pad)
+    pages = _tile_pages(tile_n, rows_per) if whole_pages else 0
     descs = (None, None)
     if pages:
         descs = tuple(TensorDescriptor.from_tensor(c.view(-1, hk * d), [rows_per, d]) for c in (k_cache, v_cache))
