@@ -34,68 +34,48 @@ COMBINE_BLOCK_H = 64 if INTERPRET else 1024
 
 
 @triton.jit
-def _w_tile(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, dtype: tl.constexpr,
-            BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr,
-            F16: tl.constexpr, PTX: tl.constexpr):
-    """W[rows, k0:k0 + BLOCK_K] as the dot's operand: fp32 (DOT_FP32), fp16 (F16) or dtype."""
-    if F16:
-        w = weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
-    else:
-        w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
-        w = w.to(dtype)  # NVFP4: E2M1 * E4M3 is exact in bf16 / fp16
-    if DOT_FP32:
-        w = w.to(tl.float32)
-    return w
-
-
-@triton.jit
-def _dot_rows(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, rows_up, row_mask, n_k, stride_wn,
-              stride_sn, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, PAIR: tl.constexpr):
+def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, stride_wn, stride_sn,
+              BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] += A [BLOCK_M, n_k] @ W[rows, :n_k].T; a_rows_ptr [BLOCK_M] row pointers.
-    PAIR: acc_up += A @ W[rows_up, :n_k].T in the same K loop (each A tile loaded once); else
-    acc_up is returned as given. F16 (NVFP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and A
-    taken as fp16."""
+    F16 (NVFP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and A taken as fp16."""
     for k0 in range(0, n_k, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = a_mask[:, None]
         if MASK_K:
             mask = mask & (cols[None, :] < n_k)
         a = tl.load(a_rows_ptr[:, None] + cols[None, :], mask=mask, other=0.0)
-        w = _w_tile(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, a.dtype, BLOCK_K, MASK_K,
-                    FP4, DOT_FP32, F16, PTX)
-        if PAIR:
-            w_up = _w_tile(w_ptr, scales_ptr, rows_up, row_mask, k0, n_k, stride_wn, stride_sn, a.dtype, BLOCK_K,
-                           MASK_K, FP4, DOT_FP32, F16, PTX)
+        if F16:
+            w = weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
+        else:
+            w = weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4)
         if DOT_FP32:
             a = a.to(tl.float32)
+            w = w.to(tl.float32)
         elif F16:
             a = a.to(tl.float16)
+        else:
+            w = w.to(a.dtype)  # NVFP4: E2M1 * E4M3 is exact in bf16 / fp16
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
-        if PAIR:
-            acc_up = tl.dot(a, tl.trans(w_up), acc_up, input_precision=DOT_PRECISION)
-    return acc, acc_up
+    return acc
 
 
 @triton.jit
 def _expert_gemm(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, scale_ptr, cols_n, n_out, n_k,
                  stride_wn, stride_sn, stride_gn, GATE_UP: tl.constexpr, BLOCK_K: tl.constexpr,
                  MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 F16: tl.constexpr, PTX: tl.constexpr, ONE_LOOP: tl.constexpr):
+                 F16: tl.constexpr, PTX: tl.constexpr):
     """One expert's output tile(s), global scale applied: (out, up) for GATE_UP (gate rows
-    cols_n, up rows n_out + cols_n; in one K loop with ONE_LOOP, which GATE_UP launches only set),
-    else (out, unchanged acc_up)."""
+    cols_n, up rows n_out + cols_n), else (out, unchanged acc_up)."""
     col_mask = cols_n < n_out
-    acc, acc_up = _dot_rows(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n, cols_n + n_out, col_mask,
-                            n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX,
-                            ONE_LOOP)
-    if GATE_UP and not ONE_LOOP:
-        acc_up, _ = _dot_rows(acc_up, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n + n_out, cols_n,
-                              col_mask, n_k, stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION,
-                              F16, PTX, False)
+    acc = _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n, col_mask, n_k, stride_wn, stride_sn,
+                    BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX)
     if FP4:  # the global scale, once per output
         acc *= tl.load(scale_ptr + cols_n * stride_gn, mask=col_mask, other=0.0)[None, :]
-        if GATE_UP:
+    if GATE_UP:
+        acc_up = _dot_rows(acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n + n_out, col_mask, n_k,
+                           stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX)
+        if FP4:
             acc_up *= tl.load(scale_ptr + (cols_n + n_out) * stride_gn, mask=col_mask, other=0.0)[None, :]
     return acc, acc_up
 
@@ -114,7 +94,7 @@ def _moe_grouped_kernel(
     SLOTS: tl.constexpr, GATE_UP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
     W_FP4: tl.constexpr, S_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    W_F16: tl.constexpr, S_F16: tl.constexpr, PTX: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr,
+    W_F16: tl.constexpr, S_F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     b = tl.program_id(0)
@@ -137,12 +117,12 @@ def _moe_grouped_kernel(
     if shared:
         acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, s_ptr, s_scales_ptr, s_scale_ptr, cols_n,
                                    n_out, n_k, s_sn, s_ssn, s_sgn, GATE_UP, BLOCK_K, MASK_K, S_FP4, DOT_FP32,
-                                   DOT_PRECISION, S_F16, PTX, ONE_LOOP)
+                                   DOT_PRECISION, S_F16, PTX)
     else:
         e64 = e.to(tl.int64)
         acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, w_ptr + e64 * w_se, w_scales_ptr + e64 * w_sse,
                                    w_scale_ptr + e64 * w_sge, cols_n, n_out, n_k, w_sn, w_ssn, w_sgn,
-                                   GATE_UP, BLOCK_K, MASK_K, W_FP4, DOT_FP32, DOT_PRECISION, W_F16, PTX, ONE_LOOP)
+                                   GATE_UP, BLOCK_K, MASK_K, W_FP4, DOT_FP32, DOT_PRECISION, W_F16, PTX)
     dtype = out_ptr.dtype.element_ty
     y = silu_mul_rounded(acc, acc_up, dtype) if GATE_UP else acc.to(dtype)
     out = out_ptr + pairs[:, None].to(tl.int64) * stride_out + cols_n[None, :]
@@ -212,7 +192,7 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             a_ptr=a, out_ptr=dst, **weight_args("w", w), **weight_args("s", s),
             stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n,
             MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s),
-            W_F16=w_f16, S_F16=s_f16, PTX=ptx_decode(), ONE_LOOP=stage == 0 and tuning.MOE_GATE_UP_ONE_LOOP, **common)
+            W_F16=w_f16, S_F16=s_f16, PTX=ptx_decode(), **common)
     _moe_combine_kernel[(t, triton.cdiv(h, COMBINE_BLOCK_H))](
         ys_ptr=ys, topk_weights_ptr=topk_weights, out_ptr=out, H=h, K=k, SLOTS=slots,
         BLOCK_H=min(COMBINE_BLOCK_H, triton.next_power_of_2(h)), **launch_args(x.device), num_warps=4)

@@ -65,9 +65,6 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
 # (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
 MOE_GROUPED_TILES: tuple[int, int, int, int, int, int] | None = None
-# The grouped MoE's gate and up tiles in one K loop (each x tile loaded once, one pipeline) instead
-# of two loops one after the other. To measure (sweep_tiles.py --only moe).
-MOE_GATE_UP_ONE_LOOP = _flag("MOE_GATE_UP_ONE_LOOP", False)
 # (BLOCK_M, BLOCK_N, warps, stages, K splits or 0 for the launcher's) of the W4A16 GEMM's decoding
 # tiles (batches above the GEMV's tokens, below FP4_DEQUANT_MIN_TOKENS); None: nvfp4_linear._gemm_tiles.
 FP4_GEMM_TILES: tuple[int, int, int, int, int] | None = None

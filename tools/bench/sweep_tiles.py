@@ -131,13 +131,11 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         sets = [(x, *_routing(t, shape, device), w13, w2, s13, s2) for _ in range(2)]
         chosen = sum(len(torch.unique(s[1])) for s in sets) / len(sets)
         turns = Rotation(sets)
-        for one_loop in (False, True):  # tuning.MOE_GATE_UP_ONE_LOOP
-            rows += with_knob(tuning, "MOE_GATE_UP_ONE_LOOP", one_loop, lambda: time_rows(
-                f"moe T={t} ({chosen:g}+1 experts)" + (" gate/up one loop" if one_loop else ""), "MOE_GROUPED_TILES",
-                MOE_TILES if not one_loop else MOE_TILES[:4],
-                lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
-                lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-                chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth))
+        rows += time_rows(
+            f"moe T={t} ({chosen:g}+1 experts)", "MOE_GROUPED_TILES", MOE_TILES,
+            lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+            lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
+            chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth)
     if "w4a16" in only:
         for name, (n, kk) in {"qkv": (5120, h), "o_proj": (h, 4096)}.items():
             ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
