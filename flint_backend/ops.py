@@ -22,6 +22,7 @@ from flint_kernels import attention as attention_k
 from flint_kernels import dense_gemv as dense_gemv_k
 from flint_kernels import embedding as embedding_k
 from flint_kernels import greedy as greedy_k
+from flint_kernels import kv_write as kv_write_k
 from flint_kernels import moe as moe_k
 from flint_kernels import moe_gemv as moe_gemv_k
 from flint_kernels import nvfp4_linear as nvfp4_k
@@ -31,7 +32,6 @@ from flint_kernels import router as router_k
 from flint_kernels import sampling as sampling_k
 from flint_kernels import swiglu as swiglu_k
 from flint_kernels import tuning
-from flint_kernels.fp8_kv import index_copy_rows, quantize_torch
 
 BACKENDS = ("torch", "triton")
 # At decode sizes the triton table folds neighbouring launches (each measured faster on the H200,
@@ -87,18 +87,6 @@ class Ops:
 
 def greedy_slots(n: int, device: torch.device) -> torch.Tensor:
     return torch.full((n,), greedy_k.EMPTY, dtype=torch.int64, device=device)
-
-
-def cache_write_torch(k, v, k_cache, v_cache, slots, kv_scales=None):
-    """With kv_scales the E4M3 codes of k / k_scale and v / v_scale (exact for qk_norm_rope's
-    quantised k, v: fp8_kv.py)."""
-    keep = slots >= 0
-    idx = slots[keep]
-    k, v = k[keep], v[keep]
-    if kv_scales is not None:
-        k, v = quantize_torch(k, kv_scales[0]), quantize_torch(v, kv_scales[1])
-    index_copy_rows(k_cache.view(-1, *k_cache.shape[2:]), idx, k.to(k_cache.dtype))
-    index_copy_rows(v_cache.view(-1, *v_cache.shape[2:]), idx, v.to(v_cache.dtype))
 
 
 def concat_rows(weights: list, dim: int = 0):
@@ -298,7 +286,7 @@ TORCH_OPS = Ops(
     qk_norm_rope=qk_k.qk_norm_rope_torch,
     attention=_attention_torch,
     decode_attention_o=_decode_attention_o_torch,
-    cache_write=cache_write_torch,
+    cache_write=kv_write_k.kv_write_torch,
     silu_mul=swiglu_k.silu_mul_torch,
     silu_linear=silu_linear_torch,
     router=router_k.router_topk_torch,
@@ -326,7 +314,7 @@ def triton_ops() -> Ops:
         qk_norm_rope=qk_k.qk_norm_rope,
         attention=_attention_triton,
         decode_attention_o=_decode_attention_o_triton,
-        cache_write=cache_write_torch,
+        cache_write=kv_write_k.kv_write,
         silu_mul=swiglu_k.silu_mul,
         silu_linear=silu_linear_triton,
         router=router_k.router_topk,

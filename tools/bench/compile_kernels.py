@@ -215,7 +215,7 @@ def pdl_prologue_ok(ptx: str, on: bool) -> bool:
 # ----------------------------------------------------------------------------- launches
 def launches() -> list[tuple[str, object, object]]:
     """(case name, kernel module, call) at real shapes with small sizes."""
-    from flint_kernels import decode_attention, prefill_attention, qk_norm_rope, rms_norm
+    from flint_kernels import decode_attention, kv_write, prefill_attention, qk_norm_rope, rms_norm
     hq, hk, d, bf16 = 32, 4, 128, torch.bfloat16
     x = torch.randn(4, 2048, dtype=bf16)
     w = torch.randn(2048, dtype=bf16)
@@ -249,6 +249,7 @@ def launches() -> list[tuple[str, object, object]]:
             q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 4096, block_tables=tables)),
         ("prefill paged pages", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl, lens, paged, paged, sinks, scale, 0, 4096, block_tables=tables, kv_in_cache=True)),
+        ("kv_write ring", kv_write, lambda: kv_write.kv_write(k, v_view, ring, ring, slots)),
         ("prefill ring", prefill_attention, lambda: prefill_attention.prefill_attention(
             q, k, v_view, qsl, lens, ring, ring, sinks, scale, 513, 4096, ring_rows=rows)),
         ("prefill decode-rows", prefill_attention, lambda: prefill_attention.prefill_attention(
