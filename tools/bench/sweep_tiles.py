@@ -40,6 +40,9 @@ MOE_TILES = [None, (16, 64, 64, 128, 4, 3), (16, 128, 128, 128, 4, 3), (16, 64, 
              (16, 32, 64, 128, 4, 4), (16, 64, 64, 256, 4, 3), (16, 64, 64, 128, 8, 4), (32, 64, 128, 128, 4, 4)]
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
+# ... at prefill sizes (--tokens 8192: a prefill chunk)
+PREFILL_MOE_TILES = [None, (64, 64, 128, 64, 4, 3), (64, 64, 128, 128, 4, 3), (64, 128, 128, 64, 4, 4),
+                     (128, 64, 64, 64, 4, 3), (128, 128, 128, 64, 8, 3), (128, 64, 128, 128, 8, 2)]
 # decode attention's splits of each sequence's context (None: the launcher's)
 DECODE_SPLITS = [None, 1, 3, 4, 6, 8, 12]
 # (BLOCK_M, BLOCK_N, warps, stages, splits: 0 the launcher's)
@@ -132,10 +135,11 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         chosen = sum(len(torch.unique(s[1])) for s in sets) / len(sets)
         turns = Rotation(sets)
         rows += time_rows(
-            f"moe T={t} ({chosen:g}+1 experts)", "MOE_GROUPED_TILES", MOE_TILES,
+            f"moe T={t} ({chosen:g}+1 experts)", "MOE_GROUPED_TILES", MOE_TILES if t < 1024 else PREFILL_MOE_TILES,
             lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
             lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-            chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth)
+            chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
+            flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)
     if "w4a16" in only:
         for name, (n, kk) in {"qkv": (5120, h), "o_proj": (h, 4096)}.items():
             ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
