@@ -173,6 +173,8 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         block_k = F16_BLOCK_K
         if block_m == 16:  # decode batches (sweep_tiles.py, H100 2026-12-06: T=64 241.6 -> 221.7 us, T=256 325 -> 290)
             block_n13, block_n2, stages = 128, 128, 3
+        elif block_m == 128:  # prefill chunks (sweep_tiles.py --tokens 8192, H100 2026-12-06: 2612 -> 1983 us)
+            block_m, block_n13, block_n2, block_k, warps, stages = 64, 128, 128, 64, 4, 4
     if tuning.MOE_GROUPED_TILES:
         block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
     sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
