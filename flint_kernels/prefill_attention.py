@@ -159,6 +159,25 @@ def _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_de
 
 
 @triton.jit
+def _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale, k_cache_ptr, v_cache_ptr,
+            k_new, v_new, stride_kt, stride_vt, table_ptr, ring_base, h, k_desc, v_desc, n_pages,
+            HK: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+            PAGES: tl.constexpr, MASKED: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            KV_FP8: tl.constexpr):
+    """The key tile at kstart by whole pages (PAGES) or by gathered rows."""
+    if PAGES:
+        m, l, acc = _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr,
+                                  n_pages, h, D=D, ROWS_PER=ROWS_PER, PAGES=PAGES, MASKED=MASKED,
+                                  DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
+    else:
+        m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
+                                 k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt, table_ptr, ring_base,
+                                 h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N, PAGED=PAGED, MASKED=MASKED,
+                                 DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
+    return m, l, acc
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,                # [N, Hq, D]
     k_ptr,                # [N, Hk, D] this step's keys
@@ -226,38 +245,21 @@ def _prefill_kernel(
     ring_base = 0
     if not PAGED:
         ring_base = tl.load(ring_rows_ptr + b).to(tl.int64) * ROWS_PER
-    if PAGES:
-        for kstart in range(lo, mid_lo, BLOCK_N):
-            m, l, acc = _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table,
-                                      n_pages, h, D=D, ROWS_PER=ROWS_PER, PAGES=PAGES, MASKED=True,
-                                      DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
-        for kstart in range(mid_lo, mid_hi, BLOCK_N):
-            m, l, acc = _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table,
-                                      n_pages, h, D=D, ROWS_PER=ROWS_PER, PAGES=PAGES, MASKED=False,
-                                      DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
-        for kstart in range(mid_hi, hi, BLOCK_N):
-            m, l, acc = _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table,
-                                      n_pages, h, D=D, ROWS_PER=ROWS_PER, PAGES=PAGES, MASKED=True,
-                                      DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
-    else:
-        for kstart in range(lo, mid_lo, BLOCK_N):
-            m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
-                                     k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
-                                     table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                     PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
-                                     KV_FP8=KV_FP8)
-        for kstart in range(mid_lo, mid_hi, BLOCK_N):
-            m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
-                                     k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
-                                     table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                     PAGED=PAGED, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
-                                     KV_FP8=KV_FP8)
-        for kstart in range(mid_hi, hi, BLOCK_N):
-            m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
-                                     k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt,
-                                     table, ring_base, h, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N,
-                                     PAGED=PAGED, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION,
-                                     KV_FP8=KV_FP8)
+    for kstart in range(lo, mid_lo, BLOCK_N):
+        m, l, acc = _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
+                            k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt, table, ring_base, h,
+                            k_desc, v_desc, n_pages, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N, PAGED=PAGED,
+                            PAGES=PAGES, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
+    for kstart in range(mid_lo, mid_hi, BLOCK_N):
+        m, l, acc = _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
+                            k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt, table, ring_base, h,
+                            k_desc, v_desc, n_pages, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N, PAGED=PAGED,
+                            PAGES=PAGES, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
+    for kstart in range(mid_hi, hi, BLOCK_N):
+        m, l, acc = _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
+                            k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt, table, ring_base, h,
+                            k_desc, v_desc, n_pages, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N, PAGED=PAGED,
+                            PAGES=PAGES, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
     o_rows = (q_start + qi).to(tl.int64) * stride_ot + head * stride_oh
     tl.store(out_ptr + o_rows[:, None] + cols[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
