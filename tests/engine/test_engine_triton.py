@@ -70,6 +70,23 @@ def test_triton_backend_greedy_equals_the_oracle():
     assert again.output_ids == expected[3:]
 
 
+def test_full_layers_reading_whole_pages_give_the_oracles_tokens(monkeypatch):
+    """16-position pages (the interpreter's tiles hold two): the full layers' prefill attention
+    reads the chunk's keys back from the cache by whole pages, over chunks of 12 tokens that start
+    inside a page and cross into the next one."""
+    from flint_kernels import prefill_attention as module
+    tiles = []
+    tile_pages = module._tile_pages
+    monkeypatch.setattr(module, "_tile_pages", lambda *args: tiles.append(tile_pages(*args)) or tiles[-1])
+    config = tiny_config()
+    weights = random_stacked_weights(config, 1, torch.float32)
+    cases = fair_cases(weights, config, 3)
+    engine = LLMEngine(EngineArgs(kernel_backend="triton", **dict(ENGINE, block_size=16, max_num_batched_tokens=12,
+                                                                   num_kv_blocks=16)), config=config, weights=weights)
+    assert run_greedy(engine, [p for p, _ in cases]) == [out for _, out in cases]
+    assert 2 in tiles
+
+
 @pytest.fixture(scope="module")
 def nvfp4_gguf(tmp_path_factory):
     """Every linear's K a multiple of 64, so every linear (the LM head too) is NVFP4: written as
