@@ -58,3 +58,22 @@ def test_bad_inputs_name_the_field():
     with pytest.raises(ValueError, match="kv_scales\\[0\\]"):
         kv_write(k, k, cache.to(FP8_DTYPE), cache.to(FP8_DTYPE), torch.zeros(3, dtype=torch.int64, device=DEVICE),
                  kv_scales=(0.3, 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_real_shapes(fp8):
+    # a sliding layer's 8192-token chunk into 513-row rings: only the last 513 rows written
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    n, hk, d, window = 8192, 4, 128, 513
+    scales = (0.5, 2.0) if fp8 else None
+    k = torch.randn(n, hk, d, generator=g, device=DEVICE).to(torch.bfloat16)
+    v = torch.randn(n, 3 * hk, d, generator=g, device=DEVICE).to(torch.bfloat16)[:, 2 * hk:]
+    pos = torch.arange(n, device=DEVICE)
+    slots = torch.where(pos >= n - window, 3 * window + pos % window, -1)
+    dtype = FP8_DTYPE if fp8 else torch.bfloat16
+    got, expected = caches(5, window, hk, d, dtype), caches(5, window, hk, d, dtype)
+    kv_write(k, v, *got, slots, kv_scales=scales)
+    kv_write_torch(k, v, *expected, slots, kv_scales=scales)
+    for a, b in zip(got, expected):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
