@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: correctness on the GPU (pytest -m gpu), the kernel benchmarks or a profile, logs under $OUT.
-#   run(command="bash tools/gpu/gpu_run.sh [tests|kernels|ops|bench|tools|prefix|timeline|ncu ARGS...]", carry=[".whl"])
+#   run(command="bash tools/gpu/gpu_run.sh [tests|kernels|ops|bench|sweep|tools|prefix|timeline|ncu ARGS...]", carry=[".whl"])
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -24,6 +24,8 @@ case "$what" in
   kernels)  timeout "${BENCH_TIMEOUT:-400}" python3 tools/bench/bench_kernels.py --out "$OUT/$STAMP-kernels.json" "$@" 2>&1 | tee "$OUT/bench_kernels.log" | tail -60 ;;
   ops)      python3 tools/bench/bench_decode_ops.py --out "$OUT/$STAMP-decode-ops.json" "$@" 2>&1 | tee "$OUT/ops.log" | tail -30 ;;
   bench)    python3 tools/bench/bench.py --out "$OUT/$STAMP-bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+  # launch shapes against each other, e.g. sweep --only prefill_attention; sweep --only moe --tokens 8192
+  sweep)    python3 tools/bench/sweep_tiles.py --out "$OUT/$STAMP-sweep-tiles.json" "$@" 2>&1 | grep -vi warn | tee "$OUT/sweep.log" | tail -80 ;;
   # the tool-call grammar's cost a step; .whl must hold xgrammar, apache-tvm-ffi, pydantic,
   # pydantic-core, annotated-types and typing-inspection (the image has none of them)
   tools)    python3 tools/bench/bench_tool_constraint.py --device cuda --out "$OUT/$STAMP-tool-constraint.json" "$@" \
