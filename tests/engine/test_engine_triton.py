@@ -85,6 +85,12 @@ def test_full_layers_reading_whole_pages_give_the_oracles_tokens(monkeypatch):
                                                                    num_kv_blocks=16)), config=config, weights=weights)
     assert run_greedy(engine, [p for p, _ in cases]) == [out for _, out in cases]
     assert 2 in tiles
+    prompt, expected = max(cases, key=lambda case: len(case[0]))  # its first page from the prefix cache
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS - 3, ignore_eos=True)
+    again = engine.add_request(prompt + expected[:3], params)
+    run_to_completion(engine)
+    assert again.num_cached_tokens == (len(prompt) + 2) // 16 * 16 > 0
+    assert again.output_ids == expected[3:]
 
 
 @pytest.fixture(scope="module")
