@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The kernel and engine tests (in-process, bound by the CPU interpreter) run on TEST_WORKERS
-# processes (pytest-xdist, each file on one worker): on CI's 2 cores 7.5 instead of 14 minutes
+# processes (pytest-xdist, each file on one worker): on 2 cores 7.5 instead of 14 minutes
 # (2026-12-06). The rest starts servers and processes of its own and runs one test at a time.
 # Exit status 5 (PYTEST_ARGS selected nothing in one of the two) is no failure.
 TEST_WORKERS ?= 2

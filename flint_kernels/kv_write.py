@@ -45,8 +45,8 @@ def _kv_write_kernel(
 
 def kv_write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slots: torch.Tensor, kv_scales: tuple[float, float] | None = None) -> None:
-    """k, v [N, Hk, D] -> k_cache, v_cache [rows, R, Hk, D] (slot = row * R + position) at
-    slots [N] int64 (-1: skipped). kv_scales: FP8 caches."""
+    """k, v [N, Hk, D] -> k_cache, v_cache [..., Hk, D] (e.g. [rows, R, Hk, D]: slot = row * R +
+    position) at slots [N] int64 (-1: skipped). kv_scales: FP8 caches."""
     check_kv_write_inputs(k, v, k_cache, v_cache, slots, kv_scales)
     n, hk, d = k.shape
     if n == 0:
@@ -68,8 +68,8 @@ def kv_write_torch(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     k, v = k[keep], v[keep]
     if kv_scales is not None:
         k, v = quantize_torch(k, kv_scales[0]), quantize_torch(v, kv_scales[1])
-    index_copy_rows(k_cache.view(-1, *k_cache.shape[2:]), idx, k.to(k_cache.dtype))
-    index_copy_rows(v_cache.view(-1, *v_cache.shape[2:]), idx, v.to(v_cache.dtype))
+    index_copy_rows(k_cache.view(-1, *k.shape[1:]), idx, k.to(k_cache.dtype))
+    index_copy_rows(v_cache.view(-1, *v.shape[1:]), idx, v.to(v_cache.dtype))
 
 
 def check_kv_write_inputs(k, v, k_cache, v_cache, slots, kv_scales) -> None:
@@ -82,8 +82,8 @@ def check_kv_write_inputs(k, v, k_cache, v_cache, slots, kv_scales) -> None:
             raise ValueError(f"kv_write: {name} has strides {x.stride()}, expected unit stride in D")
     cache_dtype = FP8_DTYPE if kv_scales is not None else k.dtype
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if cache.dim() != 4 or cache.shape[2:] != (hk, d) or not cache.is_contiguous():
-            raise ValueError(f"kv_write: {name} is {tuple(cache.shape)}, expected contiguous [rows, R, {hk}, {d}]")
+        if cache.shape[-2:] != (hk, d) or not cache.is_contiguous():
+            raise ValueError(f"kv_write: {name} is {tuple(cache.shape)}, expected contiguous [..., {hk}, {d}]")
         if cache.dtype != cache_dtype:
             raise ValueError(f"kv_write: {name} is {cache.dtype}, expected {cache_dtype}"
                              + (" (kv_scales given: FP8 KV)" if kv_scales is not None else " (k's dtype)"))

@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, pdl_prologue
-from .fp8_kv import FP8_DTYPE, check_scale, dequantize_torch, e4m3_round, index_copy_rows, quantize_torch
+from .fp8_kv import FP8_DTYPE, check_scale, dequantize_torch, e4m3_round, quantize_torch
+from .kv_write import kv_write_torch
 from .rms_norm import normed_by
 from .tuning import INTERPRET
 
@@ -220,15 +221,11 @@ def qk_norm_rope_torch(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torc
         q, k = _rope(q, cs), _rope(k, cs)
     else:
         q, k = q.contiguous(), k.contiguous()
-    k_codes, v_codes = k, v
-    if kv_scales is not None:
-        k_codes, v_codes = quantize_torch(k, kv_scales[0]), quantize_torch(v, kv_scales[1])
-        k, v = dequantize_torch(k_codes, kv_scales[0], k.dtype), dequantize_torch(v_codes, kv_scales[1], v.dtype)
+    if kv_scales is not None:  # the values on the E4M3 grid: the cache gets their codes exactly
+        k = dequantize_torch(quantize_torch(k, kv_scales[0]), kv_scales[0], k.dtype)
+        v = dequantize_torch(quantize_torch(v, kv_scales[1]), kv_scales[1], v.dtype)
     if write:
-        keep = slot_mapping >= 0
-        slots = slot_mapping[keep]
-        index_copy_rows(k_cache.view(-1, hk, d), slots, k_codes[keep].to(k_cache.dtype))
-        index_copy_rows(v_cache.view(-1, hk, d), slots, v_codes[keep].to(v_cache.dtype))
+        kv_write_torch(k, v, k_cache, v_cache, slot_mapping, kv_scales)
     return q, k, v
 
 

@@ -70,8 +70,9 @@ MOE_GROUPED_TILES: tuple[int, int, int, int, int, int] | None = None
 FP4_GEMM_TILES: tuple[int, int, int, int, int] | None = None
 
 # (BLOCK_M rows = query tokens x padded GQA heads, BLOCK_N keys, warps, stages) of prefill
-# attention's tiles (prefill_attention.py); None: (128, 64, 8, 3), the shape measured at 303-329
-# TFLOP/s on an H200 (2026-12-02). tools/bench/sweep_tiles.py --only prefill_attention.
+# attention's tiles (prefill_attention.py); None: the launcher's, prefill_attention.PAGE_TILES for
+# whole pages, else (128, 64, 8, 3) (303-329 TFLOP/s on an H200, 2026-12-02).
+# tools/bench/sweep_tiles.py --only prefill_attention.
 PREFILL_ATTENTION_TILES: tuple[int, int, int, int] | None = None
 # Whole pages of a paged cache that holds the step's keys (full layers) read through tensor
 # descriptors (TMA) instead of gathered rows, two pages a key tile (prefill_attention.PAGE_TILES).
