@@ -36,8 +36,11 @@ from tools.bench.knobs import with_knob  # noqa: E402
 from tools.bench.timing import copy_bandwidth, graph_us, nbytes, result_path, run_meta  # noqa: E402
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages)
-MOE_TILES = [None, (16, 64, 64, 128, 4, 3), (16, 128, 128, 128, 4, 3), (16, 64, 128, 128, 4, 4),
-             (16, 32, 64, 128, 4, 4), (16, 64, 64, 256, 4, 3), (16, 64, 64, 128, 8, 4), (32, 64, 128, 128, 4, 4)]
+# (H100 2026-12-06: 16 x 32 or 64 columns, 8 warps and 32-row blocks were slower, 300-505 us at T=64
+# against 222-240; more weight rows a warp is what the list below varies)
+MOE_TILES = [None, (16, 64, 64, 128, 4, 3), (16, 128, 128, 64, 4, 4), (16, 128, 128, 128, 2, 3),
+             (16, 128, 128, 64, 2, 3), (16, 128, 128, 64, 2, 4), (16, 64, 64, 64, 1, 4), (16, 256, 256, 64, 4, 3),
+             (16, 256, 256, 64, 4, 4)]
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
 # ... at prefill sizes (--tokens 8192: a prefill chunk)
@@ -46,8 +49,9 @@ PREFILL_MOE_TILES = [None, (64, 64, 128, 64, 4, 3), (64, 64, 128, 128, 4, 3), (6
 # decode attention's splits of each sequence's context (None: the launcher's)
 DECODE_SPLITS = [None, 1, 3, 4, 6, 8, 12]
 # (BLOCK_M, BLOCK_N, warps, stages, splits: 0 the launcher's)
-GEMM_TILES = [None, (16, 64, 4, 4, 0), (16, 32, 4, 4, 0), (32, 64, 4, 4, 0), (64, 32, 4, 4, 0), (64, 64, 4, 4, 1),
-              (64, 128, 4, 3, 0), (16, 64, 4, 4, 1)]
+# (H100 2026-12-06: 16-row tiles and 64 x 64 in one split were slower at T=64; the list varies warps and splits)
+GEMM_TILES = [None, (64, 32, 2, 4, 0), (64, 32, 2, 4, 4), (64, 32, 4, 4, 4), (32, 64, 2, 4, 0), (32, 32, 2, 4, 0),
+              (64, 128, 4, 3, 0)]
 
 
 ROUTER_TILES = [None, (16, 32), (16, 64), (1, 2), (1, 8)]
