@@ -9,6 +9,10 @@ tile's [BLOCK_T, E] logits back and does sigmoid, top-k and the weights. Two til
 - decode (T <= GEMV_MAX_T): one token x GEMV_BLOCK_E experts, products summed with tl.sum, so
   the router weight (E x H = 1 MB in bf16) is spread over ~one program per SM, each issuing
   its rows' loads at once, and every token's top-k runs in its own program;
+- decode batches of 9-256 tokens: 16 tokens x 32 experts x 256 of H a program (H split), the
+  weight chunk (32 KB in fp32) loaded before the PDL wait, so the router weight is read once,
+  spread over every SM; the last split of a tile to arrive sums the splits' partial logits in
+  split order (split_k.py), the last expert block of a token tile picks its top-k;
 - prefill: 16 tokens x 16-64 experts with tl.dot over H chunks; an fp32 weight against bf16
   activations as three bf16 parts on the tensor cores (exact products, _logits_dot).
 Both give exact products in fp32 (an fp32 operand: IEEE fp32 dots); sums differ in order only.
@@ -39,7 +43,10 @@ BLOCK_T = 16           # tokens per tl.dot tile (its smallest M); the top-k stag
 BLOCK_H = 32 if INTERPRET else 128
 GEMV_MAX_T = 8         # decode batches up to here read W once per token (8 MB of L2 reads at 8)
 GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
-DOT_DECODE_MAX_T, DOT_DECODE_BLOCK_E = 256, 32  # larger decode batches: 16 tokens x 32 experts a program
+# larger decode batches: 16 tokens x 32 experts x SPLIT_H of H a program (16 experts: 255 registers
+# and spills for sm_90, 32: 168)
+DOT_DECODE_MAX_T, DOT_DECODE_BLOCK_E = 256, 32
+SPLIT_H = 32 if INTERPRET else 256  # H a program of the split tiles
 GEMV_TILE = 4096       # [BLOCK_E, H chunk] elements a decode program loads at once (128 a thread)
 GEMV_WARPS = 1         # one warp: the top-k's reductions are shuffles, with no barriers between warps
 # with the RMSNorm folded in, a program also normalises a whole row (2048 values: 64 a thread
@@ -59,7 +66,8 @@ def _router_kernel(
     ids_ptr,      # [T, TOP_K] int32
     weights_ptr,  # [T, TOP_K] fp32
     logits_ptr,   # [T, E] fp32 scratch
-    counter_ptr,  # [cdiv(T, BLOCK_T)] int32, zero between launches
+    part_ptr,     # [H_SPLITS, T, E] fp32 partial logits (H_SPLITS > 1)
+    counter_ptr,  # [cdiv(T, BLOCK_T) * (1 + expert blocks if H_SPLITS > 1)] int32, zero between launches
     routing_ptr,  # [T, ROUTING_COLS] int32 (LOGITS_ONLY): zeroed here, filled by the gate/up launch
     res_ptr,      # [T, H] residual stream before the add (NORM and HAS_RESIDUAL), strided like x
     res_out_ptr,  # [T, H] residual + x, contiguous (NORM: written by the programs (t, 0))
@@ -70,13 +78,15 @@ def _router_kernel(
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LOGITS_ONLY: tl.constexpr,
-    SPLIT_W: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_W: tl.constexpr, H_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     """NORM (decode tiles with ONE_CHUNK): x is the previous sublayer's output and the router
     reads rms_norm(residual + x), computed in every program (the RMSNorm launch folded in); the
     programs of expert block 0 also store it (h, for the experts) and residual + x.
     LOGITS_ONLY: stop at the logits (the expert launches pick the top-k: route_from_logits); the
-    programs of expert block 0 zero their token's row of the routing handoff (moe_gemv.py)."""
+    programs of expert block 0 zero their token's row of the routing handoff (moe_gemv.py).
+    H_SPLITS > 1 (USE_DOT): program (token tile, expert block, split) covers BLOCK_H of H; the
+    last split of a (token tile, expert block) to arrive sums the partials, in split order."""
     tt = tl.program_id(0)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -86,6 +96,19 @@ def _router_kernel(
         logits = _logits_norm(x_ptr + tt * stride_xt, res_ptr + tt * stride_xt, res_out_ptr + tt * H,
                               h_ptr + tt * H, norm_w_ptr, w_ptr, experts, e_mask, H, stride_we, eps,
                               tl.program_id(1) == 0, BLOCK_E, BLOCK_H, HAS_RESIDUAL, PDL)
+    elif H_SPLITS > 1:
+        split = tl.program_id(2)
+        partial = _logits_chunk(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
+                                split * BLOCK_H, BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION, SPLIT_W, PDL)
+        offs = tokens[:, None] * E + experts[None, :]
+        mask = t_mask[:, None] & e_mask[None, :]
+        tl.store(part_ptr + split * T * E + offs, partial, mask=mask)
+        tile_counter = counter_ptr + tl.cdiv(T, BLOCK_T) + tt * tl.num_programs(1) + tl.program_id(1)
+        if not last_to_arrive(tile_counter, H_SPLITS):
+            return
+        logits = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+        for i in tl.static_range(H_SPLITS):
+            logits += tl.load(part_ptr + i * T * E + offs, mask=mask, other=0.0, cache_modifier=".cg")
     elif USE_DOT:
         pdl_prologue(PDL)
         logits = _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
@@ -108,10 +131,7 @@ def _router_kernel(
 def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
                 DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr):
-    """[BLOCK_T, BLOCK_E] fp32 logits with tl.dot over H chunks. SPLIT_W (bf16 x, fp32 W): each W
-    tile is split into three bf16 parts that sum to it exactly (8 significant bits each), and x
-    meets each part on the tensor cores: bf16 products are exact in fp32, so the logits are fp32
-    products summed in fp32, as the "ieee" dot computes them, at a fraction of its time."""
+    """[BLOCK_T, BLOCK_E] fp32 logits with tl.dot over H chunks (_weight_parts, _dot_weight)."""
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
@@ -119,23 +139,61 @@ def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, str
                     mask=t_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_T, BLOCK_H]
         w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
                     mask=e_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_E, BLOCK_H]
-        if SPLIT_W:
-            hi = w.to(tl.bfloat16)
-            rest = w - hi.to(tl.float32)  # exact: w and hi agree in their top bits
-            mid = rest.to(tl.bfloat16)
-            lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)  # exact: the last <= 8 bits
-            if DOT_FP32:
-                a = a.to(tl.float32)
-                hi, mid, lo = hi.to(tl.float32), mid.to(tl.float32), lo.to(tl.float32)
-            acc = tl.dot(a, tl.trans(lo), acc, input_precision=DOT_PRECISION)
-            acc = tl.dot(a, tl.trans(mid), acc, input_precision=DOT_PRECISION)
-            acc = tl.dot(a, tl.trans(hi), acc, input_precision=DOT_PRECISION)
-        else:
-            if DOT_FP32 or a.dtype != w.dtype:
-                a = a.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        hi, mid, lo = _weight_parts(w, SPLIT_W)
+        acc = _dot_weight(acc, a, w, hi, mid, lo, DOT_FP32, DOT_PRECISION, SPLIT_W)
     return acc
+
+
+@triton.jit
+def _weight_parts(w, SPLIT_W: tl.constexpr):
+    """SPLIT_W (bf16 x, fp32 W): the W tile as three bf16 parts that sum to it exactly (8
+    significant bits each), so that x meets each part on the tensor cores: bf16 products are
+    exact in fp32, and the logits are fp32 products summed in fp32, as the "ieee" dot computes
+    them, at a fraction of its time. Else unused (and not computed)."""
+    hi = w.to(tl.bfloat16)
+    if SPLIT_W:
+        rest = w - hi.to(tl.float32)  # exact: w and hi agree in their top bits
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)  # exact: the last <= 8 bits
+    else:
+        mid, lo = hi, hi
+    return hi, mid, lo
+
+
+@triton.jit
+def _dot_weight(acc, a, w, hi, mid, lo, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                SPLIT_W: tl.constexpr):
+    """acc [BLOCK_T, BLOCK_E] += a [BLOCK_T, BLOCK_H] @ w.T, from the parts with SPLIT_W (smallest first)."""
+    if SPLIT_W:
+        if DOT_FP32:
+            a = a.to(tl.float32)
+            hi, mid, lo = hi.to(tl.float32), mid.to(tl.float32), lo.to(tl.float32)
+        acc = tl.dot(a, tl.trans(lo), acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(a, tl.trans(mid), acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(a, tl.trans(hi), acc, input_precision=DOT_PRECISION)
+    else:
+        if DOT_FP32 or a.dtype != w.dtype:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _logits_chunk(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we, h0,
+                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, DOT_FP32: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr, PDL: tl.constexpr):
+    """[BLOCK_T, BLOCK_E] fp32 partial logits over H[h0 : h0 + BLOCK_H], as _logits_dot's: the
+    weight chunk is loaded and split before the PDL prologue, x after it."""
+    cols = h0 + tl.arange(0, BLOCK_H)
+    w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
+                mask=e_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_E, BLOCK_H]
+    hi, mid, lo = _weight_parts(w, SPLIT_W)
+    pdl_prologue(PDL)
+    a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
+                mask=t_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_T, BLOCK_H]
+    return _dot_weight(tl.zeros([BLOCK_T, BLOCK_E], tl.float32), a, w, hi, mid, lo, DOT_FP32, DOT_PRECISION,
+                       SPLIT_W)
 
 
 @triton.jit
@@ -230,11 +288,13 @@ def route_from_logits(logits_ptr, tokens, t_mask, E, TOP_K: tl.constexpr, RENORM
 
 
 def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, *,
-                tile: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                tile: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H], weight [E, H] (bf16/fp16/fp32) -> ids [T, K] int32, weights [T, K] fp32.
 
     tile: (tokens, experts) per program, powers of two: (1, any) sums products, (16, >= 16) uses
-    tl.dot; None: (1, GEMV_BLOCK_E) up to GEMV_MAX_T tokens, else (16, 16-64 by the SM count)."""
+    tl.dot; (16, >= 16, splits): tl.dot over H in that many splits, a program each. None:
+    (1, GEMV_BLOCK_E) up to GEMV_MAX_T tokens, (16, 32, H / SPLIT_H) up to DOT_DECODE_MAX_T, else
+    (16, 16-64 by the SM count)."""
     _check_inputs(x, weight, top_k)
     return _launch(x, weight, top_k, renormalize, tile, None)[:2]
 
@@ -318,26 +378,31 @@ def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
     logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     if t == 0:
         return ids, weights, logits
-    block_t, block_e = _tile(t, e, x.device, tile)
-    tiles = (triton.cdiv(t, block_t), triton.cdiv(e, block_e))
+    block_t, block_e, splits = _tile(t, e, h, x.device, tile)
     use_dot = block_t > 1
-    if use_dot:  # narrow expert blocks (decode batches, few programs): half the H steps, 16 KB a stage
+    if splits > 1:  # one H chunk a program
+        block_h = triton.next_power_of_2(triton.cdiv(h, splits))
+        splits = triton.cdiv(h, block_h)
+    elif use_dot:  # narrow expert blocks (decode batches, few programs): half the H steps, 16 KB a stage
         block_h = BLOCK_H * (2 if block_e <= 32 else 1)
     else:
         block_h = min(triton.next_power_of_2(h), max(GEMV_TILE // block_e, 16))
+    tiles = (triton.cdiv(t, block_t), triton.cdiv(e, block_e), splits)
     one_chunk = not use_dot and block_h >= h  # a decode program loads its weight rows at once
     fp32 = torch.float32 in (x.dtype, weight.dtype)
     split_w = use_dot and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32
     residual, res_out, h_out, norm_w, eps = norm or (None, x, x, x, 0.0)
+    counters = tiles[0] * (1 + (tiles[1] if splits > 1 else 0))  # top-k tails, then the splits' tiles
     _router_kernel[tiles](
         x_ptr=x, w_ptr=weight, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
-        counter_ptr=arrival_counters(tiles[0], x.device), routing_ptr=ids if routing is None else routing,
+        part_ptr=torch.empty((splits, t, e), dtype=torch.float32, device=x.device) if splits > 1 else logits,
+        counter_ptr=arrival_counters(counters, x.device), routing_ptr=ids if routing is None else routing,
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, h_ptr=h_out, norm_w_ptr=norm_w,
         T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 and not split_w else "tf32", ONE_CHUNK=one_chunk,
-        SPLIT_W=split_w,
+        SPLIT_W=split_w, H_SPLITS=splits,
         NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
         **launch_args(x.device),
         num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,
@@ -345,24 +410,25 @@ def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
     return ids, weights, logits
 
 
-def _tile(t: int, e: int, device: torch.device, asked: tuple[int, int] | None) -> tuple[int, int]:
+def _tile(t: int, e: int, h: int, device: torch.device, asked: tuple[int, ...] | None) -> tuple[int, int, int]:
+    """(tokens, experts, H splits) a program."""
     if asked is not None:
-        block_t, block_e = asked
-        pow2 = all(b >= 1 and not b & (b - 1) for b in asked)
-        if not pow2 or block_t not in (1, BLOCK_T) or (block_t == BLOCK_T and block_e < 16):
-            raise ValueError(f"router_topk: tile {asked}, expected (1, a power of two) or "
-                             f"({BLOCK_T}, a power of two >= 16)")
-        return asked
+        block_t, block_e, splits = (*asked, 1) if len(asked) == 2 else asked
+        pow2 = all(b >= 1 and not b & (b - 1) for b in (block_t, block_e))
+        if (len(asked) not in (2, 3) or not pow2 or block_t not in (1, BLOCK_T) or (block_t == BLOCK_T and block_e < 16)
+                or not 1 <= splits <= h or (splits > 1 and block_t == 1)):
+            raise ValueError(f"router_topk: tile {asked}, expected (1, a power of two), "
+                             f"({BLOCK_T}, a power of two >= 16) or ({BLOCK_T}, a power of two >= 16, H splits)")
+        return block_t, block_e, splits
     if t <= GEMV_MAX_T:
-        return 1, GEMV_BLOCK_E
-    if t <= DOT_DECODE_MAX_T:  # decode batches are latency-bound: sweep_tiles.py, H100 2026-12-06, fp32
-        # weight, 16 x 32 against the rule below: T=64 27.5 -> 19.7 us, T=256 34.4 -> 19.9
-        return BLOCK_T, max(16, min(DOT_DECODE_BLOCK_E, triton.next_power_of_2(e)))
+        return 1, GEMV_BLOCK_E, 1
+    if t <= DOT_DECODE_MAX_T:  # decode batches are latency-bound: the weight read once, over every SM
+        return BLOCK_T, max(16, min(DOT_DECODE_BLOCK_E, triton.next_power_of_2(e))), triton.cdiv(h, SPLIT_H)
     # 16-token tiles: the widest expert block that still gives every SM a program
     block_e = min(64, max(16, triton.next_power_of_2(e)))
     while block_e > 16 and triton.cdiv(t, BLOCK_T) * triton.cdiv(e, block_e) < num_sms(device):
         block_e //= 2
-    return BLOCK_T, block_e
+    return BLOCK_T, block_e, 1
 
 
 def rms_norm_router_topk_torch(x, residual, norm_w, eps, weight, top_k, renormalize):

@@ -54,7 +54,8 @@ GEMM_TILES = [None, (64, 32, 2, 4, 0), (64, 32, 2, 4, 4), (64, 32, 4, 4, 4), (32
               (64, 128, 4, 3, 0)]
 
 
-ROUTER_TILES = [None, (16, 32), (16, 64), (1, 2), (1, 8)]
+# (tokens, experts[, H splits]) a program; H100 2026-12-06 at T=64: (16, 64) 27.5 us, (1, 2) 21.0, (1, 8) 20.1
+ROUTER_TILES = [None, (16, 32), (16, 16, 8), (16, 16, 16), (16, 32, 16), (16, 64, 8)]
 
 
 def time_rows(label: str, knob: str | None, shapes: list, run, reference, bytes_: float, bandwidth: float,
