@@ -24,21 +24,29 @@ import triton.language as tl
 
 from .moe_sort import sort_pairs
 from . import tuning
-from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
+from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_halves_f16, weight_tile, weight_tile_f16
 from .pdl import launch_args, pdl_prologue
 from .swiglu import silu_mul_rounded
 from .tuning import INTERPRET
 
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 COMBINE_BLOCK_H = 64 if INTERPRET else 1024
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
 def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, stride_wn, stride_sn,
               BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, SWAP: tl.constexpr,
+              HALVES: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] += A [BLOCK_M, n_k] @ W[rows, :n_k].T; a_rows_ptr [BLOCK_M] row pointers.
-    F16 (NVFP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and A taken as fp16."""
+    SWAP: acc [BLOCK_N, BLOCK_M] += W @ A.T (the weight rows on the MMA's M side, the tokens on
+    its N side: 8 tokens fill an MMA's N of 8, where M takes 16).
+    F16 (NVFP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and A taken as fp16.
+    HALVES (SWAP, F16): A is fp16 in the halves layout (_dot_halves)."""
+    if HALVES:
+        return _dot_halves(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, stride_wn, stride_sn,
+                           BLOCK_K, DOT_FP32, DOT_PRECISION, PTX)
     for k0 in range(0, n_k, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = a_mask[:, None]
@@ -56,36 +64,88 @@ def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, s
             a = a.to(tl.float16)
         else:
             w = w.to(a.dtype)  # NVFP4: E2M1 * E4M3 is exact in bf16 / fp16
-        acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        if SWAP:
+            acc = tl.dot(w, tl.trans(a), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
     return acc
+
+
+@triton.jit
+def _dot_halves(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, stride_wn, stride_sn,
+                BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, PTX: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] += W[rows] @ A.T as two dots a K step: the weight tile's even and
+    odd columns (nvfp4.weight_halves_f16, each an MMA operand as decoded) with A's, which the halves
+    layout stores apart: each BLOCK_K columns of a row as the even ones, then the odd ones
+    (halves_layout); n_k a multiple of BLOCK_K."""
+    for k0 in range(0, n_k, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K // 2)
+        a_even = tl.load(a_rows_ptr[:, None] + cols[None, :], mask=a_mask[:, None], other=0.0)
+        a_odd = tl.load(a_rows_ptr[:, None] + (cols + BLOCK_K // 2)[None, :], mask=a_mask[:, None], other=0.0)
+        w_even, w_odd = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn,
+                                          BLOCK_K, False, PTX)
+        if DOT_FP32:
+            a_even, a_odd, w_even, w_odd = a_even.to(tl.float32), a_odd.to(tl.float32), w_even.to(tl.float32), \
+                w_odd.to(tl.float32)
+        acc = tl.dot(w_even, tl.trans(a_even), acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(w_odd, tl.trans(a_odd), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _halves_col(cols, BLOCK_K: tl.constexpr):
+    """Where column c of a row sits in the halves layout (_dot_halves)."""
+    j = cols % BLOCK_K
+    return cols - j + j // 2 + (j % 2) * (BLOCK_K // 2)
+
+
+@triton.jit
+def _halves_kernel(x_ptr, out_ptr, N, stride_x, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """out [T, N] fp16 = x [T, N] in the halves layout (program: row, BLOCK_K columns)."""
+    pdl_prologue(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + t * stride_x + cols, mask=cols < N)
+    tl.store(out_ptr + t * N + _halves_col(cols, BLOCK_K), x.to(tl.float16), mask=cols < N)
 
 
 @triton.jit
 def _expert_gemm(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, scale_ptr, cols_n, n_out, n_k,
                  stride_wn, stride_sn, stride_gn, GATE_UP: tl.constexpr, BLOCK_K: tl.constexpr,
                  MASK_K: tl.constexpr, FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 F16: tl.constexpr, PTX: tl.constexpr):
+                 F16: tl.constexpr, PTX: tl.constexpr, SWAP: tl.constexpr, HALVES: tl.constexpr):
     """One expert's output tile(s), global scale applied: (out, up) for GATE_UP (gate rows
-    cols_n, up rows n_out + cols_n), else (out, unchanged acc_up)."""
+    cols_n, up rows n_out + cols_n), else (out, unchanged acc_up); transposed with SWAP."""
     col_mask = cols_n < n_out
     acc = _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n, col_mask, n_k, stride_wn, stride_sn,
-                    BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX)
+                    BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX, SWAP, HALVES)
     if FP4:  # the global scale, once per output
-        acc *= tl.load(scale_ptr + cols_n * stride_gn, mask=col_mask, other=0.0)[None, :]
+        acc *= _by_col(tl.load(scale_ptr + cols_n * stride_gn, mask=col_mask, other=0.0), SWAP)
     if GATE_UP:
         acc_up = _dot_rows(acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n + n_out, col_mask, n_k,
-                           stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX)
+                           stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX, SWAP,
+                           HALVES)
         if FP4:
-            acc_up *= tl.load(scale_ptr + (cols_n + n_out) * stride_gn, mask=col_mask, other=0.0)[None, :]
+            acc_up *= _by_col(tl.load(scale_ptr + (cols_n + n_out) * stride_gn, mask=col_mask, other=0.0), SWAP)
     return acc, acc_up
 
 
 @triton.jit
+def _by_col(v, SWAP: tl.constexpr):
+    """A per-output-column vector broadcast against the accumulator (transposed with SWAP)."""
+    if SWAP:
+        out = v[:, None]
+    else:
+        out = v[None, :]
+    return out
+
+
+@triton.jit
 def _moe_grouped_kernel(
-    a_ptr,               # GATE_UP: x [T, H]; else inter [P, I_MAX]
+    a_ptr,               # GATE_UP: x [T, H]; else inter [P, I_MAX] (HALVES: fp16 in the halves layout)
     sorted_pairs_ptr,    # [num_blocks * BLOCK_M] int32 pair ids by expert, P = padding
     block_expert_ptr,    # [num_blocks] int32 expert of each block, >= NUM_EXPERTS = unused block
-    out_ptr,             # GATE_UP: inter [P, I_MAX]; else ys [P, H]
+    out_ptr,             # GATE_UP: inter [P, I_MAX] (HALVES: fp16 in the halves layout); else ys [P, H]
     w_ptr, w_scales_ptr, w_scale_ptr,   # routed [E, N, K] (dense or NVFP4)
     s_ptr, s_scales_ptr, s_scale_ptr,   # shared [N_s, K_s] (read when HAS_SHARED)
     w_se, w_sn, w_sse, w_ssn, w_sge, w_sgn,
@@ -94,8 +154,12 @@ def _moe_grouped_kernel(
     SLOTS: tl.constexpr, GATE_UP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
     W_FP4: tl.constexpr, S_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    W_F16: tl.constexpr, S_F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
+    W_F16: tl.constexpr, S_F16: tl.constexpr, PTX: tl.constexpr, SWAP: tl.constexpr, HALVES: tl.constexpr,
+    ROUND_TO: tl.constexpr, PDL: tl.constexpr,
 ):
+    """SWAP: the tiles computed transposed ([BLOCK_N, BLOCK_M], _dot_rows). HALVES (SWAP, both
+    weights NVFP4 in fp16 tiles): the activations come in fp16 in the halves layout, and gate/up
+    writes inter so. ROUND_TO: x's dtype, gate/up's roundings (silu_mul_rounded)."""
     pdl_prologue(PDL)
     b = tl.program_id(0)
     e = tl.load(block_expert_ptr + b)
@@ -112,21 +176,29 @@ def _moe_grouped_kernel(
     valid = pairs < P
     a_row = (pairs // SLOTS) if GATE_UP else pairs
     a_rows_ptr = a_ptr + a_row.to(tl.int64) * stride_a
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
     if shared:
         acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, s_ptr, s_scales_ptr, s_scale_ptr, cols_n,
                                    n_out, n_k, s_sn, s_ssn, s_sgn, GATE_UP, BLOCK_K, MASK_K, S_FP4, DOT_FP32,
-                                   DOT_PRECISION, S_F16, PTX)
+                                   DOT_PRECISION, S_F16, PTX, SWAP, HALVES)
     else:
         e64 = e.to(tl.int64)
         acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, w_ptr + e64 * w_se, w_scales_ptr + e64 * w_sse,
                                    w_scale_ptr + e64 * w_sge, cols_n, n_out, n_k, w_sn, w_ssn, w_sgn,
-                                   GATE_UP, BLOCK_K, MASK_K, W_FP4, DOT_FP32, DOT_PRECISION, W_F16, PTX)
+                                   GATE_UP, BLOCK_K, MASK_K, W_FP4, DOT_FP32, DOT_PRECISION, W_F16, PTX, SWAP,
+                                   HALVES)
     dtype = out_ptr.dtype.element_ty
-    y = silu_mul_rounded(acc, acc_up, dtype) if GATE_UP else acc.to(dtype)
-    out = out_ptr + pairs[:, None].to(tl.int64) * stride_out + cols_n[None, :]
-    tl.store(out, y, mask=valid[:, None] & (cols_n[None, :] < n_out))
+    y = silu_mul_rounded(acc, acc_up, ROUND_TO).to(dtype) if GATE_UP else acc.to(dtype)
+    if SWAP:
+        if HALVES and GATE_UP:
+            out = out_ptr + pairs[None, :].to(tl.int64) * stride_out + _halves_col(cols_n, BLOCK_K)[:, None]
+        else:
+            out = out_ptr + pairs[None, :].to(tl.int64) * stride_out + cols_n[:, None]
+        tl.store(out, y, mask=valid[None, :] & (cols_n[:, None] < n_out))
+    else:
+        out = out_ptr + pairs[:, None].to(tl.int64) * stride_out + cols_n[None, :]
+        tl.store(out, y, mask=valid[:, None] & (cols_n[None, :] < n_out))
 
 
 @triton.jit
@@ -179,14 +251,24 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
     sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
     blocks = block_expert.numel()
-    inter = torch.empty((p, max(i, i_s)), dtype=x.dtype, device=x.device)
+    swap = block_m < 16
+    # the halves layout: fp16 activations whose even and odd columns meet the decoded weight's
+    # halves (_dot_halves): every weight NVFP4 in fp16 tiles, every K a multiple of BLOCK_K
+    halves = swap and f16 and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None) \
+        and not (h % block_k or i % block_k or i_s % block_k)
+    inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
+    a13 = x
+    if halves:
+        a13 = torch.empty((t, h), dtype=torch.float16, device=x.device)
+        _halves_kernel[(t, h // block_k)](x_ptr=x, out_ptr=a13, N=h, stride_x=x.stride(0), BLOCK_K=block_k,
+                                          **launch_args(x.device), num_warps=1)
     common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, P=p, E=e, N_EXP=e + has_shared,
                   H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
                   DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
-                  **launch_args(x.device))
+                  SWAP=swap, HALVES=halves, ROUND_TO=_TL_DTYPES[x.dtype], **launch_args(x.device))
     for stage, (w, s, a, dst, n_max, block_n, n_ks) in enumerate([
-            (w13, shared_w13, x, inter, max(i, i_s), block_n13, (h,)),
+            (w13, shared_w13, a13, inter, max(i, i_s), block_n13, (h,)),
             (w2, shared_w2, inter, ys, h, block_n2, (i, i_s))]):
         s = s if has_shared else w[0]
         w_f16, s_f16 = f16 and is_nvfp4(w), f16 and is_nvfp4(s)

@@ -178,6 +178,17 @@ def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_
     exact, the global scale not applied. For tensor-core tiles whose activations are converted
     to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
     instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter; weight_tile)."""
+    lo, hi = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
+    return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_K])  # (even, odd) pairs: k order
+
+
+@triton.jit
+def weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
+                      BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
+    """weight_tile_f16's tile as its even and its odd columns ([BLOCK_N, BLOCK_K / 2] each: k0 +
+    2 c and k0 + 2 c + 1, the low and the high nibble of byte c): a dot of each half with the
+    activations' even or odd columns needs no pairing of the two (tensor-core operands hold
+    pairs of adjacent columns, here two bytes' low or high nibbles, as the decode leaves them)."""
     bytes_ = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     groups = k0 // 16 + tl.arange(0, BLOCK_K // 16)
     p_mask = row_mask[:, None]
@@ -200,7 +211,7 @@ def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_
               .to(tl.float32) * scale).to(tl.float16)
         hi = ((((codes & 0x70) << 5) | ((codes & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
               .to(tl.float32) * scale).to(tl.float16)
-    return tl.reshape(tl.join(lo, hi), [n, BLOCK_K])  # (even, odd) pairs: k order
+    return lo, hi
 
 
 @triton.jit

@@ -37,10 +37,10 @@ from tools.bench.timing import copy_bandwidth, graph_us, nbytes, result_path, ru
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages)
 # (H100 2026-12-06: 16 x 32 or 64 columns, 8 warps and 32-row blocks were slower, 300-505 us at T=64
-# against 222-240; more weight rows a warp is what the list below varies)
-MOE_TILES = [None, (16, 64, 64, 128, 4, 3), (16, 128, 128, 64, 4, 4), (16, 128, 128, 128, 2, 3),
-             (16, 128, 128, 64, 2, 3), (16, 128, 128, 64, 2, 4), (16, 64, 64, 64, 1, 4), (16, 256, 256, 64, 4, 3),
-             (16, 256, 256, 64, 4, 4)]
+# against 222-240; the list varies weight rows a warp, and 8-token blocks, computed transposed)
+MOE_TILES = [None, (16, 128, 128, 128, 2, 3), (16, 128, 128, 64, 2, 4), (8, 128, 128, 128, 2, 3),
+             (8, 128, 128, 128, 4, 3), (8, 128, 128, 64, 2, 4), (8, 256, 256, 64, 4, 3), (8, 256, 256, 128, 4, 3),
+             (8, 64, 64, 128, 2, 3)]
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
 # ... at prefill sizes (--tokens 8192: a prefill chunk)
