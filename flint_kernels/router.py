@@ -9,8 +9,8 @@ tile's [BLOCK_T, E] logits back and does sigmoid, top-k and the weights. Two til
 - decode (T <= GEMV_MAX_T): one token x GEMV_BLOCK_E experts, products summed with tl.sum, so
   the router weight (E x H = 1 MB in bf16) is spread over ~one program per SM, each issuing
   its rows' loads at once, and every token's top-k runs in its own program;
-- decode batches of 9-256 tokens: 16 tokens x 32 experts x 256 of H a program (H split), the
-  weight chunk (32 KB in fp32) loaded before the PDL wait, so the router weight is read once,
+- decode batches of 9-256 tokens: 16 tokens x 64 experts x 256 of H a program (H split), the
+  weight chunk (64 KB in fp32) loaded before the PDL wait, so the router weight is read once,
   spread over every SM; the last split of a tile to arrive sums the splits' partial logits in
   split order (split_k.py), the last expert block of a token tile picks its top-k;
 - prefill: 16 tokens x 16-64 experts with tl.dot over H chunks; an fp32 weight against bf16
@@ -43,9 +43,10 @@ BLOCK_T = 16           # tokens per tl.dot tile (its smallest M); the top-k stag
 BLOCK_H = 32 if INTERPRET else 128
 GEMV_MAX_T = 8         # decode batches up to here read W once per token (8 MB of L2 reads at 8)
 GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
-# larger decode batches: 16 tokens x 32 experts x SPLIT_H of H a program (16 experts: 255 registers
-# and spills for sm_90, 32: 168)
-DOT_DECODE_MAX_T, DOT_DECODE_BLOCK_E = 256, 32
+# larger decode batches: 16 tokens x 64 experts x SPLIT_H of H a program (sweep_tiles.py, H100
+# 2026-12-06, 144af92: T=64 9.6 us, 32 experts 10.8, 16 experts 15.9, the former 16 x 32 over all
+# of H 20.0; T=256 17.5, 18.9, 44.0, 20.2)
+DOT_DECODE_MAX_T, DOT_DECODE_BLOCK_E = 256, 64
 SPLIT_H = 32 if INTERPRET else 256  # H a program of the split tiles
 GEMV_TILE = 4096       # [BLOCK_E, H chunk] elements a decode program loads at once (128 a thread)
 GEMV_WARPS = 1         # one warp: the top-k's reductions are shuffles, with no barriers between warps
@@ -293,7 +294,7 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: 
 
     tile: (tokens, experts) per program, powers of two: (1, any) sums products, (16, >= 16) uses
     tl.dot; (16, >= 16, splits): tl.dot over H in that many splits, a program each. None:
-    (1, GEMV_BLOCK_E) up to GEMV_MAX_T tokens, (16, 32, H / SPLIT_H) up to DOT_DECODE_MAX_T, else
+    (1, GEMV_BLOCK_E) up to GEMV_MAX_T tokens, (16, 64, H / SPLIT_H) up to DOT_DECODE_MAX_T, else
     (16, 16-64 by the SM count)."""
     _check_inputs(x, weight, top_k)
     return _launch(x, weight, top_k, renormalize, tile, None)[:2]
