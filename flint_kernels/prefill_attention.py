@@ -99,21 +99,21 @@ def _attend_tile(
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N], unscaled
     if MASKED:
         seen = in_range[None, :] & (pos[None, :] <= qpos[:, None])
         seen &= (window == 0) | (pos[None, :] > qpos[:, None] - window)
         scores = tl.where(seen, scores, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    m_new = tl.maximum(m, tl.max(scores, axis=1) * qk_scale)
     alpha = tl.exp2(m - m_new)
-    p = tl.exp2(scores - m_new[:, None])
+    p = tl.exp2(scores * qk_scale - m_new[:, None])  # one fma a score
     l = l * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l, acc
 
 
 @triton.jit
-def _page_scores(q, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr, n_pages, h,
+def _page_scores(q, kstart, qpos, hi, window, k_desc, v_desc, table_ptr, n_pages, h,
                  D: tl.constexpr, ROWS_PER: tl.constexpr, MASKED: tl.constexpr, DOT_FP32: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):
     """One page's scores [BLOCK_M, ROWS_PER] (masked: -inf) and values [ROWS_PER, D] (masked: 0,
@@ -124,7 +124,7 @@ def _page_scores(q, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_pt
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # unscaled (_attend_pages scales)
     if MASKED:
         pos = kstart + tl.arange(0, ROWS_PER)
         in_range = pos < hi
@@ -140,19 +140,20 @@ def _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_de
                   D: tl.constexpr, ROWS_PER: tl.constexpr, PAGES: tl.constexpr, MASKED: tl.constexpr,
                   DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """_attend_tile over PAGES (1 or 2) whole pages of a cache holding every key (kv_in_cache)."""
-    s0, v0 = _page_scores(q, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr, n_pages, h,
+    s0, v0 = _page_scores(q, kstart, qpos, hi, window, k_desc, v_desc, table_ptr, n_pages, h,
                           D, ROWS_PER, MASKED, DOT_FP32, DOT_PRECISION)
-    m_new = tl.maximum(m, tl.max(s0, axis=1))
+    top = tl.max(s0, axis=1)
     if PAGES == 2:
-        s1, v1 = _page_scores(q, kstart + ROWS_PER, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr,
+        s1, v1 = _page_scores(q, kstart + ROWS_PER, qpos, hi, window, k_desc, v_desc, table_ptr,
                               n_pages, h, D, ROWS_PER, MASKED, DOT_FP32, DOT_PRECISION)
-        m_new = tl.maximum(m_new, tl.max(s1, axis=1))
+        top = tl.maximum(top, tl.max(s1, axis=1))
+    m_new = tl.maximum(m, top * qk_scale)  # the scale on a row's max (it keeps the order), then in the fma below
     alpha = tl.exp2(m - m_new)
-    p0 = tl.exp2(s0 - m_new[:, None])
+    p0 = tl.exp2(s0 * qk_scale - m_new[:, None])
     l = l * alpha + tl.sum(p0, axis=1)
     acc = tl.dot(p0.to(v0.dtype), v0, acc * alpha[:, None], input_precision=DOT_PRECISION)
     if PAGES == 2:
-        p1 = tl.exp2(s1 - m_new[:, None])
+        p1 = tl.exp2(s1 * qk_scale - m_new[:, None])
         l += tl.sum(p1, axis=1)
         acc = tl.dot(p1.to(v1.dtype), v1, acc, input_precision=DOT_PRECISION)
     return m_new, l, acc
