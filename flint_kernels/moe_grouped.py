@@ -241,6 +241,8 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         return out
     block_m, block_n13, block_n2, block_k, warps, stages = _tiles(p / (e + has_shared))
     f16 = tuning.FP4_MMA_F16 and x.dtype != torch.float32  # fp16 tiles (an fp32 model keeps fp32 x)
+    if f16 and is_nvfp4(w13) and INTERPRET and p / (e + has_shared) <= 8:
+        block_m = 8  # as on a GPU, below: the interpreter's decode batches take the transposed halves too
     if f16 and is_nvfp4(w13) and not INTERPRET:
         block_k = F16_BLOCK_K
         if block_m == 16 and p / (e + has_shared) <= 8:  # decode batches: 8-token blocks, transposed, in
