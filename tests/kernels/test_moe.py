@@ -95,13 +95,14 @@ def test_nvfp4_experts(path, fmt, dtype, words):
                                        ("dense", torch.bfloat16)],
                          ids=["halves", "nvfp4-fp32", "mixed", "dense"])
 @pytest.mark.parametrize("t,k", [(3, 3), (17, 4)], ids=["few", "experts-past-8-tokens"])
-def test_grouped_eight_token_blocks(fmt, dtype, t, k, monkeypatch):
-    """Blocks of 8 tokens computed transposed (weight rows on the MMA's M side); NVFP4 in fp16
-    tiles with bf16 x: activations in the halves layout (every weight NVFP4, K a multiple of the
-    K step), else the usual layout. A shared expert twice as wide; 17 tokens over 8 experts give
-    experts more than one block."""
-    tiles = (8, 128, 128, 128, 2, 3) if DEVICE == "cuda" else (8, 32, 32, 32, 4, 1)
-    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", tiles)
+@pytest.mark.parametrize("block_m", [8, 16], ids=["transposed", "upright"])
+def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, monkeypatch):
+    """Blocks of 8 tokens computed transposed (weight rows on the MMA's M side) or of 16 as usual;
+    NVFP4 in fp16 tiles with bf16 x: activations in the halves layout (every weight NVFP4, K a
+    multiple of the K step), else the usual layout. A shared expert twice as wide; 17 tokens over
+    8 experts give experts more than one block."""
+    tiles = (128, 128, 128, 2, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
+    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (block_m, *tiles))
     e, h, i = 8, 256, 128
     w13, w2, s13, s2 = experts(e, h, i, 2 * i, dtype, fmt, seed=3)
     ids, weights = routing(t, e, k, seed=3)
