@@ -28,14 +28,16 @@ FP8_DTYPE = torch.float8_e4m3fn
 
 @triton.jit
 def e4m3_round(x):
-    """x fp32 -> the nearest E4M3 value as fp32 (half to even; saturating at +-448)."""
-    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
-    exponent = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    """x fp32 -> the nearest E4M3 value as fp32 (half to even; saturating at +-448), its sign kept
+    where it rounds to zero (-0.0, as torch's conversion gives)."""
+    sign = x.to(tl.int32, bitcast=True) & -2147483648  # the sign bit (-0.0's too)
+    a = tl.minimum(tl.abs(x), 448.0)
+    exponent = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     step_exponent = tl.maximum(exponent, -6) - 3  # 3 mantissa bits; subnormals step 2^-9
     step = ((step_exponent + 127) << 23).to(tl.float32, bitcast=True)
-    y = x / step  # exact: a power of two, |y| < 16
-    y = (y + 12582912.0) - 12582912.0  # to the nearest integer, half to even (1.5 * 2^23)
-    return y * step
+    y = a / step  # exact: a power of two, y < 16
+    y = ((y + 12582912.0) - 12582912.0) * step  # to the nearest integer, half to even (1.5 * 2^23)
+    return (y.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)  # y >= 0: the sign put back
 
 
 def quantize_torch(x: torch.Tensor, scale: float) -> torch.Tensor:

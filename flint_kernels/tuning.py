@@ -62,10 +62,10 @@ FP4_GEMV_F16 = _flag("FP4_GEMV_F16", True)
 # 440 -> 326 us; the W4A16 GEMM at 64 tokens unchanged (17.1 us).
 FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 
-# The grouped MoE's activations in fp16 in the halves layout (each K step's even columns, then its
-# odd ones: moe_grouped._dot_halves), where every weight is NVFP4 in fp16 tiles: no instruction pairs
-# the decoded weight's halves, none converts x. H100 2026-12-06 (144af92), with 8-token transposed
-# blocks: T=64 228.4 -> 201.8 us. Off: x and inter in x's dtype, the tiles in k order.
+# The grouped MoE's transposed decode tiles take their activations in fp16 in the halves layout
+# (each K step's even columns, then its odd ones: moe_grouped._dot_halves) where every weight is
+# NVFP4 in fp16 tiles: no instruction pairs the decoded weight's halves, none converts x. H100
+# 2026-12-06 (326bb96), T=64: 214.3 -> 201.8 us. Off: x and inter in x's dtype, tiles in k order.
 MOE_HALVES = _flag("MOE_HALVES", True)
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches

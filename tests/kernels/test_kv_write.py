@@ -33,6 +33,21 @@ def test_rows_land_at_their_slots_and_skipped_ones_nowhere(dtype, hk, d):
     assert int((got[0] == 7.0).all(-1).all(-1).sum()) == rows * rows_per - (n - 3)
 
 
+def test_fp8_codes_keep_the_sign_of_what_rounds_to_zero():
+    """Values below half the least E4M3 subnormal (2**-10) round to zero keeping their sign, as
+    torch's conversion does (-0.0 is code 0x80): bytes equal, ties at 2**-10 included."""
+    hk, d = 1, 16
+    row = torch.tensor([-1e-4, -0.0, 1e-4, -2.0 ** -10, 2.0 ** -10, -3 * 2.0 ** -10, -1.5, 0.0] * 2)
+    k = row.view(1, hk, d).to(DEVICE, torch.bfloat16)
+    got, expected = caches(1, 2, hk, d, FP8_DTYPE), caches(1, 2, hk, d, FP8_DTYPE)
+    slots = torch.tensor([1], device=DEVICE)
+    kv_write(k, k, *got, slots, kv_scales=(1.0, 1.0))
+    kv_write_torch(k, k, *expected, slots, kv_scales=(1.0, 1.0))
+    assert got[0].view(torch.uint8)[0, 1, 0, :8].tolist() == [0x80, 0x80, 0x00, 0x80, 0x00, 0x82, 0xBC, 0x00]
+    for a, b in zip(got, expected):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
 def test_fp8_codes_of_the_scaled_rows():
     g = torch.Generator(device=DEVICE).manual_seed(0)
     n, hk, d, scales = 6, 2, 16, (0.25, 4.0)

@@ -98,8 +98,8 @@ def test_nvfp4_experts(path, fmt, dtype, words):
 @pytest.mark.parametrize("block_m", [8, 16], ids=["transposed", "upright"])
 def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, monkeypatch):
     """Blocks of 8 tokens computed transposed (weight rows on the MMA's M side) or of 16 as usual;
-    NVFP4 in fp16 tiles with bf16 x: activations in the halves layout (every weight NVFP4, K a
-    multiple of the K step), else the usual layout. A shared expert twice as wide; 17 tokens over
+    transposed NVFP4 in fp16 tiles with bf16 x: activations in the halves layout (every weight
+    NVFP4, K a multiple of the K step), else the usual layout. A shared expert twice as wide; 17 tokens over
     8 experts give experts more than one block."""
     tiles = (128, 128, 128, 2, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
     monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (block_m, *tiles))
