@@ -103,7 +103,7 @@ def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, monkeypa
     8 experts give experts more than one block."""
     tiles = (128, 128, 128, 2, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
     monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (block_m, *tiles))
-    e, h, i = 8, 256, 128
+    e, h, i = 8, 128, 64
     w13, w2, s13, s2 = experts(e, h, i, 2 * i, dtype, fmt, seed=3)
     ids, weights = routing(t, e, k, seed=3)
     x = torch.randn(t, h, device=DEVICE).to(dtype)
