@@ -10,7 +10,10 @@ cdiv(P, BLOCK_M) + E + 1 and blocks past the real count exit at once. Then three
   combine  program (token, BLOCK_H): routed outputs weighted in fp32, rounded, + shared output.
 Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are decoded in
 registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F16; else
-bf16), the global scale applied to the accumulator.
+bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows an expert,
+NVFP4) take blocks of 8 tokens computed transposed (SWAP) and, with every weight NVFP4, the
+activations in fp16 in the halves layout (HALVES, _dot_halves: x converted by _halves_kernel,
+inter written so by gate/up).
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)).
 Numerics are moe.py's: fp32 dot accumulation, gate/up/silu/product and each expert output
 rounded to x's dtype, the routed combine in fp32 rounded once, the shared output added, rounded.
