@@ -211,11 +211,13 @@ def test_shared_chunks():
 def test_bf16_rounding_points_are_moes(path, i_s):
     """moe.py's bf16 roundings, each emulated as the interpreter casts (truncation), in fp64
     otherwise: the kernels' outputs are bit-identical, so they round at exactly those points (the
-    shared expert's output once, also when its 2I rows run as two slots)."""
+    shared expert's output once, also when its 2I rows run as two slots). A fixed x: the kernels'
+    fp32 sums can land across a truncation boundary from the fp64 ones (over 40 random x, one
+    gave the small path 3-5 other values, none the grouped path), which is no rounding point."""
     t, e, k = 3, 16, 4
     w13, w2, s13, s2 = experts(e, 64, 32, i_s, torch.bfloat16, "dense", seed=6)
     ids, weights = routing(t, e, k, seed=6)
-    x = torch.randn(t, 64).to(torch.bfloat16)
+    x = torch.randn(t, 64, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
 
     def cast(v):
         return (v.float().view(torch.int32) & -65536).view(torch.float32).double()
