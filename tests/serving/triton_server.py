@@ -79,8 +79,13 @@ class TritonServer:
         self._log.close()
 
     def ready(self) -> bool:
+        """Ready for requests and serving /metrics: tritonserver starts its metrics service after
+        the HTTP one (tens of ms later), and a test may read /metrics first."""
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                if r.status != 200:
+                    return False
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
