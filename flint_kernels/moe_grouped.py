@@ -243,20 +243,20 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     if t == 0:
         return out
-    block_m, block_n13, block_n2, block_k, warps, stages = _tiles(p / (e + has_shared))
+    rows_per_expert = p / (e + has_shared)
+    block_m, block_n13, block_n2, block_k, warps, stages = _tiles(rows_per_expert)
     f16 = tuning.FP4_MMA_F16 and x.dtype != torch.float32  # fp16 tiles (an fp32 model keeps fp32 x)
-    if f16 and is_nvfp4(w13) and INTERPRET and p / (e + has_shared) <= 8:
-        block_m = 8  # as on a GPU, below: the interpreter's decode batches take the transposed halves too
-    if f16 and is_nvfp4(w13) and not INTERPRET:
-        block_k = F16_BLOCK_K
-        if block_m == 16 and p / (e + has_shared) <= 8:  # decode batches: 8-token blocks, transposed, in
+    if f16 and is_nvfp4(w13):
+        if rows_per_expert <= 8:  # decode batches (the interpreter's too): 8-token blocks, transposed, in
             # the halves layout (sweep_tiles.py, H100 2026-12-06, 144af92: T=64 228.4 -> 201.8 us, T=256
             # 289.9 -> 280.5, against 16 x 128 tiles in 3 stages)
-            block_m, block_n13, block_n2, stages = 8, 128, 128, 3
-        elif block_m == 16:  # (sweep_tiles.py, H100 2026-12-06: T=64 241.6 -> 221.7 us, T=256 325 -> 290)
-            block_n13, block_n2, stages = 128, 128, 3
-        elif block_m == 128:  # prefill chunks (sweep_tiles.py --tokens 8192, H100 2026-12-06: 2612 -> 1983 us)
-            block_m, block_n13, block_n2, block_k, warps, stages = 64, 128, 128, 64, 4, 4
+            block_m = 8
+        if not INTERPRET:
+            block_k = F16_BLOCK_K
+            if block_m <= 16:  # (16 rows, sweep_tiles.py, H100 2026-12-06: T=64 241.6 -> 221.7 us, T=256 325 -> 290)
+                block_n13, block_n2, stages = 128, 128, 3
+            elif block_m == 128:  # prefill chunks (sweep_tiles.py --tokens 8192, H100 2026-12-06: 2612 -> 1983 us)
+                block_m, block_n13, block_n2, block_k, warps, stages = 64, 128, 128, 64, 4, 4
     if tuning.MOE_GROUPED_TILES:
         block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
     sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
