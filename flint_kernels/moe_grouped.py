@@ -12,8 +12,8 @@ Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are 
 registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F16; else
 bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows an expert,
 NVFP4) take blocks of 8 tokens computed transposed (SWAP) and, with every weight NVFP4, the
-activations in fp16 in the halves layout (HALVES, _dot_halves: x converted by _halves_kernel,
-inter written so by gate/up).
+activations in fp16 in the halves layout (HALVES, halves.py: x converted by to_halves, inter
+written so by gate/up).
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)).
 Numerics are moe.py's: fp32 dot accumulation, gate/up/silu/product and each expert output
 rounded to x's dtype, the routed combine in fp32 rounded once, the shared output added, rounded.
@@ -27,7 +27,8 @@ import triton.language as tl
 
 from .moe_sort import sort_pairs
 from . import tuning
-from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_halves_f16, weight_tile, weight_tile_f16
+from .halves import dot_halves, halves_col, to_halves
+from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
 from .pdl import launch_args, pdl_prologue
 from .swiglu import silu_mul_rounded
 from .tuning import INTERPRET
@@ -46,10 +47,10 @@ def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, s
     SWAP: acc [BLOCK_N, BLOCK_M] += W @ A.T (the weight rows on the MMA's M side, the tokens on
     its N side: 8 tokens fill an MMA's N of 8, where M takes 16).
     F16 (NVFP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and A taken as fp16.
-    HALVES (SWAP, F16): A is fp16 in the halves layout (_dot_halves)."""
+    HALVES (SWAP, F16): A is fp16 in the halves layout (halves.dot_halves)."""
     if HALVES:
-        return _dot_halves(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, stride_wn, stride_sn,
-                           BLOCK_K, DOT_FP32, DOT_PRECISION, PTX)
+        return dot_halves(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, 0, n_k, stride_wn, stride_sn,
+                          BLOCK_K, DOT_FP32, DOT_PRECISION, PTX)
     for k0 in range(0, n_k, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = a_mask[:, None]
@@ -72,45 +73,6 @@ def _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, s
         else:
             acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
     return acc
-
-
-@triton.jit
-def _dot_halves(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, n_k, stride_wn, stride_sn,
-                BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, PTX: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] += W[rows] @ A.T as two dots a K step: the weight tile's even and
-    odd columns (nvfp4.weight_halves_f16, each an MMA operand as decoded) with A's, which the
-    halves layout stores apart: each BLOCK_K columns of a row as the even ones, then the odd ones
-    (_halves_col); n_k a multiple of BLOCK_K. (Upright tiles, on sm_90's wgmma at prefill sizes,
-    measured slower so: H100 2026-12-06, 326bb96, 8192 tokens 1989 -> 2798 us.)"""
-    for k0 in range(0, n_k, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K // 2)
-        a_even = tl.load(a_rows_ptr[:, None] + cols[None, :], mask=a_mask[:, None], other=0.0)
-        a_odd = tl.load(a_rows_ptr[:, None] + (cols + BLOCK_K // 2)[None, :], mask=a_mask[:, None], other=0.0)
-        w_even, w_odd = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, n_k, stride_wn, stride_sn,
-                                          BLOCK_K, False, PTX)
-        if DOT_FP32:
-            a_even, a_odd, w_even, w_odd = a_even.to(tl.float32), a_odd.to(tl.float32), w_even.to(tl.float32), \
-                w_odd.to(tl.float32)
-        acc = tl.dot(w_even, tl.trans(a_even), acc, input_precision=DOT_PRECISION)
-        acc = tl.dot(w_odd, tl.trans(a_odd), acc, input_precision=DOT_PRECISION)
-    return acc
-
-
-@triton.jit
-def _halves_col(cols, BLOCK_K: tl.constexpr):
-    """Where column c of a row sits in the halves layout (_dot_halves)."""
-    j = cols % BLOCK_K
-    return cols - j + j // 2 + (j % 2) * (BLOCK_K // 2)
-
-
-@triton.jit
-def _halves_kernel(x_ptr, out_ptr, N, stride_x, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """out [T, N] fp16 = x [T, N] in the halves layout (program: row, BLOCK_K columns)."""
-    pdl_prologue(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    x = tl.load(x_ptr + t * stride_x + cols, mask=cols < N)
-    tl.store(out_ptr + t * N + _halves_col(cols, BLOCK_K), x.to(tl.float16), mask=cols < N)
 
 
 @triton.jit
@@ -196,7 +158,7 @@ def _moe_grouped_kernel(
     y = silu_mul_rounded(acc, acc_up, ROUND_TO).to(dtype) if GATE_UP else acc.to(dtype)
     if SWAP:
         if HALVES and GATE_UP:
-            out = out_ptr + pairs[None, :].to(tl.int64) * stride_out + _halves_col(cols_n, BLOCK_K)[:, None]
+            out = out_ptr + pairs[None, :].to(tl.int64) * stride_out + halves_col(cols_n, BLOCK_K)[:, None]
         else:
             out = out_ptr + pairs[None, :].to(tl.int64) * stride_out + cols_n[:, None]
         tl.store(out, y, mask=valid[None, :] & (cols_n[:, None] < n_out))
@@ -263,17 +225,13 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     blocks = block_expert.numel()
     swap = block_m < 16
     # the halves layout: fp16 activations whose even and odd columns meet the decoded weight's
-    # halves (_dot_halves): every weight NVFP4 in fp16 tiles, every K a multiple of BLOCK_K
+    # halves (halves.py): every weight NVFP4 in fp16 tiles, every K a multiple of BLOCK_K
     halves = tuning.MOE_HALVES and swap and f16 \
         and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None) \
         and not (h % block_k or i % block_k or i_s % block_k)
     inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
-    a13 = x
-    if halves:
-        a13 = torch.empty((t, h), dtype=torch.float16, device=x.device)
-        _halves_kernel[(t, h // block_k)](x_ptr=x, out_ptr=a13, N=h, stride_x=x.stride(0), BLOCK_K=block_k,
-                                          **launch_args(x.device), num_warps=1)
+    a13 = to_halves(x, block_k) if halves else x
     common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, P=p, E=e, N_EXP=e + has_shared,
                   H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
                   DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,

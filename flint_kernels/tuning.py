@@ -63,7 +63,7 @@ FP4_GEMV_F16 = _flag("FP4_GEMV_F16", True)
 FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 
 # The grouped MoE's transposed decode tiles take their activations in fp16 in the halves layout
-# (each K step's even columns, then its odd ones: moe_grouped._dot_halves) where every weight is
+# (each K step's even columns, then its odd ones: halves.py) where every weight is
 # NVFP4 in fp16 tiles: no instruction pairs the decoded weight's halves, none converts x. H100
 # 2026-12-06 (326bb96), T=64: 214.3 -> 201.8 us. Off: x and inter in x's dtype, tiles in k order.
 MOE_HALVES = _flag("MOE_HALVES", True)
