@@ -35,7 +35,6 @@ from . import nvfp4, tuning
 from .nvfp4 import (F16_BLOCK_K, check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words,
                     fp4_norm_weight, fp4_x_block, packed_words, scale_strides, weight_tile, weight_tile_f16)
 from .greedy import best_packed, pack_argmax
-from .halves import dot_halves, to_halves
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch, steps_rstd
 from .split_k import arrival_counters, finish_split, gemv_program, pick_splits
@@ -224,12 +223,9 @@ def _nvfp4_matmul_kernel(
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, HALVES: tl.constexpr, PDL: tl.constexpr,
+    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
 ):
-    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16).
-    HALVES (decode batches, F16): x is fp16 in the halves layout and the tile is computed
-    transposed, acc [BLOCK_N, BLOCK_M] (halves.dot_halves: the decoded weight on the MMA's A
-    side as decoded, x on its B side straight from memory; no conversion in the K loop)."""
+    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16)."""
     pdl_prologue(PDL)
     tile = tl.program_id(0)
     s = tl.program_id(1)
@@ -245,15 +241,6 @@ def _nvfp4_matmul_kernel(
     row_mask = rows < N
     k_lo = s * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    if HALVES:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        acc = dot_halves(acc, x_ptr + tokens.to(tl.int64) * stride_xt, tokens < T, packed_ptr, scales_ptr, rows,
-                         row_mask, k_lo, k_hi, stride_pn, stride_sn, BLOCK_K, DOT_FP32, DOT_PRECISION, PTX)
-        scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
-        offs = tokens[None, :].to(tl.int64) * N + rows[:, None]
-        mask = (tokens[None, :] < T) & row_mask[:, None]
-        finish_split(acc, scale[:, None], out_ptr + offs, part_ptr, offs, mask, s, T * N, counter_ptr + tile, SPLIT)
-        return
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
@@ -376,11 +363,6 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         f16 = tuning.FP4_MMA_F16 and not dequant and x.dtype != torch.float32
         if f16 and not INTERPRET:
             block_k = F16_BLOCK_K
-        # decode batches: transposed tiles on x's fp16 halves (halves.py)
-        halves = f16 and t <= tuning.FP4_GEMM_HALVES_MAX_TOKENS and k % block_k == 0
-        if halves:
-            block_m, block_n, warps, stages = _halves_tiles(t)
-            tiles = triton.cdiv(t, block_m) * triton.cdiv(n, block_n)
         if tuning.FP4_GEMM_TILES and not dequant:
             block_m, block_n, warps, stages, asked_splits = tuning.FP4_GEMM_TILES
             tiles = triton.cdiv(t, block_m) * triton.cdiv(n, block_n)
@@ -425,13 +407,11 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         if norm is not None:
             raise ValueError(f"nvfp4_linear: the folded RMSNorm takes at most {GEMV_MAX_TOKENS} tokens, got {t}")
         weight = dequantize_for_gemm(w, x.dtype) if dequant else w.packed
-        if halves:
-            common.update(x_ptr=to_halves(x, block_k), stride_xt=k)
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=weight, stride_pn=weight.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FP4=not dequant,
-            F16=f16, PTX=nvfp4.ptx_decode(), HALVES=halves,
+            F16=f16, PTX=nvfp4.ptx_decode(),
             **launch_args(x.device),
             num_warps=warps, num_stages=stages)
 
@@ -459,15 +439,6 @@ def _gemm_tiles(t: int, n: int) -> tuple[int, int, int, int]:
     if t <= 64:  # sweep_tiles.py, H100 2026-12-06, T=64: qkv 17.3 -> 13.9 us against 64 x 64 (o_proj 14.2 both)
         return 64, 32, 4, 4
     return 128, 128, 8, 3
-
-
-def _halves_tiles(t: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M tokens, BLOCK_N weight rows, warps, stages) of the transposed halves tiles:
-    the token tile just covers the batch (the MMA's N side takes 8 and up)."""
-    if INTERPRET:
-        return 16, 32, 4, 1
-    block_m = max(8, min(64, triton.next_power_of_2(t)))
-    return block_m, 64 if block_m == 64 else 128, 4, 3
 
 
 def rms_norm_nvfp4_linear_torch(x, residual, norm_w, eps, w, num_splits=None):

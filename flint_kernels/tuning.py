@@ -68,11 +68,6 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 # 2026-12-06 (326bb96), T=64: 214.3 -> 201.8 us. Off: x and inter in x's dtype, tiles in k order.
 MOE_HALVES = _flag("MOE_HALVES", True)
 
-# The W4A16 GEMM at decode batches (GEMV_MAX_TOKENS < T <= FP4_GEMM_HALVES_MAX_TOKENS, fp16 tiles,
-# K a multiple of the step) in the same transposed tiles: x converted to fp16 halves by one launch
-# (halves.to_halves), the weight rows on the MMA's A side. 0: off. Measured: see nvfp4_linear._halves_tiles.
-FP4_GEMM_HALVES_MAX_TOKENS = int(os.environ.get("FLINT_FP4_GEMM_HALVES_MAX_TOKENS", "64"))
-
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
 # (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
 MOE_GROUPED_TILES: tuple[int, int, int, int, int, int] | None = None

@@ -113,39 +113,6 @@ def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
     assert launches == [((1, triton.cdiv(40, rows), 1), rows, 1, 4)]
 
 
-@pytest.mark.parametrize("t,n,k,splits", [
-    (5, 70, 128, None),    # one partial token tile, partial row tiles
-    (17, 24, 512, 2),      # two token tiles (the second of one token), split-K
-    (31, 96, 256, 4),      # four splits of two steps
-    (24, 40, 128, None),   # (the interpreter's prefill chunks start at 32 tokens)
-])
-def test_decode_batches_take_transposed_halves_tiles(t, n, k, splits, monkeypatch):
-    """GEMV_MAX_TOKENS < T <= tuning.FP4_GEMM_HALVES_MAX_TOKENS with fp16 tiles: x converted once
-    to fp16 halves (halves.to_halves), the weight rows on the MMA's A side: the torch twin's
-    values, and those of the upright tiles up to fp32 summation order."""
-    from flint_kernels import halves
-    monkeypatch.setattr(tuning, "FP4_GEMM_HALVES_MAX_TOKENS", 64)
-    conversions = spy_launches(monkeypatch, halves, "_halves_kernel", "BLOCK_K")
-    tiles = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "HALVES", "BLOCK_M", "SPLIT")
-    w = weight(n, k, seed=t, per_row=True)
-    x = torch.randn(t, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(torch.bfloat16)
-    got = nvfp4_linear(x, w, num_splits=splits)
-    assert len(conversions) == 1 and tiles[0][1] is True and tiles[0][3] == (splits or tiles[0][3])
-    block_m, block_n = nvfp4_linear_module._halves_tiles(t)[:2]
-    assert tiles[0][2] == block_m and tiles[0][0][0] == triton.cdiv(t, block_m) * triton.cdiv(n, block_n)
-    torch.testing.assert_close(got, nvfp4_linear_torch(x, w), **TOL[torch.bfloat16])
-    monkeypatch.setattr(tuning, "FP4_GEMM_HALVES_MAX_TOKENS", 0)
-    upright = nvfp4_linear(x, w, num_splits=splits)
-    assert len(conversions) == 1 and tiles[1][1] is False
-    torch.testing.assert_close(got, upright, rtol=1e-2, atol=2e-2)
-    # one-hot rows in fp16 (no bf16 rounding in the way): each output is one decoded weight
-    monkeypatch.setattr(tuning, "FP4_GEMM_HALVES_MAX_TOKENS", 64)
-    ks = torch.arange(t, device=DEVICE) * 7 % k
-    eye = torch.eye(k, device=DEVICE, dtype=torch.float16)[ks]
-    exact = dequantize_nvfp4(w.packed, w.scales, w.scale, torch.float32).T[ks].to(torch.float16)
-    assert torch.equal(nvfp4_linear(eye, w, num_splits=splits), exact) and tiles[-1][1] is True
-
-
 def test_split_k_is_deterministic():
     w = weight(16, 2048, seed=3)
     x = torch.randn(2, 2048, device=DEVICE)

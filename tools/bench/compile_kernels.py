@@ -313,7 +313,7 @@ def moe_launches() -> list:
 
 
 def w4a16_launches() -> list:
-    from flint_kernels import halves, nvfp4_linear as lin
+    from flint_kernels import nvfp4_linear as lin
     bf16 = torch.bfloat16
     shapes = {"qkv": (5120, 2048), "o": (2048, 4096), "gate_up": (12288, 2048), "down": (2048, 6144),
               "lm_head": (150144, 2048)}
@@ -321,7 +321,7 @@ def w4a16_launches() -> list:
     for name, (n, k) in shapes.items():
         w = nvfp4(n, k, per_row=name in ("qkv", "gate_up"))
         for t in ((1, 4, 64) if name != "lm_head" else (1,)):
-            cases.append((f"nvfp4_linear {name} T={t}", (halves, lin),
+            cases.append((f"nvfp4_linear {name} T={t}", lin,
                           lambda t=t, k=k, w=w: lin.nvfp4_linear(torch.randn(t, k, dtype=bf16), w)))
     cases.append(("nvfp4_linear qkv T=8192", lin,
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))

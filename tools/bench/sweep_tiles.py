@@ -39,7 +39,7 @@ from tools.bench.timing import copy_bandwidth, graph_us, nbytes, result_path, ru
 # (H100 2026-12-06: 16 x 32 or 64 columns, 8 warps and 32-row blocks were slower, 300-505 us at T=64
 # against 222-240; the list varies weight rows a warp, and 8-token blocks, computed transposed)
 MOE_TILES = [None, (16, 128, 128, 128, 2, 3), (16, 128, 128, 64, 2, 4), (8, 128, 128, 128, 2, 3),
-             (8, 128, 128, 128, 4, 3), (8, 128, 128, 128, 4, 4), (8, 128, 128, 128, 4, 2), (8, 128, 128, 64, 2, 4), (8, 256, 256, 64, 4, 3), (8, 256, 256, 128, 4, 3),
+             (8, 128, 128, 128, 4, 3), (8, 128, 128, 64, 2, 4), (8, 256, 256, 64, 4, 3), (8, 256, 256, 128, 4, 3),
              (8, 64, 64, 128, 2, 3)]
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
@@ -52,9 +52,6 @@ DECODE_SPLITS = [None, 1, 3, 4, 6, 8, 12]
 # (H100 2026-12-06: 16-row tiles and 64 x 64 in one split were slower at T=64; the list varies warps and splits)
 GEMM_TILES = [None, (64, 32, 2, 4, 0), (64, 32, 2, 4, 4), (64, 32, 4, 4, 4), (32, 64, 2, 4, 0), (32, 32, 2, 4, 0),
               (64, 128, 4, 3, 0)]
-# ... transposed on x's fp16 halves (tuning.FP4_GEMM_HALVES_MAX_TOKENS): (BLOCK_M tokens, BLOCK_N weight rows, ...)
-HALVES_GEMM_TILES = [None, (64, 64, 4, 3, 2), (64, 64, 4, 4, 0), (64, 128, 8, 3, 0), (32, 128, 4, 3, 0),
-                     (16, 128, 4, 3, 0), (64, 64, 8, 3, 0)]
 
 
 # (tokens, experts[, H splits]) a program; H100 2026-12-06 at T=64: (16, 64) 27.5 us, (1, 2) 21.0, (1, 8) 20.1
@@ -157,17 +154,13 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
             wturns = Rotation(ws)
             dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS
             for decode_tiles in (False, True) if dequant else (False,):  # the decoding tiles at this t
-                # the transposed halves tiles at every decode t (all their tiles), then the upright ones
-                for halves in (True, False) if not dequant else (False,):
-                    rows += with_knob(tuning, "FP4_GEMM_HALVES_MAX_TOKENS", t if halves else 0, lambda: with_knob(
-                        tuning, "FP4_DEQUANT_MIN_TOKENS", None if decode_tiles else tuning.FP4_DEQUANT_MIN_TOKENS,
-                        lambda: time_rows(
-                            f"w4a16 {name} T={t}" + (" (decoded weight)" if dequant and not decode_tiles else "")
-                            + (" halves" if halves else ""), "FP4_GEMM_TILES",
-                            HALVES_GEMM_TILES if halves else GEMM_TILES if not dequant or decode_tiles else [None],
-                            lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
-                            lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
-                            nbytes(ws[0]), bandwidth)))
+                rows += with_knob(tuning, "FP4_DEQUANT_MIN_TOKENS", None if decode_tiles else tuning.FP4_DEQUANT_MIN_TOKENS,
+                                  lambda: time_rows(
+                    f"w4a16 {name} T={t}" + (" (decoded weight)" if dequant and not decode_tiles else ""),
+                    "FP4_GEMM_TILES", GEMM_TILES if not dequant or decode_tiles else [None],
+                    lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
+                    lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
+                    nbytes(ws[0]), bandwidth))
     if "router" in only:
         router_w = torch.randn(e, h, device=device) / h ** 0.5  # fp32, as flint-40b's
         xr = torch.randn(t, h, device=device, dtype=torch.bfloat16)
