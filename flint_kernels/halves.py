@@ -7,9 +7,11 @@ so that each BLOCK_K columns of a row hold the even columns, then the odd ones, 
 of the weight tile meets its half of the activations in a dot of its own (dot_halves).
 The weight sits on the MMA's A side (registers), the activations on its B side: a tile
 [BLOCK_N weight rows, BLOCK_M tokens], the layout of the grouped MoE's decode tiles
-(moe_grouped.py) and of the W4A16 GEMM at decode batch sizes (nvfp4_linear.py). (Upright tiles, which sm_90 runs on
-wgmma with the decoded weight in shared memory, measured slower so at prefill sizes: grouped MoE
-at 8192 tokens 1989 -> 2798 us, H100 2026-12-06, 326bb96.)
+(moe_grouped.py). Measured slower elsewhere (H100, 2026-12-06): upright tiles, which sm_90 runs
+on wgmma with the decoded weight in shared memory (grouped MoE at 8192 tokens 1989 -> 2798 us,
+326bb96); the W4A16 GEMM at 64 tokens, whose 64-token tiles sm_90 runs on wgmma with the weight
+reshuffled into its register layout, plus a conversion launch (qkv 13.8 -> 15.5 us, o_proj 14.0
+-> 15.4, 8ead2a5).
 
 Values: fp16 of x (x is bf16 after its own rounding; fp16 holds it exactly in [2**-14, 65504],
 the range tuning.FP4_MMA_F16 accepts for activations). K must be a multiple of BLOCK_K.
