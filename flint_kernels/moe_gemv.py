@@ -26,7 +26,7 @@ import triton.language as tl
 from . import nvfp4, tuning
 from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_scale_unit, fp4_word_columns, fp4_x_block, fp4_x_unit,
                     is_nvfp4, weight_args, weight_tile)
-from .pdl import launch_args, pdl_prologue
+from .pdl import SPIN_LIMIT, launch_args, load_acquire, pdl_prologue
 from .router import ROUTING_COLS, route_from_logits
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
@@ -68,9 +68,6 @@ DOWN_DENSE_ROWS, DOWN_DENSE_MAX_I = (16, 1024) if INTERPRET else (4, 1024)
 # shared expert of 512, 2 warps had won: no spill, one wave; H100 2026-12-05, 2.073 -> 2.035 ms
 # a token on flint-40b's first 28 layers, BF16 at 100K.) Read at each launch.
 DOWN_DENSE_WARPS = WARPS if INTERPRET else 4
-# polls of the routing handoff before a down program gives up (never, if sound): it then reads
-# expert 0 (a wrong output, not an out-of-bounds read or a hang)
-SPIN_LIMIT = tl.constexpr(1 << 24)
 
 
 @triton.jit
@@ -349,21 +346,6 @@ def _moe_down_kernel(
     tl.store(out_ptr + t * H + rows, out, mask=row_mask)
 
 
-# an acquire load (no atomic: the PDL contract keeps atomics after the wait); masked lanes read 1
-_LD_ACQUIRE_PTX = tl.constexpr(
-    "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.u32 $0, 1; @p ld.acquire.gpu.global.b32 $0, [$1]; }")
-
-
-@triton.jit
-def _load_acquire(ptrs, mask, PTX: tl.constexpr):
-    """int32 values at ptrs (1 where masked), each load ordered before the program's later loads
-    (ld.acquire.gpu); under the interpreter, which runs launches one program at a time, a load."""
-    if PTX:
-        return tl.inline_asm_elementwise(_LD_ACQUIRE_PTX, "=r,l,r", [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)],
-                                         dtype=tl.int32, is_pure=False, pack=1)
-    return tl.load(ptrs, mask=mask, other=1, volatile=True)
-
-
 @triton.jit
 def _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K: tl.constexpr, SLOTS: tl.constexpr,
                    ROUTE: tl.constexpr, PTX: tl.constexpr):
@@ -378,12 +360,12 @@ def _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K: tl.constexpr, S
     routed = j < K
     if ROUTE:
         row = routing_ptr + t * ROUTING_COLS
-        tagged = _load_acquire(row + j, routed, PTX)
+        tagged = load_acquire(row + j, routed, PTX)
         spins = 0
         while (tl.min(tagged) == 0) & (spins < SPIN_LIMIT):
-            tagged = _load_acquire(row + j, routed, PTX)
+            tagged = load_acquire(row + j, routed, PTX)
             spins += 1
-        e = tl.maximum(tagged - 1, 0)  # a poll that gave up reads expert 0, never out of bounds
+        e = tl.maximum(tagged - 1, 0)  # a poll that gave up (SPIN_LIMIT) reads expert 0, never out of bounds
         mix = tl.load(row + 8 + j, mask=routed, other=0, cache_modifier=".cg").to(tl.float32, bitcast=True)
     else:
         e = tl.load(ids_ptr + t * K + j, mask=routed, other=0, cache_modifier=".cg")

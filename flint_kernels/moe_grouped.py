@@ -29,7 +29,8 @@ from .moe_sort import sort_pairs
 from . import tuning
 from .halves import dot_halves, halves_col, to_halves
 from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
-from .pdl import launch_args, pdl_prologue
+from .pdl import SPIN_LIMIT, launch_args, load_acquire, pdl_prologue
+from .split_k import arrival_counters, last_to_arrive
 from .swiglu import silu_mul_rounded
 from .tuning import INTERPRET
 
@@ -112,22 +113,32 @@ def _moe_grouped_kernel(
     sorted_pairs_ptr,    # [num_blocks * BLOCK_M] int32 pair ids by expert, P = padding
     block_expert_ptr,    # [num_blocks] int32 expert of each block, >= NUM_EXPERTS = unused block
     out_ptr,             # GATE_UP: inter [P, I_MAX] (HALVES: fp16 in the halves layout); else ys [P, H]
+    ready_ptr,           # [num_blocks] int32 (HANDOFF): gate/up tiles of each block stored, zero between launches
+    done_ptr,            # [num_blocks] int32 (HANDOFF): down tiles of each block past their poll, likewise
     w_ptr, w_scales_ptr, w_scale_ptr,   # routed [E, N, K] (dense or NVFP4)
     s_ptr, s_scales_ptr, s_scale_ptr,   # shared [N_s, K_s] (read when HAS_SHARED)
     w_se, w_sn, w_sse, w_ssn, w_sge, w_sgn,
     s_se, s_sn, s_sse, s_ssn, s_sge, s_sgn,
-    P, E, N_EXP, H, I, IS, stride_a, stride_out,
+    P, E, N_EXP, H, I, IS, stride_a, stride_out, tiles_routed, tiles_shared,
     SLOTS: tl.constexpr, GATE_UP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
     W_FP4: tl.constexpr, S_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     W_F16: tl.constexpr, S_F16: tl.constexpr, PTX: tl.constexpr, SWAP: tl.constexpr, HALVES: tl.constexpr,
-    ROUND_TO: tl.constexpr, PDL: tl.constexpr,
+    ROUND_TO: tl.constexpr, HANDOFF: tl.constexpr, PDL: tl.constexpr,
 ):
     """SWAP: the tiles computed transposed ([BLOCK_N, BLOCK_M], _dot_rows). HALVES (SWAP, both
     weights NVFP4 in fp16 tiles): the activations come in fp16 in the halves layout, and gate/up writes
-    inter so. ROUND_TO: x's dtype, gate/up's roundings (silu_mul_rounded)."""
-    pdl_prologue(PDL)
-    b = tl.program_id(0)
+    inter so. ROUND_TO: x's dtype, gate/up's roundings (silu_mul_rounded).
+    HANDOFF (grid: column tiles, then blocks, so blocks finish in order): each gate/up program
+    counts its stored tile in ready[block] (release); a down program polls its block's count
+    (tiles_routed or tiles_shared gate/up tiles: acquire) and computes while gate/up's last
+    programs still run; only its stores wait for the whole gate/up launch (pdl.py)."""
+    if HANDOFF:
+        col_tile, b = tl.program_id(0), tl.program_id(1)
+    else:
+        col_tile, b = tl.program_id(1), tl.program_id(0)
+    if not HANDOFF or GATE_UP:
+        pdl_prologue(PDL)  # (HANDOFF down: before its stores; the sort's block table is three launches back)
     e = tl.load(block_expert_ptr + b)
     if e >= N_EXP:
         return
@@ -135,9 +146,17 @@ def _moe_grouped_kernel(
     i_e = tl.where(shared, IS, I)
     n_out = i_e if GATE_UP else H   # output columns: intermediate (gate/up) or hidden (down)
     n_k = H if GATE_UP else i_e     # reduction length
-    if tl.program_id(1) * BLOCK_N >= n_out:
+    if col_tile * BLOCK_N >= n_out:
         return
-    cols_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols_n = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HANDOFF and not GATE_UP:
+        wanted = tl.where(shared, tiles_shared, tiles_routed)
+        one = tl.arange(0, 1)
+        ready = tl.min(load_acquire(ready_ptr + b + one, one == 0, PTX))
+        spins = 0
+        while (ready < wanted) & (spins < SPIN_LIMIT):
+            ready = tl.min(load_acquire(ready_ptr + b + one, one == 0, PTX))
+            spins += 1
     pairs = tl.load(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pairs < P
     a_row = (pairs // SLOTS) if GATE_UP else pairs
@@ -156,12 +175,20 @@ def _moe_grouped_kernel(
                                    HALVES)
     dtype = out_ptr.dtype.element_ty
     y = silu_mul_rounded(acc, acc_up, ROUND_TO).to(dtype) if GATE_UP else acc.to(dtype)
+    if HANDOFF and not GATE_UP:
+        pdl_prologue(PDL)  # the stores and atomics after the wait for gate/up, as every launch's
     if SWAP:
         if HALVES and GATE_UP:
             out = out_ptr + pairs[None, :].to(tl.int64) * stride_out + halves_col(cols_n, BLOCK_K)[:, None]
         else:
             out = out_ptr + pairs[None, :].to(tl.int64) * stride_out + cols_n[:, None]
         tl.store(out, y, mask=valid[None, :] & (cols_n[:, None] < n_out))
+        if HANDOFF:
+            if GATE_UP:
+                tl.debug_barrier()  # every thread's stores precede the release
+                tl.atomic_add(ready_ptr + b, 1, sem="release", scope="gpu")
+            elif last_to_arrive(done_ptr + b, tl.num_programs(0)):
+                tl.store(ready_ptr + b, 0)  # the block's last down tile: both counters zero again
     else:
         out = out_ptr + pairs[:, None].to(tl.int64) * stride_out + cols_n[None, :]
         tl.store(out, y, mask=valid[:, None] & (cols_n[None, :] < n_out))
@@ -232,7 +259,12 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
     a13 = to_halves(x, block_k) if halves else x
-    common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, P=p, E=e, N_EXP=e + has_shared,
+    # decode tiles: down takes each block as soon as gate/up stored it (HANDOFF)
+    handoff = tuning.MOE_HANDOFF and swap
+    counters = arrival_counters(2 * blocks, x.device)
+    common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, ready_ptr=counters,
+                  done_ptr=counters[blocks:], tiles_routed=triton.cdiv(i, block_n13),
+                  tiles_shared=triton.cdiv(i_s, block_n13), HANDOFF=handoff, P=p, E=e, N_EXP=e + has_shared,
                   H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
                   DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
                   SWAP=swap, HALVES=halves, ROUND_TO=_TL_DTYPES[x.dtype], **launch_args(x.device))
@@ -241,7 +273,8 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             (w2, shared_w2, inter, ys, h, block_n2, (i, i_s))]):
         s = s if has_shared else w[0]
         w_f16, s_f16 = f16 and is_nvfp4(w), f16 and is_nvfp4(s)
-        _moe_grouped_kernel[(blocks, triton.cdiv(n_max, block_n))](
+        col_tiles = triton.cdiv(n_max, block_n)
+        _moe_grouped_kernel[(col_tiles, blocks) if handoff else (blocks, col_tiles)](
             a_ptr=a, out_ptr=dst, **weight_args("w", w), **weight_args("s", s),
             stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n,
             MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s),

@@ -17,10 +17,12 @@ kernels back: a program runs only after every program of the kernel between has 
 wait, i.e. after the router completed), and the step's metadata that the host copies in before
 the step and no kernel writes (context lengths, positions, cache slots, block tables: the
 decode-attention launches). The attention reduce reads more on that ground: the new token's
-q, k, v, written before the split launch (decode_attention._decode_reduce_kernel). One exception
-waits for a flag instead: the routed MoE down launch reads the expert ids the gate/up launch
-just before it publishes (moe_gemv._token_routing: an acquire load, polled until set; every
-gate/up program is resident or done by then, as below). A program runs only after the kernel
+q, k, v, written before the split launch (decode_attention._decode_reduce_kernel). Two launches
+poll a flag instead: the routed MoE down launch reads the expert ids the gate/up launch just
+before it publishes (moe_gemv._token_routing: an acquire load, polled until set; every gate/up
+program is resident or done by then, as below); the grouped MoE's down launch at decode sizes
+(moe_grouped HANDOFF) polls a count of its block's gate/up tiles before loading what they
+stored, and comes to its prologue after its K loop, before its stores and atomics. A program runs only after the kernel
 before it passed its wait, so every launch and copy before that kernel has completed. A kernel
 launched without the attribute, e.g. a torch op, waits for the previous kernel to complete as
 usual; one launched after such a kernel starts at its completion.
@@ -74,3 +76,21 @@ def pdl_prologue(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+# polls of a handoff flag before a program gives up (never, if sound): it then goes on with what
+# it read (a wrong output, not an out-of-bounds read or a hang)
+SPIN_LIMIT = tl.constexpr(1 << 24)
+# an acquire load (no atomic: the PDL contract keeps atomics after the wait); masked lanes read 1
+_LD_ACQUIRE_PTX = tl.constexpr(
+    "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.u32 $0, 1; @p ld.acquire.gpu.global.b32 $0, [$1]; }")
+
+
+@triton.jit
+def load_acquire(ptrs, mask, PTX: tl.constexpr):
+    """int32 values at ptrs (1 where masked), each load ordered before the program's later loads
+    (ld.acquire.gpu); under the interpreter, which runs launches one program at a time, a load."""
+    if PTX:
+        return tl.inline_asm_elementwise(_LD_ACQUIRE_PTX, "=r,l,r", [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+    return tl.load(ptrs, mask=mask, other=1, volatile=True)

@@ -68,6 +68,12 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 # 2026-12-06 (326bb96), T=64: 214.3 -> 201.8 us. Off: x and inter in x's dtype, tiles in k order.
 MOE_HALVES = _flag("MOE_HALVES", True)
 
+# The grouped MoE's transposed decode tiles hand each block from gate/up to down by a counter
+# (moe_grouped HANDOFF): down programs, scheduled once every gate/up program has started, take
+# the blocks gate/up finished while its last programs still run, instead of waiting for the
+# whole launch. Off: down waits for gate/up to complete (PDL).
+MOE_HANDOFF = _flag("MOE_HANDOFF", True)
+
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
 # (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
 MOE_GROUPED_TILES: tuple[int, int, int, int, int, int] | None = None

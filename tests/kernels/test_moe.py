@@ -9,7 +9,7 @@ from transformers.models.flint import modeling_flint as hf
 from flint_backend.config import FlintConfig
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels import moe_gemv, tuning
+from flint_kernels import moe_gemv, moe_grouped, split_k, tuning
 from flint_kernels.moe import fused_moe, fused_moe_torch
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
 from kv_cases import assert_scaled_close
@@ -109,6 +109,44 @@ def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, monkeypa
     x = torch.randn(t, h, device=DEVICE).to(dtype)
     check(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"),
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+
+
+@pytest.mark.parametrize("handoff", [True, False], ids=["handoff", "whole-launch"])
+def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, monkeypatch):
+    """Transposed decode tiles with tuning.MOE_HANDOFF: gate/up counts each block's stored column
+    tiles (a routed expert's, or the twice as wide shared expert's), which is the count down
+    polls for; both grids run column tiles first; every counter is zero again after the call,
+    so a second call (a graph replay) computes the same bits. Without it, the usual grids."""
+    monkeypatch.setattr(tuning, "MOE_HANDOFF", handoff)
+    tiles = (128, 128, 128, 2, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
+    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (8, *tiles))
+    kernel, launches = moe_grouped._moe_grouped_kernel, []
+
+    class AfterLaunch:  # each launch's grid, flags, and the counters as it left them
+        def __getitem__(self, grid):
+            def run(**kw):
+                kernel[grid](**kw)
+                launches.append((grid, kw["HANDOFF"], kw["GATE_UP"], kw["block_expert_ptr"].clone(),
+                                 kw["ready_ptr"][:kw["block_expert_ptr"].numel()].clone(), kw))
+            return run
+
+    monkeypatch.setattr(moe_grouped, "_moe_grouped_kernel", AfterLaunch())
+    e, h, i, t, k = 8, 128, 64, 17, 4
+    w13, w2, s13, s2 = experts(e, h, i, 2 * i, torch.bfloat16, "nvfp4", seed=4)
+    ids, weights = routing(t, e, k, seed=4)
+    x = torch.randn(t, h, device=DEVICE).to(torch.bfloat16)
+    got = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
+    assert not split_k.arrival_counters(1, x.device).any()
+    assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"), got)
+    check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.bfloat16)
+    (grid13, flag13, gate_up, block_expert, ready, kw), (grid2, flag2, *_) = launches[:2]
+    assert gate_up and flag13 is handoff and flag2 is handoff
+    blocks = block_expert.numel()
+    assert (grid13[1], grid2[1]) == (blocks, blocks) if handoff else (grid13[0], grid2[0]) == (blocks, blocks)
+    if handoff:
+        wanted = torch.where(block_expert == e, kw["tiles_shared"], kw["tiles_routed"])
+        assert kw["tiles_shared"] == 2 * kw["tiles_routed"] >= 2
+        assert torch.equal(ready, torch.where(block_expert <= e, wanted, 0).to(ready.dtype))
 
 
 @pytest.mark.parametrize("h", [64, 512], ids=["H-one-step", "H-two-steps"])
