@@ -13,7 +13,8 @@ registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F
 bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows an expert,
 NVFP4) take blocks of 8 tokens computed transposed (SWAP) and, with every weight NVFP4, the
 activations in fp16 in the halves layout (HALVES, halves.py: x converted by to_halves, inter
-written so by gate/up).
+written so by gate/up); with tuning.MOE_HANDOFF, down takes each block once gate/up counted its
+tiles stored (HANDOFF), not after the whole gate/up launch.
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)).
 Numerics are moe.py's: fp32 dot accumulation, gate/up/silu/product and each expert output
 rounded to x's dtype, the routed combine in fp32 rounded once, the shared output added, rounded.

@@ -365,3 +365,21 @@ def test_real_shapes(path, fmt, t, words):
     x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
     assert_scaled_close(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
                         fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [8, 64, 256])
+def test_real_shapes_with_the_handoff(t, monkeypatch):
+    """The grouped decode tiles with tuning.MOE_HANDOFF on a GPU, where down's programs run beside
+    gate/up's: flint-40b's shapes against the torch twin, and the same bits on every call (ten
+    calls: a race would show as a changed output or a counter left set)."""
+    monkeypatch.setattr(tuning, "MOE_HANDOFF", True)
+    e, k = 256, 6
+    w13, w2, s13, s2 = experts(e, 2048, 512, 1024, torch.bfloat16, "nvfp4")
+    ids, weights = routing(t, e, k)
+    x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
+    got = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
+    assert_scaled_close(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)
+    for _ in range(10):
+        assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"), got)
+    assert not split_k.arrival_counters(1, x.device).any()
