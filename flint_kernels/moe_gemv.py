@@ -26,7 +26,7 @@ import triton.language as tl
 from . import nvfp4, tuning
 from .nvfp4 import (fp4_dot_loaded, fp4_dot_words, fp4_scale_unit, fp4_word_columns, fp4_x_block, fp4_x_unit,
                     is_nvfp4, weight_args, weight_tile)
-from .pdl import SPIN_LIMIT, launch_args, load_acquire, pdl_prologue
+from .pdl import launch_args, pdl_prologue, poll_at_least
 from .router import ROUTING_COLS, route_from_logits
 from .split_k import num_sms
 from .swiglu import silu_mul_rounded
@@ -360,11 +360,7 @@ def _token_routing(ids_ptr, topk_weights_ptr, routing_ptr, t, K: tl.constexpr, S
     routed = j < K
     if ROUTE:
         row = routing_ptr + t * ROUTING_COLS
-        tagged = load_acquire(row + j, routed, PTX)
-        spins = 0
-        while (tl.min(tagged) == 0) & (spins < SPIN_LIMIT):
-            tagged = load_acquire(row + j, routed, PTX)
-            spins += 1
+        tagged = poll_at_least(row + j, routed, 1, PTX)  # ids + 1, 0 until published
         e = tl.maximum(tagged - 1, 0)  # a poll that gave up (SPIN_LIMIT) reads expert 0, never out of bounds
         mix = tl.load(row + 8 + j, mask=routed, other=0, cache_modifier=".cg").to(tl.float32, bitcast=True)
     else:

@@ -30,7 +30,7 @@ from .moe_sort import sort_pairs
 from . import tuning
 from .halves import dot_halves, halves_col, to_halves
 from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
-from .pdl import SPIN_LIMIT, launch_args, load_acquire, pdl_prologue
+from .pdl import launch_args, pdl_prologue, poll_at_least
 from .split_k import arrival_counters, last_to_arrive
 from .swiglu import silu_mul_rounded
 from .tuning import INTERPRET
@@ -151,13 +151,8 @@ def _moe_grouped_kernel(
         return
     cols_n = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     if HANDOFF and not GATE_UP:
-        wanted = tl.where(shared, tiles_shared, tiles_routed)
         one = tl.arange(0, 1)
-        ready = tl.min(load_acquire(ready_ptr + b + one, one == 0, PTX))
-        spins = 0
-        while (ready < wanted) & (spins < SPIN_LIMIT):
-            ready = tl.min(load_acquire(ready_ptr + b + one, one == 0, PTX))
-            spins += 1
+        poll_at_least(ready_ptr + b + one, one == 0, tl.where(shared, tiles_shared, tiles_routed), PTX)
     pairs = tl.load(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pairs < P
     a_row = (pairs // SLOTS) if GATE_UP else pairs
@@ -262,9 +257,9 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     a13 = to_halves(x, block_k) if halves else x
     # decode tiles: down takes each block as soon as gate/up stored it (HANDOFF)
     handoff = tuning.MOE_HANDOFF and swap
-    counters = arrival_counters(2 * blocks, x.device)
+    counters = arrival_counters(2 * blocks, x.device) if handoff else block_expert  # (unread without)
     common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, ready_ptr=counters,
-                  done_ptr=counters[blocks:], tiles_routed=triton.cdiv(i, block_n13),
+                  done_ptr=counters[blocks:] if handoff else counters, tiles_routed=triton.cdiv(i, block_n13),
                   tiles_shared=triton.cdiv(i_s, block_n13), HANDOFF=handoff, P=p, E=e, N_EXP=e + has_shared,
                   H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
                   DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,

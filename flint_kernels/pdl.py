@@ -22,10 +22,11 @@ poll a flag instead: the routed MoE down launch reads the expert ids the gate/up
 before it publishes (moe_gemv._token_routing: an acquire load, polled until set; every gate/up
 program is resident or done by then, as below); the grouped MoE's down launch at decode sizes
 (moe_grouped HANDOFF) polls a count of its block's gate/up tiles before loading what they
-stored, and comes to its prologue after its K loop, before its stores and atomics. A program runs only after the kernel
-before it passed its wait, so every launch and copy before that kernel has completed. A kernel
-launched without the attribute, e.g. a torch op, waits for the previous kernel to complete as
-usual; one launched after such a kernel starts at its completion.
+stored, and comes to its prologue after its K loop, before its stores and atomics (both:
+poll_at_least). A program runs only after the kernel before it passed its wait, so every launch
+and copy before that kernel has completed. A kernel launched without the attribute, e.g. a
+torch op, waits for the previous kernel to complete as usual; one launched after such a kernel
+starts at its completion.
 
 On when the launch is on a CUDA device of compute capability >= 9 (the instructions are sm_90+),
 not under the Triton interpreter (it cannot run inline PTX), and tuning.PDL is (FLINT_PDL, on by
@@ -94,3 +95,15 @@ def load_acquire(ptrs, mask, PTX: tl.constexpr):
         return tl.inline_asm_elementwise(_LD_ACQUIRE_PTX, "=r,l,r", [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)],
                                          dtype=tl.int32, is_pure=False, pack=1)
     return tl.load(ptrs, mask=mask, other=1, volatile=True)
+
+
+@triton.jit
+def poll_at_least(ptrs, mask, at_least, PTX: tl.constexpr):
+    """load_acquire(ptrs, mask), again until every value is >= at_least (or SPIN_LIMIT polls):
+    a handoff flag set by a launch still running. -> the values last read."""
+    values = load_acquire(ptrs, mask, PTX)
+    spins = 0
+    while (tl.min(values) < at_least) & (spins < SPIN_LIMIT):
+        values = load_acquire(ptrs, mask, PTX)
+        spins += 1
+    return values

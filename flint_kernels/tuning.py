@@ -73,9 +73,7 @@ MOE_HALVES = _flag("MOE_HALVES", True)
 # the blocks gate/up finished while its last programs still run, instead of waiting for the
 # whole launch. Off: down waits for gate/up to complete (PDL). H100 2026-12-06 (4598b02), the
 # batch-64 step's replay 14.10 -> 13.67 ms (down 55.1 -> 48.2 us a layer on the critical path),
-# 64 streams 4651 decode tok/s. Off by default until its GPU test has run: on the H100 the
-# handoff case of test_down_takes_each_block_from_gate_up_by_a_counter failed where its tile
-# counts assumed the interpreter's 32-column tiles (fixed since, not rerun on a GPU).
+# 64 streams 4651 decode tok/s. Off by default until test_moe's handoff cases have passed on a GPU.
 MOE_HANDOFF = _flag("MOE_HANDOFF", False)
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
