@@ -13,8 +13,10 @@ tile's [BLOCK_T, E] logits back and does sigmoid, top-k and the weights. Two til
   weight chunk (64 KB in fp32) loaded before the PDL wait, so the router weight is read once,
   spread over every SM; the last split of a tile to arrive sums the splits' partial logits in
   split order (split_k.py), the last expert block of a token tile picks its top-k;
-- prefill: 16 tokens x 16-64 experts with tl.dot over H chunks; an fp32 weight against bf16
-  activations as three bf16 parts on the tensor cores (exact products, _logits_dot).
+- prefill: PREFILL_BLOCK_T tokens x 64 experts with tl.dot over H chunks (fewer tokens, 16, and
+  16-64 experts where that gives every SM a program); an fp32 weight against bf16 activations
+  as three bf16 parts on the tensor cores (exact products, _logits_dot). The top-k of a token
+  tile goes 16 tokens at a time ([16, E] keys a pass).
 Both give exact products in fp32 (an fp32 operand: IEEE fp32 dots); sums differ in order only.
 Top-k: each expert's key is the order-preserving int of its score's fp32 bits in the high half
 and the reversed expert id in the low half, so one int64 max per pick finds the best expert and
@@ -39,7 +41,9 @@ from .split_k import arrival_counters, last_to_arrive, num_sms
 from .tuning import INTERPRET
 
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
-BLOCK_T = 16           # tokens per tl.dot tile (its smallest M); the top-k stage holds [BLOCK_T, E]
+BLOCK_T = 16           # tokens per tl.dot tile of decode batches (its smallest M); the top-k holds [BLOCK_T, E]
+DOT_BLOCK_TS = (16, 32, 64, 128)  # token tiles of the tl.dot programs (the top-k: BLOCK_T at a time)
+PREFILL_BLOCK_T = 16   # prefill chunks' token tile (sweep_tiles.py --only router --tokens 8192)
 BLOCK_H = 32 if INTERPRET else 128
 GEMV_MAX_T = 8         # decode batches up to here read W once per token (8 MB of L2 reads at 8)
 GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
@@ -77,7 +81,7 @@ def _router_kernel(
     T, E, H, stride_xt, stride_we, eps,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
-    K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    K_POW2: tl.constexpr, TOPK_T: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LOGITS_ONLY: tl.constexpr,
     SPLIT_W: tl.constexpr, H_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -125,7 +129,9 @@ def _router_kernel(
                  mask=t_mask[:, None] & (tl.program_id(1) == 0))
         return
     if last_to_arrive(counter_ptr + tt, tl.num_programs(1)):
-        _top_k(logits_ptr, ids_ptr, weights_ptr, tokens, t_mask, E, TOP_K, RENORMALIZE, E_POW2, K_POW2)
+        for sub in tl.static_range(BLOCK_T // TOPK_T):  # [TOPK_T, E] keys a pass
+            rows = tt * BLOCK_T + sub * TOPK_T + tl.arange(0, TOPK_T)
+            _top_k(logits_ptr, ids_ptr, weights_ptr, rows, rows < T, E, TOP_K, RENORMALIZE, E_POW2, K_POW2)
 
 
 @triton.jit
@@ -401,7 +407,8 @@ def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, h_ptr=h_out, norm_w_ptr=norm_w,
         T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
-        E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
+        E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k),
+        TOPK_T=min(block_t, BLOCK_T), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 and not split_w else "tf32", ONE_CHUNK=one_chunk,
         SPLIT_W=split_w, H_SPLITS=splits,
         NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
@@ -416,17 +423,21 @@ def _tile(t: int, e: int, h: int, device: torch.device, asked: tuple[int, ...] |
     if asked is not None:
         block_t, block_e, splits = (*asked, 1) if len(asked) == 2 else asked
         pow2 = all(b >= 1 and not b & (b - 1) for b in (block_t, block_e))
-        if (len(asked) not in (2, 3) or not pow2 or block_t not in (1, BLOCK_T) or (block_t == BLOCK_T and block_e < 16)
-                or not 1 <= splits <= h or (splits > 1 and block_t == 1)):
+        if (len(asked) not in (2, 3) or not pow2 or block_t not in (1, *DOT_BLOCK_TS) or (block_t > 1 and block_e < 16)
+                or not 1 <= splits <= h or (splits > 1 and block_t != BLOCK_T)):
             raise ValueError(f"router_topk: tile {asked}, expected (1, a power of two), "
-                             f"({BLOCK_T}, a power of two >= 16) or ({BLOCK_T}, a power of two >= 16, H splits)")
+                             f"(one of {DOT_BLOCK_TS}, a power of two >= 16) or ({BLOCK_T}, a power of two >= 16, "
+                             "H splits)")
         return block_t, block_e, splits
     if t <= GEMV_MAX_T:
         return 1, GEMV_BLOCK_E, 1
     if t <= DOT_DECODE_MAX_T:  # decode batches are latency-bound: the weight read once, over every SM
         return BLOCK_T, max(16, min(DOT_DECODE_BLOCK_E, triton.next_power_of_2(e))), triton.cdiv(h, SPLIT_H)
-    # 16-token tiles: the widest expert block that still gives every SM a program
+    # PREFILL_BLOCK_T tokens where that gives every SM a program, else 16-token tiles of the
+    # widest expert block that does
     block_e = min(64, max(16, triton.next_power_of_2(e)))
+    if triton.cdiv(t, PREFILL_BLOCK_T) * triton.cdiv(e, block_e) >= num_sms(device):
+        return PREFILL_BLOCK_T, block_e, 1
     while block_e > 16 and triton.cdiv(t, BLOCK_T) * triton.cdiv(e, block_e) < num_sms(device):
         block_e //= 2
     return BLOCK_T, block_e, 1

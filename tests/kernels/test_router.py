@@ -42,11 +42,13 @@ def test_matches_torch(t, e, h, k, renorm, dtype, w_dtype):
     assert_same_routing(got, router_topk_torch(x, w, k, renorm))
 
 
-@pytest.mark.parametrize("tile", [(1, 1), (1, 4), (1, 64), (16, 16), (16, 64), (16, 16, 3), (16, 64, 2)])
+@pytest.mark.parametrize("tile", [(1, 1), (1, 4), (1, 64), (16, 16), (16, 64), (16, 16, 3), (16, 64, 2), (32, 16),
+                                  (64, 64)])
 @pytest.mark.parametrize("t", [1, 5, 17, 37])
 def test_every_tile_shape(t, tile):
     """Expert blocks wider than E = 40 or not dividing it; one-token programs, 16-token dot tiles,
-    and dot tiles over H = 96 in 3 splits of 32 or 2 of 64 (the second half masked)."""
+    dot tiles over H = 96 in 3 splits of 32 or 2 of 64 (the second half masked), and 32- or
+    64-token tiles (prefill), whose top-k runs 16 tokens at a time."""
     x, w = inputs(t, 40, 96, torch.bfloat16, seed=t + tile[1])
     got = router_topk(x, w, 6, True, tile=tile)
     assert_same_routing(got, router_topk_torch(x, w, 6, True))
@@ -112,7 +114,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="weight is torch.float64"):
         router_topk(x, w.double(), 4, True)
     assert router_topk(x[:0], w, 4, True)[0].shape == (0, 4)
-    for tile in [(2, 16), (16, 8), (1, 3), (1, 4, 2), (16, 16, 0), (16, 16, 65)]:
+    for tile in [(2, 16), (16, 8), (1, 3), (1, 4, 2), (16, 16, 0), (16, 16, 65), (256, 16), (64, 8), (32, 16, 2)]:
         with pytest.raises(ValueError, match="tile"):
             router_topk(x, w, 4, True, tile=tile)
 

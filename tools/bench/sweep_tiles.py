@@ -58,6 +58,8 @@ GEMM_TILES = [None, (64, 32, 2, 4, 0), (64, 32, 2, 4, 4), (64, 32, 4, 4, 4), (32
 
 # (tokens, experts[, H splits]) a program; H100 2026-12-06 at T=64: (16, 64) 27.5 us, (1, 2) 21.0, (1, 8) 20.1
 ROUTER_TILES = [None, (16, 32), (16, 16, 8), (16, 16, 16), (16, 32, 16), (16, 64, 8)]
+# ... at prefill sizes (--tokens 8192): wider token tiles (router.PREFILL_BLOCK_T)
+PREFILL_ROUTER_TILES = [None, (16, 64), (32, 64), (64, 64), (64, 32), (32, 32)]
 
 
 def time_rows(label: str, knob: str | None, shapes: list, run, reference, bytes_: float, bandwidth: float,
@@ -167,7 +169,7 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         router_w = torch.randn(e, h, device=device) / h ** 0.5  # fp32, as flint-40b's
         xr = torch.randn(t, h, device=device, dtype=torch.bfloat16)
         rows += time_rows(
-            f"router T={t} (fp32 weight)", None, ROUTER_TILES,
+            f"router T={t} (fp32 weight)", None, ROUTER_TILES if t < 1024 else PREFILL_ROUTER_TILES,
             lambda tile: router_topk(xr, router_w, k, True, tile=tile)[1],
             lambda tile: router_topk_torch(xr, router_w, k, True)[1], nbytes(router_w), bandwidth)
     return rows
