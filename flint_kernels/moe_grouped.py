@@ -242,12 +242,11 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 block_n13, block_n2, stages = 128, 128, 3
             elif block_m == 128:  # prefill chunks (sweep_tiles.py --tokens 8192, H100 2026-12-06: 2612 -> 1983 us)
                 block_m, block_n13, block_n2, block_k, warps, stages = 64, 128, 128, 64, 4, 4
-    swap = block_m < 16
     if tuning.MOE_GROUPED_TILES:
-        block_m, block_n13, block_n2, block_k, warps, stages, *swaps = tuning.MOE_GROUPED_TILES
-        swap = swaps[0] if swaps else block_m < 16
+        block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
     sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
     blocks = block_expert.numel()
+    swap = block_m < 16
     # the halves layout: fp16 activations whose even and odd columns meet the decoded weight's
     # halves (halves.py): every weight NVFP4 in fp16 tiles, every K a multiple of BLOCK_K
     halves = tuning.MOE_HALVES and swap and f16 \
@@ -257,7 +256,7 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
     a13 = to_halves(x, block_k) if halves else x
     # decode tiles: down takes each block as soon as gate/up stored it (HANDOFF)
-    handoff = tuning.MOE_HANDOFF and swap and block_m < 16
+    handoff = tuning.MOE_HANDOFF and swap
     counters = arrival_counters(2 * blocks, x.device) if handoff else block_expert  # (unread without)
     common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, ready_ptr=counters,
                   done_ptr=counters[blocks:] if handoff else counters, tiles_routed=triton.cdiv(i, block_n13),

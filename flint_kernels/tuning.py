@@ -76,10 +76,9 @@ MOE_HALVES = _flag("MOE_HALVES", True)
 # 64 streams 4651 decode tok/s. Off by default until test_moe's handoff cases have passed on a GPU.
 MOE_HANDOFF = _flag("MOE_HANDOFF", False)
 
-# (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages[, SWAP]) of the grouped MoE's
-# launches (moe_grouped.py; SWAP: tiles computed transposed, by default BLOCK_M < 16); None:
-# moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
-MOE_GROUPED_TILES: tuple | None = None
+# (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
+# (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
+MOE_GROUPED_TILES: tuple[int, int, int, int, int, int] | None = None
 # (BLOCK_M, BLOCK_N, warps, stages, K splits or 0 for the launcher's) of the W4A16 GEMM's decoding
 # tiles (batches above the GEMV's tokens, below FP4_DEQUANT_MIN_TOKENS); None: nvfp4_linear._gemm_tiles.
 FP4_GEMM_TILES: tuple[int, int, int, int, int] | None = None

@@ -95,15 +95,14 @@ def test_nvfp4_experts(path, fmt, dtype, words):
                                        ("dense", torch.bfloat16)],
                          ids=["halves", "nvfp4-fp32", "mixed", "dense"])
 @pytest.mark.parametrize("t,k", [(3, 3), (17, 4)], ids=["few", "experts-past-8-tokens"])
-@pytest.mark.parametrize("block_m,swap", [(8, ()), (16, ()), (16, (True,))],
-                         ids=["transposed", "upright", "transposed-16"])
-def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, swap, monkeypatch):
-    """Blocks of 8 tokens computed transposed (weight rows on the MMA's M side) or of 16 as usual,
-    or of 16 transposed (MOE_GROUPED_TILES' SWAP, as prefill tiles may be); transposed NVFP4 in fp16 tiles with bf16 x: activations in the halves layout (every weight
+@pytest.mark.parametrize("block_m", [8, 16], ids=["transposed", "upright"])
+def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, monkeypatch):
+    """Blocks of 8 tokens computed transposed (weight rows on the MMA's M side) or of 16 as usual;
+    transposed NVFP4 in fp16 tiles with bf16 x: activations in the halves layout (every weight
     NVFP4, K a multiple of the K step), else the usual layout. A shared expert twice as wide; 17 tokens over
     8 experts give experts more than one block."""
     tiles = (128, 128, 128, 2, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
-    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (block_m, *tiles, *swap))
+    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (block_m, *tiles))
     e, h, i = 8, 128, 64
     w13, w2, s13, s2 = experts(e, h, i, 2 * i, dtype, fmt, seed=3)
     ids, weights = routing(t, e, k, seed=3)

@@ -44,10 +44,8 @@ MOE_TILES = [None, (16, 128, 128, 128, 2, 3), (16, 128, 128, 64, 2, 4), (8, 128,
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
 # ... at prefill sizes (--tokens 8192: a prefill chunk)
-# (a 7th element True: computed transposed, the decoded weight the MMA's register operand)
-PREFILL_MOE_TILES = [None, (64, 64, 128, 64, 4, 3), (64, 128, 128, 64, 4, 4), (128, 128, 128, 64, 8, 3, True),
-                     (128, 128, 128, 64, 8, 2, True), (64, 128, 128, 64, 4, 3, True), (64, 128, 128, 64, 4, 4, True),
-                     (128, 64, 64, 64, 4, 3, True), (64, 64, 64, 64, 4, 4, True)]
+PREFILL_MOE_TILES = [None, (64, 64, 128, 64, 4, 3), (64, 64, 128, 128, 4, 3), (64, 128, 128, 64, 4, 4),
+                     (128, 64, 64, 64, 4, 3), (128, 128, 128, 64, 8, 3), (128, 64, 128, 128, 8, 2)]
 # decode attention's splits of each sequence's context (None: the launcher's)
 DECODE_SPLITS = [None, 1, 3, 4, 6, 8, 12]
 # (BLOCK_M, BLOCK_N, warps, stages, splits: 0 the launcher's)
