@@ -43,7 +43,9 @@ from .tuning import INTERPRET
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 BLOCK_T = 16           # tokens per tl.dot tile of decode batches (its smallest M); the top-k holds [BLOCK_T, E]
 DOT_BLOCK_TS = (16, 32, 64, 128)  # token tiles of the tl.dot programs (the top-k: BLOCK_T at a time)
-PREFILL_BLOCK_T = 16   # prefill chunks' token tile (sweep_tiles.py --only router --tokens 8192)
+# prefill chunks' token tile (sweep_tiles.py --only router --tokens 8192, H100 2026-12-06, 90718c6:
+# 16 x 64 241 us, 32 x 64 159, 64 x 64 224, 64 x 32 262, 32 x 32 559)
+PREFILL_BLOCK_T = 32
 BLOCK_H = 32 if INTERPRET else 128
 GEMV_MAX_T = 8         # decode batches up to here read W once per token (8 MB of L2 reads at 8)
 GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
