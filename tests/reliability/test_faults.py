@@ -72,6 +72,15 @@ def test_long_prompts_past_the_kv_pool_queue_and_preempt_without_error(triton, t
     wait_idle(triton)
 
 
+def requests_running(triton) -> float:
+    """flint:num_requests_running; the server's state and log when /metrics does not answer."""
+    try:
+        return triton.metric("flint:num_requests_running")
+    except OSError as e:  # urllib's URLError included
+        state = "running" if triton.process.poll() is None else f"exited with {triton.process.returncode}"
+        pytest.fail(f"/metrics did not answer ({e}); tritonserver {state}:\n{triton.log_tail(4000)}")
+
+
 @pytest.fixture
 def doomed(tiny_checkpoint, tmp_path):
     """A tritonserver and OpenAI server of its own: the test kills its engine."""
@@ -96,7 +105,7 @@ def test_engine_stub_killed_mid_stream_errors_every_client(doomed, tokenizer):
         try:
             tasks = [asyncio.ensure_future(doors.send(r)) for r in requests]
             deadline = time.monotonic() + 60
-            while triton.metric("flint:num_requests_running") < len(requests):
+            while requests_running(triton) < len(requests):
                 assert time.monotonic() < deadline, "the requests never all ran"
                 await asyncio.sleep(0.1)
             os.kill(pid, signal.SIGKILL)
