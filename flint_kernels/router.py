@@ -42,7 +42,8 @@ from .tuning import INTERPRET
 
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 BLOCK_T = 16           # tokens per tl.dot tile of decode batches (its smallest M); the top-k holds [BLOCK_T, E]
-DOT_BLOCK_TS = (16, 32, 64, 128)  # token tiles of the tl.dot programs (the top-k: BLOCK_T at a time)
+DOT_BLOCK_TS = (16, 32, 64, 128)  # token tiles of the tl.dot programs
+TOPK_ROWS = tl.constexpr(16)      # tokens a pass of a tile's top-k ([16, E] keys)
 # prefill chunks' token tile (sweep_tiles.py --only router --tokens 8192, H100 2026-12-06, 90718c6:
 # 16 x 64 241 us, 32 x 64 159, 64 x 64 224, 64 x 32 262, 32 x 32 559)
 PREFILL_BLOCK_T = 32
@@ -83,7 +84,7 @@ def _router_kernel(
     T, E, H, stride_xt, stride_we, eps,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
-    K_POW2: tl.constexpr, TOPK_T: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LOGITS_ONLY: tl.constexpr,
     SPLIT_W: tl.constexpr, H_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -131,7 +132,8 @@ def _router_kernel(
                  mask=t_mask[:, None] & (tl.program_id(1) == 0))
         return
     if last_to_arrive(counter_ptr + tt, tl.num_programs(1)):
-        for sub in tl.static_range(BLOCK_T // TOPK_T):  # [TOPK_T, E] keys a pass
+        TOPK_T: tl.constexpr = BLOCK_T if BLOCK_T < TOPK_ROWS else TOPK_ROWS  # [TOPK_T, E] keys a pass
+        for sub in tl.static_range(BLOCK_T // TOPK_T):
             rows = tt * BLOCK_T + sub * TOPK_T + tl.arange(0, TOPK_T)
             _top_k(logits_ptr, ids_ptr, weights_ptr, rows, rows < T, E, TOP_K, RENORMALIZE, E_POW2, K_POW2)
 
@@ -409,8 +411,7 @@ def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, h_ptr=h_out, norm_w_ptr=norm_w,
         T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
-        E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k),
-        TOPK_T=min(block_t, BLOCK_T), USE_DOT=use_dot,
+        E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 and not split_w else "tf32", ONE_CHUNK=one_chunk,
         SPLIT_W=split_w, H_SPLITS=splits,
         NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
