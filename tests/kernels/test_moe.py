@@ -9,7 +9,7 @@ from transformers.models.flint import modeling_flint as hf
 from flint_backend.config import FlintConfig
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels import moe_gemv, moe_grouped, split_k, tuning
+from flint_kernels import moe_gemv, moe_grouped, moe_sort, split_k, tuning
 from flint_kernels.moe import fused_moe, fused_moe_torch
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
 from kv_cases import assert_scaled_close
@@ -284,10 +284,13 @@ def test_sort_pairs_torch_groups_by_expert_in_padded_blocks():
     assert block_expert.tolist()[:6] == [0, 2, 2, 3, 4, 4] and min(block_expert.tolist()[6:]) >= 5
 
 
+@pytest.mark.parametrize("hist_min_chunks", [moe_sort.HIST_MIN_CHUNKS, 2, 1 << 30])
 @pytest.mark.parametrize("t,e,k,shared,block_m", [(3, 4, 2, True, 2), (40, 16, 4, True, 16), (17, 8, 8, False, 4),
-                                                  (70, 16, 1, True, 16)])
-def test_sort_pairs_kernel_matches_torch(t, e, k, shared, block_m):
-    """Same runs, padding and block table; pairs within a run in any order (several programs)."""
+                                                  (70, 16, 1, True, 16), (200, 16, 6, True, 8)])
+def test_sort_pairs_kernel_matches_torch(t, e, k, shared, block_m, hist_min_chunks, monkeypatch):
+    """Same runs, padding and block table; pairs within a run in any order (several programs), with
+    the chunks' histograms from a launch of their own and from each program's loop."""
+    monkeypatch.setattr(moe_sort, "HIST_MIN_CHUNKS", hist_min_chunks)
     ids, _ = routing(t, e, k, seed=t)
     ids[: t // 2, 0] = 1  # a crowded expert
     got, expected = sort_pairs(ids, e, shared, block_m), sort_pairs_torch(ids, e, shared, block_m)

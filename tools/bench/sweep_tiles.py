@@ -2,14 +2,15 @@
 """Launch shapes timed against each other: the batched-decode launches (the grouped MoE,
 tuning.MOE_GROUPED_TILES, with random routing over flint-40b's 256 experts; the W4A16 GEMM's
 decoding tiles, tuning.FP4_GEMM_TILES, on the attention projections, NVFP4, at the token counts
-of decode batches; the router, fp32 weight, by its tile; decode attention's splits at that many
-sequences) and prefill attention's tiles
-(tuning.PREFILL_ATTENTION_TILES) on a prefill chunk at the start and at the end of a 100K-token
-prompt. Weights rotate over sets that read twice the L2 between two uses (bench_kernels.Rotation),
-as in a step. Each row is checked against the torch twin.
+of decode batches; the router, fp32 weight, by its tile; the MoE sort by the chunk count from
+which its histograms take a launch of their own; decode attention's splits at that many
+sequences) and prefill attention's tiles (tuning.PREFILL_ATTENTION_TILES) on a prefill chunk at
+the start and at the end of a 100K-token prompt. Weights rotate over sets that read twice the L2
+between two uses (bench_kernels.Rotation), as in a step. Each row is checked against the torch
+twin.
 
-    python tools/bench/sweep_tiles.py [--only moe,w4a16,router,decode_attention,prefill_attention] [--tokens 64,256]
-        [--out FILE]
+    python tools/bench/sweep_tiles.py [--only moe,w4a16,router,sort,decode_attention,prefill_attention]
+        [--tokens 64,256] [--out FILE]
 
 Prints a table per launch (the default shape first) and writes JSON (by default
 benchmarks/<gpu>/<date>-<commit>-sweep-tiles.json).
@@ -23,11 +24,13 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, run as a file
 
-from flint_kernels import tuning  # noqa: E402
+from flint_kernels import moe_sort, tuning  # noqa: E402
 from flint_kernels.moe import fused_moe, fused_moe_torch  # noqa: E402
+from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch  # noqa: E402
 from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch  # noqa: E402
 from flint_kernels.router import router_topk, router_topk_torch  # noqa: E402
 from tools.bench.bench_kernels import (FULL, PREFILL_TOKENS, Rotation, _cold_sets, _experts, _paged_kv,  # noqa: E402
@@ -44,8 +47,10 @@ MOE_TILES = [None, (16, 128, 128, 128, 2, 3), (16, 128, 128, 64, 2, 4), (8, 128,
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
 # ... at prefill sizes (--tokens 8192: a prefill chunk)
-PREFILL_MOE_TILES = [None, (64, 64, 128, 64, 4, 3), (64, 64, 128, 128, 4, 3), (64, 128, 128, 64, 4, 4),
-                     (128, 64, 64, 64, 4, 3), (128, 128, 128, 64, 8, 3), (128, 64, 128, 128, 8, 2)]
+# (H100 2026-12-06, d223641: 64 x 64 gate/up 2222 us, 128-token blocks 2388-3252, against 1983; the
+# list varies two warpgroups on one 64-token block)
+PREFILL_MOE_TILES = [None, (64, 128, 128, 64, 8, 3), (64, 256, 128, 64, 8, 3), (64, 256, 256, 64, 8, 3),
+                     (128, 128, 128, 64, 8, 3)]
 # decode attention's splits of each sequence's context (None: the launcher's)
 DECODE_SPLITS = [None, 1, 3, 4, 6, 8, 12]
 # (BLOCK_M, BLOCK_N, warps, stages, splits: 0 the launcher's)
@@ -58,6 +63,8 @@ GEMM_TILES = [None, (64, 32, 2, 4, 0), (64, 32, 2, 4, 4), (64, 32, 4, 4, 4), (32
 ROUTER_TILES = [None, (16, 32), (16, 16, 8), (16, 16, 16), (16, 32, 16), (16, 64, 8)]
 # ... at prefill sizes (--tokens 8192): wider token tiles (router.PREFILL_BLOCK_T)
 PREFILL_ROUTER_TILES = [None, (16, 64), (32, 64), (64, 64), (64, 32), (32, 32)]
+# the MoE sort's chunk count from which a histogram launch comes first (moe_sort.HIST_MIN_CHUNKS)
+SORT_HIST_MIN_CHUNKS = [None, 2, 4, 8, 1 << 30]
 
 
 def time_rows(label: str, knob: str | None, shapes: list, run, reference, bytes_: float, bandwidth: float,
@@ -132,7 +139,7 @@ def decode_attention_rows(batch: int, shape: dict, device, bandwidth: float) -> 
 
 
 def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidth: float) -> list[dict]:
-    """The grouped MoE, the W4A16 GEMM's decoding tiles and the router at t tokens."""
+    """The grouped MoE, the W4A16 GEMM's decoding tiles, the MoE sort and the router at t tokens."""
     h, e, k = shape["hidden"], shape["experts"], shape["top_k"]
     w13, w2, s13, s2 = experts
     rows = []
@@ -163,6 +170,16 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                     lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
                     lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
                     nbytes(ws[0]), bandwidth))
+    if "sort" in only:
+        ids, _ = _routing(t, shape, device)
+        block_m = 8 if t * (k + 1) / (e + 1) <= 8 else 64  # moe_grouped's blocks at these sizes
+
+        def sort(chunks):
+            return with_knob(moe_sort, "HIST_MIN_CHUNKS", chunks or moe_sort.HIST_MIN_CHUNKS,
+                             lambda: sort_pairs(ids, e, True, block_m)[1])
+        rows += time_rows(f"moe sort T={t} ({triton.cdiv(t * (k + 1), moe_sort.BLOCK_P)} chunks)", None,
+                          SORT_HIST_MIN_CHUNKS, sort, lambda chunks: sort_pairs_torch(ids, e, True, block_m)[1],
+                          nbytes(ids), bandwidth)
     if "router" in only:
         router_w = torch.randn(e, h, device=device) / h ** 0.5  # fp32, as flint-40b's
         xr = torch.randn(t, h, device=device, dtype=torch.bfloat16)
@@ -175,7 +192,7 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="moe,w4a16,router,decode_attention,prefill_attention")
+    parser.add_argument("--only", default="moe,w4a16,router,sort,decode_attention,prefill_attention")
     parser.add_argument("--tokens", default="64,256")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -184,7 +201,7 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print("| launch | shape | us | % copy or TFLOP/s | rel err |\n| --- | --- | ---: | ---: | ---: |")
     results = {"meta": run_meta(__file__, bandwidth / 1e12), "rows": []}
-    if only & {"moe", "w4a16", "router"}:
+    if only & {"moe", "w4a16", "router", "sort"}:
         experts = _experts(FULL, device, "nvfp4")
         for t in [int(n) for n in args.tokens.split(",")]:
             results["rows"] += decode_rows(t, only, FULL, experts, device, bandwidth)
