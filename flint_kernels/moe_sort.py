@@ -31,8 +31,10 @@ from .tuning import INTERPRET
 BLOCK_P = 64 if INTERPRET else 1024  # pairs per program
 BLOCK_B = 16                         # blocks per step of the block-table loop
 # From this many chunks of BLOCK_P pairs the chunks' histograms come from a launch of their own
-# (_moe_hist_kernel) instead of each program's loop over every chunk
-HIST_MIN_CHUNKS = 4
+# (_moe_hist_kernel) instead of each program's loop over every chunk. H100 2026-12-06 (4f7e8c3,
+# sweep_tiles.py --only sort): 256 tokens (2 chunks) 12.1 -> 10.8 us, 1024 (7) 19.9 -> 11.3, 8192
+# (56) 111.6 -> 17.9; one chunk (64 tokens) 10.5 either way
+HIST_MIN_CHUNKS = 2
 HIST_ROWS = 8                        # table rows a step of the sum over it
 
 

@@ -73,8 +73,9 @@ MOE_HALVES = _flag("MOE_HALVES", True)
 # the blocks gate/up finished while its last programs still run, instead of waiting for the
 # whole launch. Off: down waits for gate/up to complete (PDL). H100 2026-12-06 (4598b02), the
 # batch-64 step's replay 14.10 -> 13.67 ms (down 55.1 -> 48.2 us a layer on the critical path),
-# 64 streams 4651 decode tok/s. Off by default until test_moe's handoff cases have passed on a GPU.
-MOE_HANDOFF = _flag("MOE_HANDOFF", False)
+# 64 streams 4651 decode tok/s; at 4f7e8c3 4622 against 4499 off at 9a3104b (test_moe's handoff
+# cases passed on the H100 there).
+MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
 # (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.

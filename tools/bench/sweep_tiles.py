@@ -47,8 +47,8 @@ MOE_TILES = [None, (16, 128, 128, 128, 2, 3), (16, 128, 128, 64, 2, 4), (8, 128,
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
 # ... at prefill sizes (--tokens 8192: a prefill chunk)
-# (H100 2026-12-06, d223641: 64 x 64 gate/up 2222 us, 128-token blocks 2388-3252, against 1983; the
-# list varies two warpgroups on one 64-token block)
+# (H100 2026-12-06, d223641: 64 x 64 gate/up 2222 us, 128-token blocks 2388-3252, against 1983;
+# 4f7e8c3: two warpgroups on one 64-token block, 128 or 256 columns, 2283-2624 against 1886)
 PREFILL_MOE_TILES = [None, (64, 128, 128, 64, 8, 3), (64, 256, 128, 64, 8, 3), (64, 256, 256, 64, 8, 3),
                      (128, 128, 128, 64, 8, 3)]
 # decode attention's splits of each sequence's context (None: the launcher's)
@@ -63,7 +63,8 @@ GEMM_TILES = [None, (64, 32, 2, 4, 0), (64, 32, 2, 4, 4), (64, 32, 4, 4, 4), (32
 ROUTER_TILES = [None, (16, 32), (16, 16, 8), (16, 16, 16), (16, 32, 16), (16, 64, 8)]
 # ... at prefill sizes (--tokens 8192): wider token tiles (router.PREFILL_BLOCK_T)
 PREFILL_ROUTER_TILES = [None, (16, 64), (32, 64), (64, 64), (64, 32), (32, 32)]
-# the MoE sort's chunk count from which a histogram launch comes first (moe_sort.HIST_MIN_CHUNKS)
+# the MoE sort's chunk count from which a histogram launch comes first (moe_sort.HIST_MIN_CHUNKS;
+# 1 << 30: never)
 SORT_HIST_MIN_CHUNKS = [None, 2, 4, 8, 1 << 30]
 
 
@@ -174,11 +175,12 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         ids, _ = _routing(t, shape, device)
         block_m = 8 if t * (k + 1) / (e + 1) <= 8 else 64  # moe_grouped's blocks at these sizes
 
-        def sort(chunks):
+        def sort(chunks):  # the block table (past the last run any id >= the expert count: clamped)
             return with_knob(moe_sort, "HIST_MIN_CHUNKS", chunks or moe_sort.HIST_MIN_CHUNKS,
-                             lambda: sort_pairs(ids, e, True, block_m)[1])
+                             lambda: sort_pairs(ids, e, True, block_m)[1].clamp(max=e + 1))
         rows += time_rows(f"moe sort T={t} ({triton.cdiv(t * (k + 1), moe_sort.BLOCK_P)} chunks)", None,
-                          SORT_HIST_MIN_CHUNKS, sort, lambda chunks: sort_pairs_torch(ids, e, True, block_m)[1],
+                          SORT_HIST_MIN_CHUNKS, sort,
+                          lambda chunks: sort_pairs_torch(ids, e, True, block_m)[1].clamp(max=e + 1),
                           nbytes(ids), bandwidth)
     if "router" in only:
         router_w = torch.randn(e, h, device=device) / h ** 0.5  # fp32, as flint-40b's
