@@ -93,6 +93,9 @@ PREFILL_ATTENTION_TILES: tuple[int, int, int, int] | None = None
 # descriptors (TMA) instead of gathered rows, two pages a key tile (prefill_attention.PAGE_TILES).
 # H100 2026-12-06, an 8192-token chunk at 92160 cached positions: 296 -> 452 TFLOP/s (at 0: 308 -> 448).
 PREFILL_ATTENTION_TMA = _flag("PREFILL_ATTENTION_TMA", True)
+# Those whole-page tiles keep each row's running max until a key tile raises some row's by more
+# than prefill_attention.RESCALE_SLACK, so most tiles skip rescaling the [rows, D] accumulator.
+PREFILL_ATTENTION_LAZY_RESCALE = _flag("PREFILL_ATTENTION_LAZY_RESCALE", False)
 
 # --- the W4A16 prefill GEMM (nvfp4_linear.py) ---
 # From this many tokens the weight is decoded once into a dense scratch the GEMM tiles load
