@@ -15,7 +15,10 @@ NVFP4) take blocks of 8 tokens computed transposed (SWAP) and, with every weight
 activations in fp16 in the halves layout (HALVES, halves.py: x converted by to_halves, inter
 written so by gate/up); with tuning.MOE_HANDOFF, down takes each block once gate/up counted its
 tiles stored (HANDOFF), not after the whole gate/up launch.
-The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)).
+The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)); from
+tuning.MOE_SHARED_DENSE_MIN_TOKENS tokens (prefill chunks) it runs apart instead, as the dense
+GEMMs of every token (nvfp4_linear, or cuBLAS for a dense weight, and silu_mul: the same
+roundings), and the combine adds its rows.
 Numerics are moe.py's: fp32 dot accumulation, gate/up/silu/product and each expert output
 rounded to x's dtype, the routed combine in fp32 rounded once, the shared output added, rounded.
 """
@@ -23,6 +26,7 @@ rounded to x's dtype, the routed combine in fp32 rounded once, the shared output
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -30,9 +34,10 @@ from .moe_sort import sort_pairs
 from . import tuning
 from .halves import dot_halves, halves_col, to_halves
 from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
+from .nvfp4_linear import nvfp4_linear
 from .pdl import launch_args, pdl_prologue, poll_at_least
 from .split_k import arrival_counters, last_to_arrive
-from .swiglu import silu_mul_rounded
+from .swiglu import silu_mul, silu_mul_rounded
 from .tuning import INTERPRET
 
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
@@ -194,9 +199,10 @@ def _moe_grouped_kernel(
 def _moe_combine_kernel(
     ys_ptr,               # [T * SLOTS, H] expert outputs in x.dtype
     topk_weights_ptr,     # [T, K] fp32
+    shared_ptr,           # [T, H] rows (stride_shared apart) of the shared expert's output (HAS_SHARED)
     out_ptr,              # [T, H]
-    H,
-    K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr,
+    H, stride_shared,
+    K: tl.constexpr, SLOTS: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -209,8 +215,8 @@ def _moe_combine_kernel(
         y = tl.load(ys_ptr + (t * SLOTS + k) * H + cols, mask=mask, other=0.0).to(tl.float32)
         routed += tl.load(topk_weights_ptr + t * K + k) * y
     out = routed.to(dtype)
-    if SLOTS > K:
-        y = tl.load(ys_ptr + (t * SLOTS + K) * H + cols, mask=mask, other=0.0)
+    if HAS_SHARED:
+        y = tl.load(shared_ptr + t * stride_shared + cols, mask=mask, other=0.0)
         out = (out.to(tl.float32) + y.to(tl.float32)).to(dtype)
     tl.store(out_ptr + t * H + cols, out, mask=mask)
 
@@ -219,15 +225,20 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 shared_w13=None, shared_w2=None) -> torch.Tensor:
     """Grouped path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H]."""
     t, h = x.shape
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    shared_out = None  # [T, H]: the shared expert run apart (prefill chunks)
+    apart = tuning.MOE_SHARED_DENSE_MIN_TOKENS
+    if shared_w13 is not None and apart is not None and t >= apart:
+        shared_out = shared_expert_dense(x, shared_w13, shared_w2)
+        shared_w13 = shared_w2 = None
     e, k = w13.shape[0], topk_ids.shape[1]
     i = w13.shape[-2] // 2
     has_shared = shared_w13 is not None
     i_s = shared_w13.shape[-2] // 2 if has_shared else i
     slots = k + has_shared
     p = t * slots
-    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
-    if t == 0:
-        return out
     rows_per_expert = p / (e + has_shared)
     block_m, block_n13, block_n2, block_k, warps, stages = _tiles(rows_per_expert)
     f16 = tuning.FP4_MMA_F16 and x.dtype != torch.float32  # fp16 tiles (an fp32 model keeps fp32 x)
@@ -275,10 +286,25 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
             stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n,
             MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s),
             W_F16=w_f16, S_F16=s_f16, PTX=ptx_decode(), **common)
+    shared_rows = ys.view(t, slots, h)[:, k] if has_shared else shared_out  # [T, H] or None
     _moe_combine_kernel[(t, triton.cdiv(h, COMBINE_BLOCK_H))](
-        ys_ptr=ys, topk_weights_ptr=topk_weights, out_ptr=out, H=h, K=k, SLOTS=slots,
-        BLOCK_H=min(COMBINE_BLOCK_H, triton.next_power_of_2(h)), **launch_args(x.device), num_warps=4)
+        ys_ptr=ys, topk_weights_ptr=topk_weights, shared_ptr=ys if shared_rows is None else shared_rows,
+        out_ptr=out, H=h, stride_shared=0 if shared_rows is None else shared_rows.stride(0), K=k, SLOTS=slots,
+        HAS_SHARED=shared_rows is not None, BLOCK_H=min(COMBINE_BLOCK_H, triton.next_power_of_2(h)),
+        **launch_args(x.device), num_warps=4)
     return out
+
+
+def shared_expert_dense(x: torch.Tensor, shared_w13, shared_w2) -> torch.Tensor:
+    """The shared expert over every token of x [T, H] as dense GEMMs -> [T, H] in x.dtype: gate
+    and up rounded to x.dtype, silu_mul's roundings, the down output rounded (moe.py's numerics).
+    An NVFP4 weight through nvfp4_linear, a dense one through cuBLAS (in x.dtype, as the
+    engine's prefill linears)."""
+    return _linear(silu_mul(_linear(x, shared_w13)), shared_w2)
+
+
+def _linear(x: torch.Tensor, w) -> torch.Tensor:
+    return nvfp4_linear(x, w) if is_nvfp4(w) else F.linear(x, w.to(x.dtype))
 
 
 def _tiles(rows_per_expert: float) -> tuple[int, int, int, int, int, int]:

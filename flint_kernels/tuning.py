@@ -77,6 +77,12 @@ MOE_HALVES = _flag("MOE_HALVES", True)
 # cases passed on the H100 there).
 MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 
+# From this many tokens the grouped MoE runs the shared expert apart, as dense GEMMs of every
+# token (moe_grouped.shared_expert_dense: W4A16 at ~530 TFLOP/s on prefill chunks against the
+# grouped tiles' ~220), and the combine adds its rows; below, it is one more pair a token in the
+# grouped launches (env 0: never apart). The interpreter's tests take small batches through it.
+MOE_SHARED_DENSE_MIN_TOKENS = _tokens("MOE_SHARED_DENSE_MIN_TOKENS", 32 if INTERPRET else 1024)
+
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
 # (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
 MOE_GROUPED_TILES: tuple[int, int, int, int, int, int] | None = None

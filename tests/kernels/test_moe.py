@@ -13,6 +13,7 @@ from flint_kernels import moe_gemv, moe_grouped, moe_sort, split_k, tuning
 from flint_kernels.moe import fused_moe, fused_moe_torch
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
 from kv_cases import assert_scaled_close
+from launch_spy import spy_launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 x (dense fp32 or NVFP4 weights): accumulation order only. bf16 x: gate, up, silu, the
@@ -235,6 +236,28 @@ def test_shared_expert_wider_than_the_routed_ones(path, fmt, dtype, t, k, wide, 
     x = torch.randn(t, 64, device=DEVICE).to(dtype)
     check(fused_moe(x, ids, weights, w13, w2, s13, s2, path=path),
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+
+
+@pytest.mark.parametrize("fmt,dtype", [("dense", torch.float32), ("dense", torch.bfloat16), ("nvfp4", torch.bfloat16),
+                                       ("mixed", torch.float32)])
+@pytest.mark.parametrize("apart_from", [None, 1, 40], ids=["in-grid", "apart", "apart-from-40"])
+@pytest.mark.parametrize("t", [5, 40])
+def test_shared_expert_apart_at_prefill_sizes(fmt, dtype, apart_from, t, monkeypatch):
+    """From tuning.MOE_SHARED_DENSE_MIN_TOKENS tokens the shared expert runs as dense GEMMs
+    (shared_expert_dense) and the grouped launches hold the routed pairs only (K slots, E
+    experts); the combine adds its rows. Below (and with None), it is slot K in the grid."""
+    monkeypatch.setattr(tuning, "MOE_SHARED_DENSE_MIN_TOKENS", apart_from)
+    grouped = spy_launches(monkeypatch, moe_grouped, "_moe_grouped_kernel", "SLOTS", "N_EXP")
+    combine = spy_launches(monkeypatch, moe_grouped, "_moe_combine_kernel", "SLOTS", "HAS_SHARED")
+    e, i, k = 8, 32, 3
+    w13, w2, s13, s2 = experts(e, 64, i, 2 * i, dtype, fmt, seed=t)
+    ids, weights = routing(t, e, k, seed=t)
+    x = torch.randn(t, 64, device=DEVICE).to(dtype)
+    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"),
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
+    apart = apart_from is not None and t >= apart_from
+    assert {launch[1:] for launch in grouped} == {(k, e) if apart else (k + 1, e + 1)}
+    assert [launch[1:] for launch in combine] == [(k if apart else k + 1, True)]
 
 
 def test_shared_chunks():

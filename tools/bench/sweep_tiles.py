@@ -153,14 +153,20 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         sets = [(x, *_routing(t, shape, device), w13, w2, s13, s2) for _ in range(2)]
         chosen = sum(len(torch.unique(s[1])) for s in sets) / len(sets)
         turns = Rotation(sets)
-        for halves in (True, False):  # tuning.MOE_HALVES: every tile, then the default one without
-            rows += with_knob(tuning, "MOE_HALVES", halves, lambda: time_rows(
-                f"moe T={t} ({chosen:g}+1 experts)" + ("" if halves else " halves off"), "MOE_GROUPED_TILES",
-                (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if halves else 1],
-                lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
-                lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-                chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
-                flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0))
+        # every tile; then the default one with tuning.MOE_HALVES off, and with the shared expert
+        # in the grouped launches (tuning.MOE_SHARED_DENSE_MIN_TOKENS None) where it runs apart
+        apart = tuning.MOE_SHARED_DENSE_MIN_TOKENS is not None and t >= tuning.MOE_SHARED_DENSE_MIN_TOKENS
+        for halves, shared_apart_from, tag in [(True, tuning.MOE_SHARED_DENSE_MIN_TOKENS, ""),
+                                               (False, tuning.MOE_SHARED_DENSE_MIN_TOKENS, " halves off")] \
+                + ([(True, None, " shared expert in the grid")] if apart else []):
+            rows += with_knob(tuning, "MOE_HALVES", halves, lambda: with_knob(
+                tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: time_rows(
+                    f"moe T={t} ({chosen:g}+1 experts){tag}", "MOE_GROUPED_TILES",
+                    (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if not tag else 1],
+                    lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+                    lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
+                    chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
+                    flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)))
     if "w4a16" in only:
         for name, (n, kk) in {"qkv": (5120, h), "o_proj": (h, 4096)}.items():
             ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
