@@ -153,12 +153,13 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         sets = [(x, *_routing(t, shape, device), w13, w2, s13, s2) for _ in range(2)]
         chosen = sum(len(torch.unique(s[1])) for s in sets) / len(sets)
         turns = Rotation(sets)
-        # every tile; then the default one with tuning.MOE_HALVES off, and with the shared expert
-        # in the grouped launches (tuning.MOE_SHARED_DENSE_MIN_TOKENS None) where it runs apart
+        # every tile; then the default one with tuning.MOE_HALVES off, and at prefill sizes with
+        # the shared expert the other way (tuning.MOE_SHARED_DENSE_MIN_TOKENS: apart or in the grid)
         apart = tuning.MOE_SHARED_DENSE_MIN_TOKENS is not None and t >= tuning.MOE_SHARED_DENSE_MIN_TOKENS
+        other = (None, " shared expert in the grid") if apart else (t, " shared expert apart")
         for halves, shared_apart_from, tag in [(True, tuning.MOE_SHARED_DENSE_MIN_TOKENS, ""),
                                                (False, tuning.MOE_SHARED_DENSE_MIN_TOKENS, " halves off")] \
-                + ([(True, None, " shared expert in the grid")] if apart else []):
+                + ([(True, *other)] if t >= 1024 else []):
             rows += with_knob(tuning, "MOE_HALVES", halves, lambda: with_knob(
                 tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: time_rows(
                     f"moe T={t} ({chosen:g}+1 experts){tag}", "MOE_GROUPED_TILES",
