@@ -409,3 +409,18 @@ def test_real_shapes_with_the_handoff(t, monkeypatch):
     for _ in range(10):
         assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"), got)
     assert not split_k.arrival_counters(1, x.device).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
+@pytest.mark.parametrize("t", [1000, 4096])
+def test_real_shapes_with_the_shared_expert_apart(fmt, t, monkeypatch):
+    """tuning.MOE_SHARED_DENSE_MIN_TOKENS on a GPU at prefill sizes: the shared expert through
+    nvfp4_linear or cuBLAS, the routed pairs through the grouped launches, against the torch twin."""
+    monkeypatch.setattr(tuning, "MOE_SHARED_DENSE_MIN_TOKENS", 1)
+    e, k = 256, 6
+    w13, w2, s13, s2 = experts(e, 2048, 512, 1024, torch.bfloat16, fmt)
+    ids, weights = routing(t, e, k)
+    x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
+    assert_scaled_close(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"),
+                        fused_moe_torch(x, ids, weights, w13, w2, s13, s2), rel=1e-2)

@@ -143,3 +143,16 @@ def test_real_shapes(seqs, window, kv_in_cache):
     got, expected = run_both(step, window, kv_in_cache=kv_in_cache and not window)
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
     assert_scaled_close(got, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqs", [[(0, 8192)], [(4096, 2048), (0, 1), (30_000, 1), (100, 700)]])
+def test_real_shapes_with_the_lazy_rescale(seqs, monkeypatch):
+    """tuning.PREFILL_ATTENTION_LAZY_RESCALE on a GPU: whole pages of flint-40b's full layers."""
+    from flint_kernels import tuning
+    monkeypatch.setattr(tuning, "PREFILL_ATTENTION_LAZY_RESCALE", True)
+    step = make_step(seqs, hq=32, hk=4, d=128, dtype=torch.bfloat16, rows_per=64, write_current=True,
+                     device=DEVICE)
+    got, expected = run_both(step, 0, kv_in_cache=True)
+    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected)
