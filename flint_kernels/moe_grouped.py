@@ -3,7 +3,8 @@
 A "pair" is (token t, slot k): slots 0..K-1 are the routed choices, slot K the shared expert
 (expert id E), so pair p = t * SLOTS + k. `moe_sort.sort_pairs` (one launch; two at prefill
 sizes) orders the pairs by expert into blocks of BLOCK_M rows; the grid is sized from the
-host-side bound cdiv(P, BLOCK_M) + E + 1 and blocks past the real count exit at once. Then three launches:
+host-side bound cdiv(P, BLOCK_M) + E + 1 and blocks past the real count exit at once. Then
+three launches:
   gate/up  program (block, BLOCK_N intermediate cols): x rows gathered by token, tl.dot with
            the gate and the up tile of the block's expert, SiLU * up -> inter [P, I] (x.dtype)
   down     program (block, BLOCK_N hidden cols): inter rows @ W2[e].T -> ys [P, H] (x.dtype)

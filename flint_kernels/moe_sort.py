@@ -135,7 +135,7 @@ def sort_pairs(topk_ids: torch.Tensor, num_experts: int, has_shared: bool,
     e_pow2 = triton.next_power_of_2(n_exp)
     warps = 4 if INTERPRET else 8
     hist = chunks >= HIST_MIN_CHUNKS
-    table = torch.empty((chunks, e_pow2) if hist else (1,), dtype=torch.int32, device=device)
+    table = torch.empty((chunks, e_pow2), dtype=torch.int32, device=device) if hist else topk_ids  # (unread)
     if hist:
         _moe_hist_kernel[(chunks,)](
             ids_ptr=topk_ids, hist_ptr=table, P=p, E=num_experts,
