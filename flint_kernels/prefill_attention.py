@@ -38,8 +38,6 @@ TILE_M, TILE_N = (32, 16) if INTERPRET else (128, 64)
 # tile, 2 stages. H100 2026-12-06 (sweep_tiles.py), an 8192-token chunk at 92160 cached positions:
 # 296 TFLOP/s gathered in 128 x 64 tiles, 348 by pages in them, 452 by pages in 128 x 128 x 2.
 PAGE_TILES = (32, 32, 4, 1) if INTERPRET else (128, 128, 8, 2)
-# how far (log2 units) a row's max may outgrow the running max before tuning.PREFILL_ATTENTION_LAZY_RESCALE rescales
-RESCALE_SLACK = tl.constexpr(8.0)
 
 
 @triton.jit
@@ -140,11 +138,8 @@ def _page_scores(q, kstart, qpos, hi, window, k_desc, v_desc, table_ptr, n_pages
 @triton.jit
 def _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr, n_pages, h,
                   D: tl.constexpr, ROWS_PER: tl.constexpr, PAGES: tl.constexpr, MASKED: tl.constexpr,
-                  DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, LAZY: tl.constexpr):
-    """_attend_tile over PAGES (1 or 2) whole pages of a cache holding every key (kv_in_cache).
-    LAZY: the running max (and with it l and acc) moves only when some row's max grew by more
-    than RESCALE_SLACK (log2 units), so most tiles skip the rescale of acc; probabilities then
-    stay below 2**RESCALE_SLACK. The same quotient acc / l, up to the rounding of P to bf16."""
+                  DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """_attend_tile over PAGES (1 or 2) whole pages of a cache holding every key (kv_in_cache)."""
     s0, v0 = _page_scores(q, kstart, qpos, hi, window, k_desc, v_desc, table_ptr, n_pages, h,
                           D, ROWS_PER, MASKED, DOT_FP32, DOT_PRECISION)
     top = tl.max(s0, axis=1)
@@ -153,21 +148,10 @@ def _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_de
                               n_pages, h, D, ROWS_PER, MASKED, DOT_FP32, DOT_PRECISION)
         top = tl.maximum(top, tl.max(s1, axis=1))
     m_new = tl.maximum(m, top * qk_scale)  # the scale on a row's max (it keeps the order), then in the fma below
-    if LAZY:
-        if tl.max(m_new - m, axis=0) > RESCALE_SLACK:
-            alpha = tl.exp2(m - m_new)
-            l = l * alpha
-            acc = acc * alpha[:, None]
-            m = m_new
-        m_new = m
-        p0 = tl.exp2(s0 * qk_scale - m_new[:, None])
-        l += tl.sum(p0, axis=1)
-        acc = tl.dot(p0.to(v0.dtype), v0, acc, input_precision=DOT_PRECISION)
-    else:
-        alpha = tl.exp2(m - m_new)
-        p0 = tl.exp2(s0 * qk_scale - m_new[:, None])
-        l = l * alpha + tl.sum(p0, axis=1)
-        acc = tl.dot(p0.to(v0.dtype), v0, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    alpha = tl.exp2(m - m_new)
+    p0 = tl.exp2(s0 * qk_scale - m_new[:, None])
+    l = l * alpha + tl.sum(p0, axis=1)
+    acc = tl.dot(p0.to(v0.dtype), v0, acc * alpha[:, None], input_precision=DOT_PRECISION)
     if PAGES == 2:
         p1 = tl.exp2(s1 * qk_scale - m_new[:, None])
         l += tl.sum(p1, axis=1)
@@ -180,12 +164,12 @@ def _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_sc
             k_new, v_new, stride_kt, stride_vt, table_ptr, ring_base, h, k_desc, v_desc, n_pages,
             HK: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
             PAGES: tl.constexpr, MASKED: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            KV_FP8: tl.constexpr, LAZY: tl.constexpr):
+            KV_FP8: tl.constexpr):
     """The key tile at kstart by whole pages (PAGES) or by gathered rows."""
     if PAGES:
         m, l, acc = _attend_pages(q, m, l, acc, kstart, qpos, hi, window, qk_scale, k_desc, v_desc, table_ptr,
                                   n_pages, h, D=D, ROWS_PER=ROWS_PER, PAGES=PAGES, MASKED=MASKED,
-                                  DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, LAZY=LAZY)
+                                  DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
     else:
         m, l, acc = _attend_tile(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
                                  k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt, table_ptr, ring_base,
@@ -213,8 +197,7 @@ def _prefill_kernel(
     HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS_PER: tl.constexpr,
     G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, USE_SINKS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, PAGES: tl.constexpr, LAZY: tl.constexpr,  # PAGES: 0, or pages a key tile (kv_in_cache)
-    PDL: tl.constexpr,
+    KV_FP8: tl.constexpr, PAGES: tl.constexpr, PDL: tl.constexpr,  # PAGES: 0, or pages a key tile (kv_in_cache)
 ):
     pdl_prologue(PDL)
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # last tiles see the most keys: start them first
@@ -267,20 +250,17 @@ def _prefill_kernel(
         m, l, acc = _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
                             k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt, table, ring_base, h,
                             k_desc, v_desc, n_pages, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N, PAGED=PAGED,
-                            PAGES=PAGES, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8,
-                            LAZY=LAZY)
+                            PAGES=PAGES, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
     for kstart in range(mid_lo, mid_hi, BLOCK_N):
         m, l, acc = _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
                             k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt, table, ring_base, h,
                             k_desc, v_desc, n_pages, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N, PAGED=PAGED,
-                            PAGES=PAGES, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8,
-                            LAZY=LAZY)
+                            PAGES=PAGES, MASKED=False, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
     for kstart in range(mid_hi, hi, BLOCK_N):
         m, l, acc = _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_scale,
                             k_cache_ptr, v_cache_ptr, k_new, v_new, stride_kt, stride_vt, table, ring_base, h,
                             k_desc, v_desc, n_pages, HK=HK, D=D, ROWS_PER=ROWS_PER, BLOCK_N=BLOCK_N, PAGED=PAGED,
-                            PAGES=PAGES, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8,
-                            LAZY=LAZY)
+                            PAGES=PAGES, MASKED=True, DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION, KV_FP8=KV_FP8)
     o_rows = (q_start + qi).to(tl.int64) * stride_ot + head * stride_oh
     tl.store(out_ptr + o_rows[:, None] + cols[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
@@ -341,7 +321,6 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         HK=hk, G=g, D=d, ROWS_PER=rows_per, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=tile_n,
         PAGED=paged, USE_SINKS=sinks is not None, DOT_FP32=DOT_FP32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_scales is not None, PAGES=pages,
-        LAZY=bool(pages) and tuning.PREFILL_ATTENTION_LAZY_RESCALE,
         **launch_args(q.device), num_warps=warps or (8 if block_m >= 128 else 4), num_stages=stages,
     )
     return out

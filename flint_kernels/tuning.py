@@ -79,12 +79,11 @@ MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 
 # From this many tokens the grouped MoE runs the shared expert apart, as dense GEMMs of every
 # token (moe_grouped.shared_expert_dense), and the combine adds its rows; None (env 0): it is one
-# more pair a token in the grouped launches. Predicted: the shared expert is a quarter of an
-# 8192-token chunk's MoE FLOPs, which the grouped tiles run at ~220 TFLOP/s and the W4A16 prefill
-# GEMMs at ~530 (H100), ~-230 us a layer, ~-130 ms of the 100K TTFT. Off on the GPU until
-# sweep_tiles.py --only moe --tokens 8192 has timed it; the interpreter's tests take batches
-# from 32 tokens through it.
-MOE_SHARED_DENSE_MIN_TOKENS = _tokens("MOE_SHARED_DENSE_MIN_TOKENS", 32 if INTERPRET else 0)
+# more pair a token in the grouped launches. The shared expert is a quarter of a prefill chunk's
+# MoE FLOPs, which the grouped tiles run at ~220 TFLOP/s and the W4A16 prefill GEMMs at ~530.
+# H100 2026-12-07 (b3bc4e7, sweep_tiles.py --only moe --tokens 8192): 1907 -> 1739 us a layer
+# (predicted -230). The interpreter's tests take batches from 32 tokens through it.
+MOE_SHARED_DENSE_MIN_TOKENS = _tokens("MOE_SHARED_DENSE_MIN_TOKENS", 32 if INTERPRET else 1024)
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
 # (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
@@ -102,12 +101,6 @@ PREFILL_ATTENTION_TILES: tuple[int, int, int, int] | None = None
 # descriptors (TMA) instead of gathered rows, two pages a key tile (prefill_attention.PAGE_TILES).
 # H100 2026-12-06, an 8192-token chunk at 92160 cached positions: 296 -> 452 TFLOP/s (at 0: 308 -> 448).
 PREFILL_ATTENTION_TMA = _flag("PREFILL_ATTENTION_TMA", True)
-# Those whole-page tiles keep each row's running max until a key tile raises some row's by more
-# than prefill_attention.RESCALE_SLACK, so most tiles skip rescaling the [rows, D] accumulator
-# (64 multiplies a thread a 128-key tile, beside ~64 exponentials and the two dots). Off until
-# sweep_tiles.py --only prefill_attention has timed it on a GPU (sm_90 compile: 254 registers, no
-# spill, against 255 and 8 bytes spilled).
-PREFILL_ATTENTION_LAZY_RESCALE = _flag("PREFILL_ATTENTION_LAZY_RESCALE", False)
 
 # --- the W4A16 prefill GEMM (nvfp4_linear.py) ---
 # From this many tokens the weight is decoded once into a dense scratch the GEMM tiles load

@@ -72,34 +72,17 @@ def test_gpu_tile_sizes(monkeypatch, window):
     torch.testing.assert_close(got, expected, **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tiles", [None, (32, 32, 4, 3)])  # a key tile of one page (the interpreter's 16), of two
-def test_whole_pages_of_a_cache_holding_the_step(monkeypatch, tiles, dtype, lazy):
+def test_whole_pages_of_a_cache_holding_the_step(monkeypatch, tiles, dtype):
     # full layers write the step's K/V first (kv_in_cache): keys come by whole pages (tensor
-    # descriptors); rows past the written ones are NaN in make_step's cache and must not reach P V.
-    # lazy: tuning.PREFILL_ATTENTION_LAZY_RESCALE
+    # descriptors); rows past the written ones are NaN in make_step's cache and must not reach P V
     from flint_kernels import tuning
     monkeypatch.setattr(tuning, "PREFILL_ATTENTION_TILES", tiles)
-    monkeypatch.setattr(tuning, "PREFILL_ATTENTION_LAZY_RESCALE", lazy)
     seqs = [(50, 30), (0, 17), (16, 1), (33, 16), (0, 1), (47, 2)]
     step = make_step(seqs, dtype=dtype, rows_per=16, write_current=True, seed=5, device=DEVICE)
     got, expected = run_both(step, 0, kv_in_cache=True)
     torch.testing.assert_close(got, expected, **TOL[dtype])
-
-
-@pytest.mark.parametrize("sharp", [False, True])
-def test_lazy_rescale_where_the_max_jumps(monkeypatch, sharp):
-    # tuning.PREFILL_ATTENTION_LAZY_RESCALE on scores whose row maxima stay within RESCALE_SLACK
-    # of the sink (N(0, 1) scores: no rescale after it) or outgrow it tile after tile (q x 16:
-    # scores of sd 23 in log2 units, each new tile's max often 8 above the last)
-    from flint_kernels import tuning
-    monkeypatch.setattr(tuning, "PREFILL_ATTENTION_LAZY_RESCALE", True)
-    step = make_step([(100, 12), (0, 40)], rows_per=16, write_current=True, seed=7, device=DEVICE)
-    if sharp:
-        step.q *= 16
-    got, expected = run_both(step, 0, kv_in_cache=True)
-    torch.testing.assert_close(got, expected, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("layout,rows_per,window", [("paged", 8, 0), ("paged", 16, WINDOW), ("ring", 16, WINDOW)])
@@ -144,15 +127,3 @@ def test_real_shapes(seqs, window, kv_in_cache):
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
     assert_scaled_close(got, expected)
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seqs", [[(0, 8192)], [(4096, 2048), (0, 1), (30_000, 1), (100, 700)]])
-def test_real_shapes_with_the_lazy_rescale(seqs, monkeypatch):
-    """tuning.PREFILL_ATTENTION_LAZY_RESCALE on a GPU: whole pages of flint-40b's full layers."""
-    from flint_kernels import tuning
-    monkeypatch.setattr(tuning, "PREFILL_ATTENTION_LAZY_RESCALE", True)
-    step = make_step(seqs, hq=32, hk=4, d=128, dtype=torch.bfloat16, rows_per=64, write_current=True,
-                     device=DEVICE)
-    got, expected = run_both(step, 0, kv_in_cache=True)
-    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
-    assert_scaled_close(got, expected)

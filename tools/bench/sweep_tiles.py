@@ -107,18 +107,14 @@ def prefill_attention_rows(shape: dict, device, bandwidth: float) -> list[dict]:
         lens = torch.tensor([ctx], dtype=torch.int32, device=device)
         args = (q, k, v, qsl, lens, k_cache, v_cache, torch.randn(hq, device=device), d ** -0.5, window, n)
         pairs = sum(_visible(ctx + i, window) + 1 for i in range(n))
-        # tuning.PREFILL_ATTENTION_TMA (full layers), then its lazy rescale in the default tile
-        for tma, lazy in [(False, False), (True, False), (True, True)] if not window else [(False, False)]:
+        for tma in (False, True) if not window else (False,):  # tuning.PREFILL_ATTENTION_TMA (full layers)
             extra_in_cache = dict(extra, kv_in_cache=not window)
-            rows += with_knob(tuning, "PREFILL_ATTENTION_LAZY_RESCALE", lazy, lambda: with_knob(
-                tuning, "PREFILL_ATTENTION_TMA", tma, lambda: time_rows(
-                    f"prefill_attention {n} tok ctx={ctx} " + (f"window={window}" if window else "causal")
-                    + (" pages by TMA" if tma else "") + (" lazy rescale" if lazy else ""),
-                    "PREFILL_ATTENTION_TILES", ATTENTION_TILES[:1 if lazy else None],
-                    lambda a=args, e=extra_in_cache: prefill_attention(*a, **e),
-                    lambda a=args, e=extra: prefill_attention_torch(*a, **e),
-                    nbytes(q, k, v) * 2 + 2 * 2 * _visible(ctx, window) * hk * d, bandwidth,
-                    flops=4 * pairs * hq * d)))
+            rows += with_knob(tuning, "PREFILL_ATTENTION_TMA", tma, lambda: time_rows(
+                f"prefill_attention {n} tok ctx={ctx} " + (f"window={window}" if window else "causal")
+                + (" pages by TMA" if tma else ""), "PREFILL_ATTENTION_TILES", ATTENTION_TILES,
+                lambda a=args, e=extra_in_cache: prefill_attention(*a, **e),
+                lambda a=args, e=extra: prefill_attention_torch(*a, **e),
+                nbytes(q, k, v) * 2 + 2 * 2 * _visible(ctx, window) * hk * d, bandwidth, flops=4 * pairs * hq * d))
     return rows
 
 
