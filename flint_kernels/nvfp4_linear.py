@@ -223,9 +223,10 @@ def _nvfp4_matmul_kernel(
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
+    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, SCALE_WORDS: tl.constexpr, PDL: tl.constexpr,
 ):
-    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16)."""
+    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16),
+    SCALE_WORDS: their block scales read as 32-bit words."""
     pdl_prologue(PDL)
     tile = tl.program_id(0)
     s = tl.program_id(1)
@@ -239,7 +240,9 @@ def _nvfp4_matmul_kernel(
     tokens = pm * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
-    k_lo = s * k_per_split
+    # k_per_split is whole BLOCK_K steps: said, so the block scales' loads are known aligned,
+    # vectorised and pipelined (unaligned single bytes were loaded in the K loop, synchronously)
+    k_lo = tl.multiple_of(s * k_per_split, BLOCK_K)
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -249,7 +252,8 @@ def _nvfp4_matmul_kernel(
             a_mask = a_mask & (cols[None, :] < K)
         a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
         if F16:
-            w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, PTX)
+            w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, PTX,
+                                SCALE_WORDS)
         else:
             w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, FP4)
         if DOT_FP32:
@@ -411,9 +415,16 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             **common, packed_ptr=weight, stride_pn=weight.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FP4=not dequant,
-            F16=f16, PTX=nvfp4.ptx_decode(),
+            F16=f16, PTX=nvfp4.ptx_decode(), SCALE_WORDS=f16 and _scale_words(w, block_k),
             **launch_args(x.device),
             num_warps=warps, num_stages=stages)
+
+
+def _scale_words(w, block_k: int) -> bool:
+    """Whether the GEMM's tiles can read w's block scales as 32-bit words (weight_halves_f16's
+    SCALE_WORDS): whole K steps of 64-multiples, word-aligned rows."""
+    k = w.packed.shape[-1] * 2
+    return block_k % 64 == 0 and k % block_k == 0 and w.scales.stride(0) % 4 == 0 and w.scales.data_ptr() % 4 == 0
 
 
 def dequantize_for_gemm(w, dtype: torch.dtype) -> torch.Tensor:

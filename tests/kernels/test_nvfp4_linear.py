@@ -292,3 +292,28 @@ def test_prefill_scratch_holds_the_exact_weights():
     for dtype in (torch.bfloat16, torch.float32):
         expected = dequantize_nvfp4(ones.packed, ones.scales, ones.scale, torch.float32).to(dtype)
         assert torch.equal(nvfp4_linear_module.dequantize_for_gemm(w, dtype), expected)
+
+
+@pytest.mark.parametrize("t,n,k,splits", [
+    (5, 70, 128, None),    # partial tiles, two k steps of 64
+    (17, 40, 512, 2),      # split-K: the second split's scales start at word 4 of a row
+    (64, 24, 256, None),   # a decode batch's tile height
+    (9, 24, 96, None),     # K not whole steps of 64: the scales stay bytes
+])
+def test_block_scales_read_as_words(t, n, k, splits, monkeypatch):
+    """The decoding GEMM's tiles read the block scales as 32-bit words where K is whole steps of
+    64 (nvfp4.weight_halves_f16's SCALE_WORDS; the interpreter's step is 32, so 64 here): close to
+    dequantise-then-matmul, and on the CPU the bits of the tiles that load them as bytes."""
+    monkeypatch.setattr(nvfp4_linear_module, "GEMM_BLOCK_K", 64)
+    monkeypatch.setattr(tuning, "FP4_DEQUANT_MIN_TOKENS", None)
+    gemms = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "SCALE_WORDS", "SPLIT")
+    w = weight(n, k, seed=t, per_row=t % 2 == 1)
+    x = torch.randn(t, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(torch.bfloat16)
+    got = nvfp4_linear(x, w, num_splits=splits)
+    torch.testing.assert_close(got, nvfp4_linear_torch(x, w), **TOL[torch.bfloat16])
+    monkeypatch.setattr(nvfp4_linear_module, "_scale_words", lambda w, block_k: False)
+    as_bytes = nvfp4_linear(x, w, num_splits=splits)
+    if DEVICE == "cpu":
+        assert torch.equal(got, as_bytes)
+    assert [g[1] for g in gemms] == [k % 64 == 0, False]
+    assert all(g[2] == splits for g in gemms) or splits is None
