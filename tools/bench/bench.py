@@ -241,7 +241,7 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
     weights_format, _, kv_dtype = fmt.partition("/")  # "nvfp4/fp8": NVFP4 weights, an FP8 KV cache
     engine_args = dict(preset=args.preset, quantization="nvfp4" if weights_format == "nvfp4" else None,
                        dtype="bfloat16", kv_cache_dtype=kv_dtype or "auto",
-                       device=args.device, kernel_backend=args.kernel_backend, block_size=64,
+                       device=args.device, kernel_backend=args.kernel_backend, block_size=args.block_size,
                        max_num_seqs=max([64, *args.streams]), max_graph_batch=max([64, *args.streams]),
                        max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
                        kv_cache_memory_fraction=args.kv_fraction,
@@ -358,6 +358,7 @@ def main() -> None:
     parser.add_argument("--no-engine-warmup", action="store_true",
                         help="the engine skips its start-up warm-up (EngineArgs.warmup false): ttft_first_s "
                              "then includes compiling the chunk's prefill kernels")
+    parser.add_argument("--block-size", type=int, default=64, help="tokens a paged KV block (EngineArgs.block_size)")
     parser.add_argument("--kv-fraction", type=float, default=0.5)
     parser.add_argument("--max-model-len", type=int, default=262144)
     parser.add_argument("--device", default="cuda")

@@ -90,11 +90,14 @@ def time_rows(label: str, knob: str | None, shapes: list, run, reference, bytes_
 
 def prefill_attention_rows(shape: dict, device, bandwidth: float) -> list[dict]:
     """An 8192-token chunk of a 100K-token prompt, first (context 0) and last (context 92160),
-    on a full layer (paged, causal) and a sliding one (ring, window 513)."""
+    on a full layer (paged, causal) and a sliding one (ring, window 513); full layers also in
+    pages of 128 rows (the engine's block_size 128: one page a 128-key tile, one dot each side)."""
     from flint_kernels.prefill_attention import prefill_attention, prefill_attention_torch
     hq, hk, d, n = shape["hq"], shape["hk"], shape["d"], PREFILL_TOKENS
     rows = []
-    for ctx, window in [(0, 0), (92160, 0), (92160, shape["window"])]:
+    for ctx, window, block in [(0, 0, 64), (92160, 0, 64), (0, 0, 128), (92160, 0, 128),
+                               (92160, shape["window"], 64)]:
+        shape = dict(shape, block_size=block)
         k_cache, v_cache, extra = _paged_kv([ctx + n], shape, device, window)
         q = torch.randn(n, hq, d, device=device, dtype=torch.bfloat16)
         k, v = torch.randn(2, n, hk, d, device=device, dtype=torch.bfloat16)
@@ -107,11 +110,13 @@ def prefill_attention_rows(shape: dict, device, bandwidth: float) -> list[dict]:
         lens = torch.tensor([ctx], dtype=torch.int32, device=device)
         args = (q, k, v, qsl, lens, k_cache, v_cache, torch.randn(hq, device=device), d ** -0.5, window, n)
         pairs = sum(_visible(ctx + i, window) + 1 for i in range(n))
-        for tma in (False, True) if not window else (False,):  # tuning.PREFILL_ATTENTION_TMA (full layers)
+        # tuning.PREFILL_ATTENTION_TMA (full layers); pages of 128 rows only by TMA in the default tile
+        for tma in (True,) if block != 64 else (False, True) if not window else (False,):
             extra_in_cache = dict(extra, kv_in_cache=not window)
             rows += with_knob(tuning, "PREFILL_ATTENTION_TMA", tma, lambda: time_rows(
                 f"prefill_attention {n} tok ctx={ctx} " + (f"window={window}" if window else "causal")
-                + (" pages by TMA" if tma else ""), "PREFILL_ATTENTION_TILES", ATTENTION_TILES,
+                + (" pages by TMA" if tma else "") + (f" of {block} rows" if block != 64 else ""),
+                "PREFILL_ATTENTION_TILES", ATTENTION_TILES[:1 if block != 64 else None],
                 lambda a=args, e=extra_in_cache: prefill_attention(*a, **e),
                 lambda a=args, e=extra: prefill_attention_torch(*a, **e),
                 nbytes(q, k, v) * 2 + 2 * 2 * _visible(ctx, window) * hk * d, bandwidth, flops=4 * pairs * hq * d))
