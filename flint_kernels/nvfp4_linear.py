@@ -421,10 +421,11 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
 
 
 def _scale_words(w, block_k: int) -> bool:
-    """Whether the GEMM's tiles can read w's block scales as 32-bit words (weight_halves_f16's
-    SCALE_WORDS): whole K steps of 64-multiples, word-aligned rows."""
+    """Whether the GEMM's tiles read w's block scales as 32-bit words (weight_halves_f16's
+    SCALE_WORDS): tuning.FP4_GEMM_SCALE_WORDS, whole K steps of 64-multiples, word-aligned rows."""
     k = w.packed.shape[-1] * 2
-    return block_k % 64 == 0 and k % block_k == 0 and w.scales.stride(0) % 4 == 0 and w.scales.data_ptr() % 4 == 0
+    return (tuning.FP4_GEMM_SCALE_WORDS and block_k % 64 == 0 and k % block_k == 0 and w.scales.stride(0) % 4 == 0
+            and w.scales.data_ptr() % 4 == 0)
 
 
 def dequantize_for_gemm(w, dtype: torch.dtype) -> torch.Tensor:

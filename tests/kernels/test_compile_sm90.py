@@ -153,6 +153,35 @@ def test_load_waits_reads_the_scoreboards():
     assert load_waits(ops) == "L2 W L2 W"
 
 
+def test_loop_loads_reads_the_backward_branches():
+    """sass_scoreboards.loop_loads (compile_kernels.py --loop-loads) over hand-made SASS: a loop
+    holding a cp.async copy (not a load into registers) and a predicated byte load, then a
+    forward branch and a loop with no load."""
+    from tools.bench.sass_scoreboards import loop_loads
+    sass = "".join(_sass_line(at, text) for at, text in [
+        (0x10, "LDG.E.128 R4, desc[UR4][R2.64]"),  # before any loop
+        (0x20, "LDGSTS.E.BYPASS.128 [R10], desc[UR12][R8.64]"),
+        (0x30, "@!P4 LDG.E.U8 R57, desc[UR12][R52.64]"),
+        (0x40, "@!P6 BRA 0x20"),
+        (0x50, "BRA 0x80"),
+        (0x60, "FADD R1, R1, R2"),
+        (0x70, "@P0 BRA 0x60"),
+    ])
+    assert loop_loads(sass) == ["3 instructions: LDG.E.U8", "2 instructions: none"]
+
+
+def test_decoding_gemm_copies_its_block_scales_ahead():
+    """--loop-loads on the W4A16 GEMM's 64-token tiles (32 rows of weights): the block scales
+    read as words (tuning.FP4_GEMM_SCALE_WORDS) leave no load into registers in the K loop, where
+    as bytes (1-2 a thread) one is waited for in every step."""
+    out = compile_output("--loop-loads", "--only", "nvfp4_linear qkv T=64")
+    loops = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    words = loops["nvfp4_linear qkv T=64 scale words | _nvfp4_matmul_kernel"]
+    assert words.endswith("instructions: none") and " / " not in words, words
+    as_bytes = loops["nvfp4_linear qkv T=64 | _nvfp4_matmul_kernel"]
+    assert tuning.FP4_GEMM_SCALE_WORDS or "LDG.E.U16" in as_bytes, as_bytes
+
+
 def test_activations_after_the_wait_issue_together():
     """--waits on the batch-1 launches whose activations load after their PDL wait: the NVFP4
     GEMVs (qkv with the RMSNorm folded, o_proj) and the BF16 qkv issue every x load before the

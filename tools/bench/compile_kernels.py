@@ -29,6 +29,9 @@ source line (a layout conversion through shared memory costs two or more).
 its global loads, cp.async copies, barriers, shuffles, stores and atomics, repeats counted
 ("LDG.E.128x2 BARx21 ..."): a load behind a BAR.SYNC waits for the values before it, so each
 such run is one more round trip to memory after the wait.
+--loop-loads prints, instead of the table, each kernel's loops (SASS, by their backward branches)
+with the global loads into registers inside them: a K loop waits for those in the step that
+issues them, where its cp.async copies arrive stages ahead.
 --counts prints, instead of the table, each kernel's SASS instructions and BAR.SYNCs from its PDL
 wait on, and the index of its first global atomic.
 --waits prints, instead of the table, each kernel's global loads after its PDL wait and the
@@ -58,7 +61,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from flint_kernels.registers import programs_per_sm  # noqa: E402
 from tools.bench.knobs import with_knob  # noqa: E402
-from tools.bench.sass_scoreboards import load_waits, sass_scoreboards  # noqa: E402
+from tools.bench.sass_scoreboards import load_waits, loop_loads, sass_scoreboards  # noqa: E402
 
 MAX_SHARED = 232448  # bytes per block on sm_90
 H200_SMS = 132
@@ -324,6 +327,11 @@ def w4a16_launches() -> list:
         for t in ((1, 4, 64) if name != "lm_head" else (1,)):
             cases.append((f"nvfp4_linear {name} T={t}", lin,
                           lambda t=t, k=k, w=w: lin.nvfp4_linear(torch.randn(t, k, dtype=bf16), w)))
+    # the decoding tiles reading their block scales as words (tuning.FP4_GEMM_SCALE_WORDS on)
+    from flint_kernels import tuning
+    w = nvfp4(*shapes["qkv"], per_row=True)
+    cases.append(("nvfp4_linear qkv T=64 scale words", lin, lambda w=w: with_knob(
+        tuning, "FP4_GEMM_SCALE_WORDS", True, lambda: lin.nvfp4_linear(torch.randn(64, 2048, dtype=bf16), w))))
     cases.append(("nvfp4_linear qkv T=8192", lin,
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
     # the GEMV's other NVFP4 decode (bytes when words are the default, and the other way round)
@@ -375,7 +383,6 @@ def w4a16_launches() -> list:
         cases.append((f"nvfp4_linear + silu_mul down T={t}", lin,
                       lambda gate_up=gate_up, w=w: lin.silu_nvfp4_linear(gate_up, w)))
     # the other products of the GEMV's prefetching splits (fp16 or fp32: tuning.FP4_GEMV_F16 flipped)
-    from flint_kernels import tuning
     other_products = lambda call: with_knob(tuning, "FP4_GEMV_F16", not tuning.FP4_GEMV_F16, call)
     gate_up = torch.randn(1, 2 * down_k, dtype=bf16)
     x_o, w_o = torch.randn(1, shapes["o"][1], dtype=bf16), nvfp4(*shapes["o"])
@@ -433,6 +440,8 @@ def main(argv=None) -> int:
                         help="print each kernel's SASS instruction and BAR.SYNC counts from its PDL wait on")
     parser.add_argument("--waits", action="store_true",
                         help="print each kernel's global loads after its PDL wait and the waits for them (L9 W L3)")
+    parser.add_argument("--loop-loads", action="store_true",
+                        help="print each kernel's loops with the loads into registers inside them (LDG)")
     parser.add_argument("--barriers", action="store_true",
                         help="print each kernel's barriers after its PDL wait by source line (PTX .loc)")
     parser.add_argument("--set", action="append", default=[], metavar="module.ATTR=value[,...]",
@@ -446,7 +455,7 @@ def main(argv=None) -> int:
     split_k.HOST_SMS = H200_SMS  # grids as the GPU launcher would size them
     pdl.ON_HOST = tuning.PDL = args.pdl  # as on an sm_90 GPU (host tensors have no compute capability)
     failures = 0
-    if not (args.chains or args.barriers or args.counts or args.waits):
+    if not (args.chains or args.barriers or args.counts or args.waits or args.loop_loads):
         print("| case | kernel | tiles | warps | stages | shared B | regs | spill B | programs | an SM | waves | mma | "
               "wgmma | ld.v4 | ld scalar | cp.async | griddep |")
         print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
@@ -466,6 +475,10 @@ def main(argv=None) -> int:
                 if args.waits:
                     waits = load_waits(sass_scoreboards(_cuobjdump_sass(compiled.asm["cubin"])))
                     print(f"{name} | {fn.__name__}: {waits}", flush=True)
+                    continue
+                if args.loop_loads:
+                    loops = loop_loads(_cuobjdump_sass(compiled.asm["cubin"]))
+                    print(f"{name} | {fn.__name__}: {' / '.join(loops) or 'no loop'}", flush=True)
                     continue
                 if args.barriers:
                     print(f"{name} | {fn.__name__}: {barrier_lines(compiled.asm['ptx'])}", flush=True)

@@ -1,6 +1,7 @@
 """The scoreboard fields of sm_70+ SASS as cuobjdump prints it, and the view of a kernel's global
 loads and the waits for them that `tools/bench/compile_kernels.py --waits` prints ("L9 W L3": 3
-loads issued only after one of the first 9 returned). Plain text parsing, no GPU and no Triton:
+loads issued only after one of the first 9 returned); the synchronous loads inside its loops
+(`--loop-loads`). Plain text parsing, no GPU and no Triton:
 compile_kernels.py turns Triton's interpreter off when imported, so tests take these from here."""
 
 from __future__ import annotations
@@ -47,3 +48,18 @@ def load_waits(ops: list[tuple[str, int | None, int]]) -> str:
             if write is not None:
                 pending.add(write)
     return " ".join(op if n == 1 else f"{op}{n}" for op, n in runs) or "no loads"
+
+
+def loop_loads(sass: str) -> list[str]:
+    """Each loop of cuobjdump -sass text (a branch back to a lower address) -> "N instructions:
+    its LDG opcodes" ("none"): loads into registers, which a K loop waits for in the step that
+    issues them, where its cp.async copies (LDGSTS) arrive stages ahead."""
+    code = [(int(at, 16), text) for at, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for at, text in code:
+        back = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        if back and int(back.group(1), 16) < at:
+            body = [t for a, t in code if int(back.group(1), 16) <= a <= at]
+            loads = [m.group(1) for t in body for m in [re.search(r"\b(LDG\.[A-Z0-9._]*|LDG)\s", t)] if m]
+            loops.append(f"{len(body)} instructions: " + (" ".join(loads) or "none"))
+    return loops

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from flint_kernels import moe_sort, tuning  # noqa: E402
 from flint_kernels.moe import fused_moe, fused_moe_torch  # noqa: E402
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch  # noqa: E402
-from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch  # noqa: E402
+from flint_kernels.nvfp4_linear import GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch  # noqa: E402
 from flint_kernels.router import router_topk, router_topk_torch  # noqa: E402
 from tools.bench.bench_kernels import (FULL, PREFILL_TOKENS, Rotation, _cold_sets, _experts, _paged_kv,  # noqa: E402
                                        _routing, _visible, random_nvfp4)
@@ -180,6 +180,13 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                                   lambda: time_rows(
                     f"w4a16 {name} T={t}" + (" (decoded weight)" if dequant and not decode_tiles else ""),
                     "FP4_GEMM_TILES", GEMM_TILES if not dequant or decode_tiles else [None],
+                    lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
+                    lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
+                    nbytes(ws[0]), bandwidth))
+            if GEMV_MAX_TOKENS < t and not dequant:  # tuning.FP4_GEMM_SCALE_WORDS the other way, default tiles
+                other = not tuning.FP4_GEMM_SCALE_WORDS
+                rows += with_knob(tuning, "FP4_GEMM_SCALE_WORDS", other, lambda: time_rows(
+                    f"w4a16 {name} T={t} scale " + ("words" if other else "bytes"), "FP4_GEMM_TILES", [None],
                     lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
                     lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
                     nbytes(ws[0]), bandwidth))
