@@ -127,3 +127,14 @@ def test_real_shapes(seqs, window, kv_in_cache):
     torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
     assert_scaled_close(got, expected)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqs", [[(0, 8192)], [(4096, 2048), (0, 1), (30_000, 1), (100, 700)]])
+def test_real_shapes_in_pages_of_128_rows(seqs):
+    """A paged cache of block_size 128 (one page a 128-key tile) on flint-40b's full layers."""
+    step = make_step(seqs, hq=32, hk=4, d=128, dtype=torch.bfloat16, rows_per=128, write_current=True,
+                     device=DEVICE)
+    got, expected = run_both(step, 0, kv_in_cache=True)
+    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    assert_scaled_close(got, expected)
