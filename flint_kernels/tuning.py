@@ -67,7 +67,7 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 # a 64-token qkv's 8 dependent steps); as words the pipeline copies them ahead (cp.async), as
 # it does the packed bytes (compile_kernels.py: no LDG left in the loop). Same bits. Predicted
 # for the batch-64 step's ~100 decode GEMMs (qkv and o_proj 14 us each): ~-0.5 ms. Off until
-# sweep_tiles.py --only w4a16 --tokens 16,64 has timed it (its paired "scale bytes" rows).
+# sweep_tiles.py --only w4a16 --tokens 16,64 has timed it (its paired "scale words" rows).
 FP4_GEMM_SCALE_WORDS = _flag("FP4_GEMM_SCALE_WORDS", False)
 
 # The grouped MoE's transposed decode tiles take their activations in fp16 in the halves layout
@@ -90,7 +90,8 @@ MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 # more pair a token in the grouped launches. The shared expert is a quarter of a prefill chunk's
 # MoE FLOPs, which the grouped tiles run at ~220 TFLOP/s and the W4A16 prefill GEMMs at ~530.
 # H100 2026-12-07 (b3bc4e7, sweep_tiles.py --only moe --tokens 8192): 1907 -> 1739 us a layer
-# (predicted -230). The interpreter's tests take batches from 32 tokens through it.
+# (predicted -230); 1024-4096 tokens not timed yet (the sweep's rows at those sizes pair it).
+# The interpreter's tests take batches from 32 tokens through it.
 MOE_SHARED_DENSE_MIN_TOKENS = _tokens("MOE_SHARED_DENSE_MIN_TOKENS", 32 if INTERPRET else 1024)
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
