@@ -128,7 +128,6 @@ def test_real_shapes(seqs, window, kv_in_cache):
     assert_scaled_close(got, expected)
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("seqs", [[(0, 8192)], [(4096, 2048), (0, 1), (30_000, 1), (100, 700)]])
 def test_real_shapes_in_pages_of_128_rows(seqs):

@@ -97,14 +97,12 @@ def prefill_attention_rows(shape: dict, device, bandwidth: float) -> list[dict]:
     rows = []
     for ctx, window, block in [(0, 0, 64), (92160, 0, 64), (0, 0, 128), (92160, 0, 128),
                                (92160, shape["window"], 64)]:
-        shape = dict(shape, block_size=block)
-        k_cache, v_cache, extra = _paged_kv([ctx + n], shape, device, window)
+        k_cache, v_cache, extra = _paged_kv([ctx + n], dict(shape, block_size=block), device, window)
         q = torch.randn(n, hq, d, device=device, dtype=torch.bfloat16)
         k, v = torch.randn(2, n, hk, d, device=device, dtype=torch.bfloat16)
         if not window:  # the step's keys in the cache too, as a full layer writes them before attention
             pos = torch.arange(ctx, ctx + n, device=device)
-            slots = extra["block_tables"][0].long()[pos // shape["block_size"]] * shape["block_size"]
-            slots += pos % shape["block_size"]
+            slots = extra["block_tables"][0].long()[pos // block] * block + pos % block
             k_cache.view(-1, hk, d)[slots], v_cache.view(-1, hk, d)[slots] = k, v
         qsl = torch.tensor([0, n], dtype=torch.int32, device=device)
         lens = torch.tensor([ctx], dtype=torch.int32, device=device)
@@ -175,21 +173,19 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
             xs = torch.randn(t, kk, device=device, dtype=torch.bfloat16)
             wturns = Rotation(ws)
             dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS
+            run = lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next())
+            reference = lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)])
             for decode_tiles in (False, True) if dequant else (False,):  # the decoding tiles at this t
                 rows += with_knob(tuning, "FP4_DEQUANT_MIN_TOKENS", None if decode_tiles else tuning.FP4_DEQUANT_MIN_TOKENS,
                                   lambda: time_rows(
                     f"w4a16 {name} T={t}" + (" (decoded weight)" if dequant and not decode_tiles else ""),
-                    "FP4_GEMM_TILES", GEMM_TILES if not dequant or decode_tiles else [None],
-                    lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
-                    lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
+                    "FP4_GEMM_TILES", GEMM_TILES if not dequant or decode_tiles else [None], run, reference,
                     nbytes(ws[0]), bandwidth))
             if GEMV_MAX_TOKENS < t and not dequant:  # tuning.FP4_GEMM_SCALE_WORDS the other way, default tiles
                 other = not tuning.FP4_GEMM_SCALE_WORDS
                 rows += with_knob(tuning, "FP4_GEMM_SCALE_WORDS", other, lambda: time_rows(
                     f"w4a16 {name} T={t} scale " + ("words" if other else "bytes"), "FP4_GEMM_TILES", [None],
-                    lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next()),
-                    lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)]),
-                    nbytes(ws[0]), bandwidth))
+                    run, reference, nbytes(ws[0]), bandwidth))
     if "sort" in only:
         ids, _ = _routing(t, shape, device)
         block_m = 8 if t * (k + 1) / (e + 1) <= 8 else 64  # moe_grouped's blocks at these sizes
