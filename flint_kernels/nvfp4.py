@@ -173,26 +173,22 @@ mul.rn.f16x2 $3, f3, $6;
 
 @triton.jit
 def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
-                    BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr, SCALE_WORDS: tl.constexpr = False):
+                    BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
     """weight_tile's NVFP4 tile in fp16 ([BLOCK_N, BLOCK_K], same arguments): E2M1 * block scale,
     exact, the global scale not applied. For tensor-core tiles whose activations are converted
     to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
     instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter; weight_tile)."""
-    lo, hi = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX,
-                               SCALE_WORDS)
+    lo, hi = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
     return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_K])  # (even, odd) pairs: k order
 
 
 @triton.jit
 def weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
-                      BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr, SCALE_WORDS: tl.constexpr = False):
+                      BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
     """weight_tile_f16's tile as its even and its odd columns ([BLOCK_N, BLOCK_K / 2] each: k0 +
     2 c and k0 + 2 c + 1, the low and the high nibble of byte c): a dot of each half with the
     activations' even or odd columns needs no pairing of the two (tensor-core operands hold
-    pairs of adjacent columns, here two bytes' low or high nibbles, as the decode leaves them).
-    SCALE_WORDS: the block scales read as 32-bit words (4 groups each; needs scales_ptr and
-    stride_sn multiples of 4 bytes, k0 of 64, no MASK_K): a thread's share of a narrow tile's
-    scales is then no load of 1-2 bytes, which the K loop's pipeline cannot copy ahead."""
+    pairs of adjacent columns, here two bytes' low or high nibbles, as the decode leaves them)."""
     bytes_ = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     groups = k0 // 16 + tl.arange(0, BLOCK_K // 16)
     p_mask = row_mask[:, None]
@@ -202,13 +198,7 @@ def weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, strid
         s_mask = s_mask & (groups[None, :] < K // 16)
     n: tl.constexpr = rows.shape[0]
     p = tl.load(w_ptr + rows[:, None] * stride_wn + bytes_[None, :], mask=p_mask, other=0)
-    if SCALE_WORDS:
-        words = tl.load(scales_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (stride_sn // 4)
-                        + (k0 // 64 + tl.arange(0, BLOCK_K // 64))[None, :], mask=row_mask[:, None], other=0)
-        codes = (words[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF  # little-endian: group 4 w + j
-        s = tl.reshape(codes, [n, BLOCK_K // 16]).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-    else:
-        s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
+    s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
     s = tl.reshape(tl.broadcast_to(s[:, :, None], [n, BLOCK_K // 16, 8]), [n, BLOCK_K // 2])  # a byte's scale
     if PTX:
         lo, hi = tl.inline_asm_elementwise(

@@ -223,10 +223,9 @@ def _nvfp4_matmul_kernel(
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, SCALE_WORDS: tl.constexpr, PDL: tl.constexpr,
+    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
 ):
-    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16),
-    SCALE_WORDS: their block scales read as 32-bit words."""
+    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16)."""
     pdl_prologue(PDL)
     tile = tl.program_id(0)
     s = tl.program_id(1)
@@ -252,8 +251,7 @@ def _nvfp4_matmul_kernel(
             a_mask = a_mask & (cols[None, :] < K)
         a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
         if F16:
-            w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, PTX,
-                                SCALE_WORDS)
+            w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, PTX)
         else:
             w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, FP4)
         if DOT_FP32:
@@ -415,17 +413,9 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             **common, packed_ptr=weight, stride_pn=weight.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FP4=not dequant,
-            F16=f16, PTX=nvfp4.ptx_decode(), SCALE_WORDS=f16 and _scale_words(w, block_k),
+            F16=f16, PTX=nvfp4.ptx_decode(),
             **launch_args(x.device),
             num_warps=warps, num_stages=stages)
-
-
-def _scale_words(w, block_k: int) -> bool:
-    """Whether the GEMM's tiles read w's block scales as 32-bit words (weight_halves_f16's
-    SCALE_WORDS): tuning.FP4_GEMM_SCALE_WORDS, whole K steps of 64-multiples, word-aligned rows."""
-    k = w.packed.shape[-1] * 2
-    return (tuning.FP4_GEMM_SCALE_WORDS and block_k % 64 == 0 and k % block_k == 0 and w.scales.stride(0) % 4 == 0
-            and w.scales.data_ptr() % 4 == 0)
 
 
 def dequantize_for_gemm(w, dtype: torch.dtype) -> torch.Tensor:

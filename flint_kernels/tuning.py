@@ -61,14 +61,6 @@ FP4_GEMV_F16 = _flag("FP4_GEMV_F16", True)
 # bf16 tiles. H100 2026-12-06, random routing: grouped MoE at 64 tokens 333 -> 238 us, 256 tokens
 # 440 -> 326 us; the W4A16 GEMM at 64 tokens unchanged (17.1 us).
 FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
-# Those fp16 tiles of the W4A16 GEMM read their block scales as 32-bit words (weight_halves_f16's
-# SCALE_WORDS) where K is whole 64-multiple steps: a 32-row tile's 256 scale bytes are 1-2 a
-# thread, which the sm_90 K loop loads synchronously every step (a global round trip in each of
-# a 64-token qkv's 8 dependent steps); as words the pipeline copies them ahead (cp.async), as
-# it does the packed bytes (compile_kernels.py: no LDG left in the loop). Same bits. Predicted
-# for the batch-64 step's ~100 decode GEMMs (qkv and o_proj 14 us each): ~-0.5 ms. Off until
-# sweep_tiles.py --only w4a16 --tokens 16,64 has timed it (its paired "scale words" rows).
-FP4_GEMM_SCALE_WORDS = _flag("FP4_GEMM_SCALE_WORDS", False)
 
 # The grouped MoE's transposed decode tiles take their activations in fp16 in the halves layout
 # (each K step's even columns, then its odd ones: halves.py) where every weight is

@@ -170,18 +170,6 @@ def test_loop_loads_reads_the_backward_branches():
     assert loop_loads(sass) == ["3 instructions: LDG.E.U8", "2 instructions: none"]
 
 
-def test_decoding_gemm_copies_its_block_scales_ahead():
-    """--loop-loads on the W4A16 GEMM's 64-token tiles (32 rows of weights): the block scales
-    read as words (tuning.FP4_GEMM_SCALE_WORDS) leave no load into registers in the K loop, where
-    as bytes (1-2 a thread) one is waited for in every step."""
-    out = compile_output("--loop-loads", "--only", "nvfp4_linear qkv T=64")
-    loops = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
-    words = loops["nvfp4_linear qkv T=64 scale words | _nvfp4_matmul_kernel"]
-    assert words.endswith("instructions: none") and " / " not in words, words
-    as_bytes = loops["nvfp4_linear qkv T=64 | _nvfp4_matmul_kernel"]
-    assert tuning.FP4_GEMM_SCALE_WORDS or "LDG.E.U16" in as_bytes, as_bytes
-
-
 def test_activations_after_the_wait_issue_together():
     """--waits on the batch-1 launches whose activations load after their PDL wait: the NVFP4
     GEMVs (qkv with the RMSNorm folded, o_proj) and the BF16 qkv issue every x load before the

@@ -149,21 +149,6 @@ def test_real_shapes(t, n, k, words):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [8, 64, 200])
-@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (12288, 2048), (2048, 6144)])
-def test_real_shapes_with_scale_words(t, n, k, monkeypatch):
-    """tuning.FP4_GEMM_SCALE_WORDS on a GPU: the decoding tiles' block scales as words."""
-    monkeypatch.setattr(tuning, "FP4_GEMM_SCALE_WORDS", True)
-    gemms = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "SCALE_WORDS")
-    w = quantize_nvfp4(torch.randn(n, k, device=DEVICE) / k ** 0.5)
-    x = torch.randn(t, k, device=DEVICE, dtype=torch.bfloat16)
-    got, expected = nvfp4_linear(x, w), nvfp4_linear_torch(x, w)
-    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
-    assert_scaled_close(got, expected, rel=1e-2)
-    assert [g[1] for g in gemms] == [True]
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [4, 8])
 @pytest.mark.parametrize("t", [1, 4])
 def test_unsplit_real_shapes(t, rows, monkeypatch):
@@ -307,31 +292,3 @@ def test_prefill_scratch_holds_the_exact_weights():
     for dtype in (torch.bfloat16, torch.float32):
         expected = dequantize_nvfp4(ones.packed, ones.scales, ones.scale, torch.float32).to(dtype)
         assert torch.equal(nvfp4_linear_module.dequantize_for_gemm(w, dtype), expected)
-
-
-@pytest.mark.parametrize("t,n,k,splits", [
-    (5, 70, 128, None),    # partial tiles, two k steps of 64
-    (17, 40, 512, 2),      # split-K: the second split's scales start at word 4 of a row
-    (64, 24, 256, None),   # a decode batch's tile height
-    (9, 24, 96, None),     # K not whole steps of 64: the scales stay bytes
-])
-def test_block_scales_read_as_words(t, n, k, splits, monkeypatch):
-    """tuning.FP4_GEMM_SCALE_WORDS: the decoding GEMM's tiles read the block scales as 32-bit
-    words where K is whole steps of 64 (nvfp4.weight_halves_f16's SCALE_WORDS; the interpreter's
-    step is 32, so 64 here): close to dequantise-then-matmul, and on the CPU the bits of the tiles
-    that load them as bytes."""
-    monkeypatch.setattr(nvfp4_linear_module, "GEMM_BLOCK_K", 64)
-    monkeypatch.setattr(tuning, "FP4_DEQUANT_MIN_TOKENS", None)
-    monkeypatch.setattr(tuning, "FP4_GEMM_SCALE_WORDS", True)
-    gemms = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "SCALE_WORDS", "SPLIT")
-    w = weight(n, k, seed=t, per_row=t % 2 == 1)
-    x = torch.randn(t, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(torch.bfloat16)
-    got = nvfp4_linear(x, w, num_splits=splits)
-    torch.testing.assert_close(got, nvfp4_linear_torch(x, w), **TOL[torch.bfloat16])
-    monkeypatch.setattr(tuning, "FP4_GEMM_SCALE_WORDS", False)
-    as_bytes = nvfp4_linear(x, w, num_splits=splits)
-    if DEVICE == "cpu":
-        assert torch.equal(got, as_bytes)
-    assert [g[1] for g in gemms] == [k % 64 == 0, False]
-    if splits:
-        assert [g[2] for g in gemms] == [splits, splits]

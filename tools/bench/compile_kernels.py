@@ -318,6 +318,7 @@ def moe_launches() -> list:
 
 def w4a16_launches() -> list:
     from flint_kernels import nvfp4_linear as lin
+    from flint_kernels import tuning
     bf16 = torch.bfloat16
     shapes = {"qkv": (5120, 2048), "o": (2048, 4096), "gate_up": (12288, 2048), "down": (2048, 6144),
               "lm_head": (150144, 2048)}
@@ -327,11 +328,6 @@ def w4a16_launches() -> list:
         for t in ((1, 4, 64) if name != "lm_head" else (1,)):
             cases.append((f"nvfp4_linear {name} T={t}", lin,
                           lambda t=t, k=k, w=w: lin.nvfp4_linear(torch.randn(t, k, dtype=bf16), w)))
-    # the decoding tiles reading their block scales as words (tuning.FP4_GEMM_SCALE_WORDS on)
-    from flint_kernels import tuning
-    w = nvfp4(*shapes["qkv"], per_row=True)
-    cases.append(("nvfp4_linear qkv T=64 scale words", lin, lambda w=w: with_knob(
-        tuning, "FP4_GEMM_SCALE_WORDS", True, lambda: lin.nvfp4_linear(torch.randn(64, 2048, dtype=bf16), w))))
     cases.append(("nvfp4_linear qkv T=8192", lin,
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
     # the GEMV's other NVFP4 decode (bytes when words are the default, and the other way round)

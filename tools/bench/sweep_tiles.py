@@ -181,11 +181,6 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                     f"w4a16 {name} T={t}" + (" (decoded weight)" if dequant and not decode_tiles else ""),
                     "FP4_GEMM_TILES", GEMM_TILES if not dequant or decode_tiles else [None], run, reference,
                     nbytes(ws[0]), bandwidth))
-            if GEMV_MAX_TOKENS < t and not dequant:  # tuning.FP4_GEMM_SCALE_WORDS the other way, default tiles
-                other = not tuning.FP4_GEMM_SCALE_WORDS
-                rows += with_knob(tuning, "FP4_GEMM_SCALE_WORDS", other, lambda: time_rows(
-                    f"w4a16 {name} T={t} scale " + ("words" if other else "bytes"), "FP4_GEMM_TILES", [None],
-                    run, reference, nbytes(ws[0]), bandwidth))
     if "sort" in only:
         ids, _ = _routing(t, shape, device)
         block_m = 8 if t * (k + 1) / (e + 1) <= 8 else 64  # moe_grouped's blocks at these sizes
