@@ -34,7 +34,7 @@ import triton.language as tl
 from .moe_sort import sort_pairs
 from . import tuning
 from .halves import dot_halves, halves_col, to_halves
-from .nvfp4 import F16_BLOCK_K, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
+from .nvfp4 import F16_BLOCK_K, F16_TILE_UNIT, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
 from .nvfp4_linear import nvfp4_linear
 from .pdl import launch_args, pdl_prologue, poll_at_least
 from .split_k import arrival_counters, last_to_arrive
@@ -91,16 +91,18 @@ def _expert_gemm(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, scale_ptr, 
     """One expert's output tile(s), global scale applied: (out, up) for GATE_UP (gate rows
     cols_n, up rows n_out + cols_n), else (out, unchanged acc_up); transposed with SWAP."""
     col_mask = cols_n < n_out
+    unit = F16_TILE_UNIT if F16 else 1.0  # the fp16 tiles' weights / F16_TILE_UNIT
     acc = _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n, col_mask, n_k, stride_wn, stride_sn,
                     BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX, SWAP, HALVES)
     if FP4:  # the global scale, once per output
-        acc *= _by_col(tl.load(scale_ptr + cols_n * stride_gn, mask=col_mask, other=0.0), SWAP)
+        acc *= _by_col(tl.load(scale_ptr + cols_n * stride_gn, mask=col_mask, other=0.0) * unit, SWAP)
     if GATE_UP:
         acc_up = _dot_rows(acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n + n_out, col_mask, n_k,
                            stride_wn, stride_sn, BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX, SWAP,
                            HALVES)
         if FP4:
-            acc_up *= _by_col(tl.load(scale_ptr + (cols_n + n_out) * stride_gn, mask=col_mask, other=0.0), SWAP)
+            acc_up *= _by_col(tl.load(scale_ptr + (cols_n + n_out) * stride_gn, mask=col_mask, other=0.0) * unit,
+                              SWAP)
     return acc, acc_up
 
 

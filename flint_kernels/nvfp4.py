@@ -70,10 +70,11 @@ def weight_tile(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
 
     w_ptr / scales_ptr point at the matrix (expert applied): dense values or packed bytes, block
     scales; rows [BLOCK_N] int, row_mask [BLOCK_N]; masked rows (and k >= K when MASK_K) read as
-    0. NVFP4 needs BLOCK_K % 32 == 0: weight_tile_f16's values (exact in fp16) as fp32."""
+    0. NVFP4 needs BLOCK_K % 32 == 0: weight_tile_f16's values (exact in fp16) as fp32, the unit
+    multiplied back."""
     if FP4:
         return weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K,
-                               False).to(tl.float32)
+                               False).to(tl.float32) * F16_TILE_UNIT
     else:
         cols = k0 + tl.arange(0, BLOCK_K)
         mask = row_mask[:, None]
@@ -155,11 +156,16 @@ add.f32 $0, s0, s1;
 
 
 F16_BLOCK_K = 128  # K a step of weight_tile_f16's tiles on a GPU (tuning.FP4_MMA_F16): 64 bytes a row
+# weight_tile_f16's values are the weights / F16_TILE_UNIT: the PTX decode's E2M1 / 64 times the
+# block scale in fp16, exactly (at most 6 significant bits, 2**-16 <= |w| / 64 <= 42: its last bit
+# at least fp16's subnormal 2**-24). Their users multiply the unit back in fp32 with the global
+# scale, so no instruction scales the block scale (an HMUL2 a scale in each K step).
+F16_TILE_UNIT = tl.constexpr(64.0)
 # weight_tile_f16's PTX, four packed bytes at a time ($4: a 32-bit word; $5, $6: the four bytes'
-# block scales * 64 as two f16x2 pairs): the codes decoded (E2M1 / 64, e2m1_word_to_f16x2_ptx) and
-# multiplied by their scales in four mul.rn.f16x2 -> E2M1 * scale exactly (5 significant bits,
-# 2**-10 <= |w| <= 2688: fp16 normals). Outputs: the low nibbles of bytes 0..3 ($0, $1) and the
-# high nibbles ($2, $3), each byte's result from that byte alone (elementwise for any packing)
+# block scales as two f16x2 pairs): the codes decoded (E2M1 / 64, e2m1_word_to_f16x2_ptx) and
+# multiplied by their scales in four mul.rn.f16x2 -> E2M1 * scale / 64 exactly. Outputs: the low
+# nibbles of bytes 0..3 ($0, $1) and the high nibbles ($2, $3), each byte's result from that
+# byte alone (elementwise for any packing)
 _FP4_BYTES_SCALED_F16_PTX = tl.constexpr("""
 {
 .reg .b32 t<4>, lo, hi, f<4>;
@@ -174,9 +180,9 @@ mul.rn.f16x2 $3, f3, $6;
 @triton.jit
 def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
                     BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
-    """weight_tile's NVFP4 tile in fp16 ([BLOCK_N, BLOCK_K], same arguments): E2M1 * block scale,
-    exact, the global scale not applied. For tensor-core tiles whose activations are converted
-    to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
+    """weight_tile's NVFP4 tile in fp16 ([BLOCK_N, BLOCK_K], same arguments): E2M1 * block scale
+    / F16_TILE_UNIT, exact, the global scale not applied. For tensor-core tiles whose activations
+    are converted to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
     instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter; weight_tile)."""
     lo, hi = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
     return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_K])  # (even, odd) pairs: k order
@@ -199,14 +205,17 @@ def weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, strid
     n: tl.constexpr = rows.shape[0]
     p = tl.load(w_ptr + rows[:, None] * stride_wn + bytes_[None, :], mask=p_mask, other=0)
     s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
+    if PTX:
+        s = s.to(tl.float16)  # exact; converted once a group, before its broadcast to the bytes
+    else:
+        s = s.to(tl.float32) * (FP16_E2M1_UNIT / F16_TILE_UNIT)
     s = tl.reshape(tl.broadcast_to(s[:, :, None], [n, BLOCK_K // 16, 8]), [n, BLOCK_K // 2])  # a byte's scale
     if PTX:
-        lo, hi = tl.inline_asm_elementwise(
-            _FP4_BYTES_SCALED_F16_PTX, "=r,=r,=r,=r,r,r,r", [p, (s.to(tl.float32) * FP4_PTX_UNIT).to(tl.float16)],
-            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        lo, hi = tl.inline_asm_elementwise(_FP4_BYTES_SCALED_F16_PTX, "=r,=r,=r,=r,r,r,r", [p, s],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     else:
         codes = p.to(tl.int32)
-        scale = s.to(tl.float32) * FP16_E2M1_UNIT
+        scale = s
         lo = ((((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
               .to(tl.float32) * scale).to(tl.float16)
         hi = ((((codes & 0x70) << 5) | ((codes & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from . import nvfp4, tuning
-from .nvfp4 import (F16_BLOCK_K, check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words,
+from .nvfp4 import (F16_BLOCK_K, F16_TILE_UNIT, check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words,
                     fp4_norm_weight, fp4_x_block, packed_words, scale_strides, weight_tile, weight_tile_f16)
 from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
@@ -263,6 +263,8 @@ def _nvfp4_matmul_kernel(
             w = w.to(a.dtype)  # E2M1 * E4M3 is exact in bf16 / fp16
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
     scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
+    if F16:
+        scale *= F16_TILE_UNIT  # the fp16 tiles' weights / F16_TILE_UNIT
     offs = tokens[:, None].to(tl.int64) * N + rows[None, :]
     mask = (tokens[:, None] < T) & row_mask[None, :]
     finish_split(acc, scale[None, :], out_ptr + offs, part_ptr, offs, mask, s, T * N, counter_ptr + tile, SPLIT)

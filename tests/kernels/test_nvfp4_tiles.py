@@ -1,7 +1,8 @@
 """nvfp4.weight_tile_f16: a tile of an NVFP4 matrix decoded to fp16 with the block scale applied
-must equal the exact dequantised weight (E2M1 x E4M3, global scale not
-applied) bit for bit, in k order, with masked rows and columns as 0. On the CPU the interpreter
-runs the fp32 decode; on a GPU also the PTX one (the tensor-core tiles of tuning.FP4_MMA_F16)."""
+must equal the exact dequantised weight (E2M1 x E4M3, global scale not applied) over
+F16_TILE_UNIT bit for bit, in k order, with masked rows and columns as 0, over the whole E4M3
+range of block scales (subnormals included). On the CPU the interpreter runs the fp32 decode;
+on a GPU also the PTX one (the tensor-core tiles of tuning.FP4_MMA_F16)."""
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import triton
 import triton.language as tl
 
 from flint_backend.weights.nvfp4 import NVFP4Weight
-from flint_kernels.nvfp4 import weight_tile_f16
+from flint_kernels.nvfp4 import F16_TILE_UNIT, weight_tile_f16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -49,5 +50,5 @@ def test_tile_equals_the_dequantised_weight(ptx, n, k, k0, block_k):
                        w.scales.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=k0 + block_k > k, PTX=ptx)
     expected = torch.zeros(block_n, block_k)
     cols = min(block_k, k - k0)
-    expected[:n, :cols] = _exact(w)[:, k0:k0 + cols]
+    expected[:n, :cols] = _exact(w)[:, k0:k0 + cols] / F16_TILE_UNIT.value
     assert torch.equal(out.float().cpu(), expected)
