@@ -67,6 +67,12 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 # NVFP4 in fp16 tiles: no instruction pairs the decoded weight's halves, none converts x. H100
 # 2026-12-06 (326bb96), T=64: 214.3 -> 201.8 us. Off: x and inter in x's dtype, tiles in k order.
 MOE_HALVES = _flag("MOE_HALVES", True)
+# Its upright tiles (prefill chunks) likewise take fp16 activations where every weight is NVFP4 in
+# fp16 tiles: x converted in one launch, inter written in fp16 by gate/up (rounded to x's dtype
+# first), so no K step converts its activation tile (sm_90, 64-token blocks: 315 -> ~267
+# instructions a step of the gate/up loop, compile_kernels.py). Same bits. Off until timed
+# (sweep_tiles.py --only moe pairs it).
+MOE_F16_ACTIVATIONS = _flag("MOE_F16_ACTIVATIONS", False)
 
 # The grouped MoE's transposed decode tiles hand each block from gate/up to down by a counter
 # (moe_grouped HANDOFF): down programs, scheduled once every gate/up program has started, take

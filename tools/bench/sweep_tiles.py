@@ -154,19 +154,24 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         turns = Rotation(sets)
         # every tile; then the default one with tuning.MOE_HALVES off, and at prefill sizes with
         # the shared expert the other way (tuning.MOE_SHARED_DENSE_MIN_TOKENS: apart or in the grid)
-        apart = tuning.MOE_SHARED_DENSE_MIN_TOKENS is not None and t >= tuning.MOE_SHARED_DENSE_MIN_TOKENS
+        # and the upright tiles' fp16 activations the other way (tuning.MOE_F16_ACTIVATIONS)
+        apart_from, f16_acts = tuning.MOE_SHARED_DENSE_MIN_TOKENS, tuning.MOE_F16_ACTIVATIONS
+        apart = apart_from is not None and t >= apart_from
         other = (None, " shared expert in the grid") if apart else (t, " shared expert apart")
-        for halves, shared_apart_from, tag in [(True, tuning.MOE_SHARED_DENSE_MIN_TOKENS, ""),
-                                               (False, tuning.MOE_SHARED_DENSE_MIN_TOKENS, " halves off")] \
-                + ([(True, *other)] if t >= 1024 else []):
+        for halves, shared_apart_from, acts, tag in [(True, apart_from, f16_acts, ""),
+                                                     (False, apart_from, f16_acts, " halves off")] \
+                + ([(True, other[0], f16_acts, other[1]),
+                    (True, apart_from, not f16_acts, f" f16 activations {'off' if f16_acts else 'on'}")]
+                   if t >= 1024 else []):
             rows += with_knob(tuning, "MOE_HALVES", halves, lambda: with_knob(
-                tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: time_rows(
-                    f"moe T={t} ({chosen:g}+1 experts){tag}", "MOE_GROUPED_TILES",
-                    (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if not tag else 1],
-                    lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
-                    lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-                    chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
-                    flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)))
+                tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: with_knob(
+                    tuning, "MOE_F16_ACTIVATIONS", acts, lambda: time_rows(
+                        f"moe T={t} ({chosen:g}+1 experts){tag}", "MOE_GROUPED_TILES",
+                        (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if not tag else 1],
+                        lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+                        lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
+                        chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
+                        flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0))))
     if "w4a16" in only:
         for name, (n, kk) in {"qkv": (5120, h), "o_proj": (h, 4096)}.items():
             ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
