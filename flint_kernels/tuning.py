@@ -69,7 +69,7 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 MOE_HALVES = _flag("MOE_HALVES", True)
 # Its upright tiles (prefill chunks) likewise take fp16 activations where every weight is NVFP4 in
 # fp16 tiles: x converted in one launch, inter written in fp16 by gate/up (rounded to x's dtype
-# first), so no K step converts its activation tile (sm_90, 64-token blocks: 315 -> ~267
+# first), so no K step converts its activation tile (sm_90, 64-token blocks: 315 -> 263
 # instructions a step of the gate/up loop, compile_kernels.py). Same bits. Off until timed
 # (sweep_tiles.py --only moe pairs it).
 MOE_F16_ACTIVATIONS = _flag("MOE_F16_ACTIVATIONS", False)
