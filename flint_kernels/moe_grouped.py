@@ -262,14 +262,12 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
     blocks = block_expert.numel()
     swap = block_m < 16
-    # the halves layout: fp16 activations whose even and odd columns meet the decoded weight's
-    # halves (halves.py): every weight NVFP4 in fp16 tiles, every K a multiple of BLOCK_K
-    halves = tuning.MOE_HALVES and swap and f16 \
-        and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None) \
-        and not (h % block_k or i % block_k or i_s % block_k)
-    # the upright tiles' fp16 activations (tuning.MOE_F16_ACTIVATIONS): every weight NVFP4 in fp16 tiles
-    f16_acts = tuning.MOE_F16_ACTIVATIONS and not swap and f16 \
-        and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None)
+    # fp16 activations where every weight is NVFP4 in fp16 tiles: transposed tiles in the halves
+    # layout, whose even and odd columns meet the decoded weight's halves (halves.py; every K a
+    # multiple of BLOCK_K), upright ones with tuning.MOE_F16_ACTIVATIONS
+    f16_weights = f16 and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None)
+    halves = tuning.MOE_HALVES and swap and f16_weights and not (h % block_k or i % block_k or i_s % block_k)
+    f16_acts = tuning.MOE_F16_ACTIVATIONS and not swap and f16_weights
     inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves or f16_acts else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
     a13 = to_halves(x, block_k) if halves else x.to(torch.float16) if f16_acts else x

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from flint_kernels import moe_sort, tuning  # noqa: E402
 from flint_kernels.moe import fused_moe, fused_moe_torch  # noqa: E402
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch  # noqa: E402
-from flint_kernels.nvfp4_linear import GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch  # noqa: E402
+from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch  # noqa: E402
 from flint_kernels.router import router_topk, router_topk_torch  # noqa: E402
 from tools.bench.bench_kernels import (FULL, PREFILL_TOKENS, Rotation, _cold_sets, _experts, _paged_kv,  # noqa: E402
                                        _routing, _visible, random_nvfp4)
