@@ -193,6 +193,11 @@ def norm_linear_triton(x, residual, norm_w, eps, w):
             return nvfp4_k.rms_norm_nvfp4_linear(x, residual, norm_w, eps, w)
         if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(x, w):
             return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w)
+    if isinstance(w, NVFP4Weight) and nvfp4_k.wants_f16_activations(x.shape[0]):
+        # the GEMM's fp16 tiles take h converted once, by the norm, not in each K step
+        h = rms_k.rms_norm(x, norm_w, eps, residual=residual, out_dtype=torch.float16)
+        dtype = x.dtype if residual is None else residual.dtype
+        return nvfp4_k.nvfp4_linear(h, w, out_dtype=dtype), x if residual is None else residual
     h = rms_k.rms_norm(x, norm_w, eps, residual=residual)
     return linear_triton(h, w), x if residual is None else residual
 
@@ -260,15 +265,20 @@ def _decode_attention_o_triton(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k
                                context_lens, sinks, sm_scale, window, o_w, block_tables=None, ring_rows=None,
                                kv_scales=None):
     """qk_norm_rope (writing the cache), decode_attention, o_proj; the reduce in
-    tuning.NVFP4_REDUCE_WARPS warps before an NVFP4 o_proj."""
+    tuning.NVFP4_REDUCE_WARPS warps before an NVFP4 o_proj, and its output in fp16 where
+    o_proj's tiles take fp16 (nvfp4_linear.wants_f16_activations)."""
     from flint_kernels.decode_attention import decode_attention
 
     reduce_warps = tuning.NVFP4_REDUCE_WARPS if isinstance(o_w, NVFP4Weight) else None
     q, k, v = qk_k.qk_norm_rope(qkv, q_w, k_w, positions, cos_sin, eps, hq, hk, k_cache, v_cache, slots,
                                 kv_scales=kv_scales)
+    f16 = isinstance(o_w, NVFP4Weight) and nvfp4_k.wants_f16_activations(q.shape[0])
+    out = torch.empty(q.shape, dtype=torch.float16, device=q.device) if f16 else None
     out = decode_attention(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window,
                            block_tables=block_tables, ring_rows=ring_rows, reduce_warps=reduce_warps,
-                           kv_scales=kv_scales)
+                           kv_scales=kv_scales, out=out)
+    if f16:
+        return nvfp4_k.nvfp4_linear(out.reshape(out.shape[0], -1), o_w, out_dtype=q.dtype)  # [N, H]
     return linear_triton(out.reshape(out.shape[0], -1), o_w)  # [N, H]
 
 

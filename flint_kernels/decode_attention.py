@@ -188,7 +188,7 @@ def _decode_split_kernel(
     v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols).to(tl.float32)
     out = _finish_one_split(q, m, l, acc, k_new, v_new, sinks_ptr + h * G + rows, head_ok, qk_scale, USE_SINKS)
     tl.store(out_ptr + b * stride_ob + (h * G + rows[:, None]) * stride_oh + cols[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+             out.to(q_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
 
 
 @triton.jit
@@ -259,7 +259,8 @@ def _decode_reduce_kernel(
         l = l * alpha + tl.sum(w * ls, axis=0)
         acc = acc * alpha + tl.sum(w[:, None] * accs, axis=0)
         m = m_new
-    tl.store(out_ptr + b * stride_ob + hq * stride_oh + cols, (acc / l).to(out_ptr.dtype.element_ty),
+    out = (acc / l).to(q_ptr.dtype.element_ty)
+    tl.store(out_ptr + b * stride_ob + hq * stride_oh + cols, out.to(out_ptr.dtype.element_ty),
              mask=(cols < D) & (n_splits > 1))  # else split 0 wrote the output from its registers
 
 
@@ -290,7 +291,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      block_tables: torch.Tensor | None = None, ring_rows: torch.Tensor | None = None,
                      out: torch.Tensor | None = None, num_splits: int | None = None,
                      reduce_warps: int | None = None, kv_scales: tuple[float, float] | None = None) -> torch.Tensor:
-    """q [B, Hq, D], k/v [B, Hk, D] (token b at position context_lens[b]) -> out [B, Hq, D].
+    """q [B, Hq, D], k/v [B, Hk, D] (token b at position context_lens[b]) -> out [B, Hq, D], in
+    q's dtype or, where out is given in float16, rounded to q's dtype and then converted (the
+    activations of fp16 GEMM tiles).
     num_splits: the split grid axis (default: enough programs for WAVES per SM, capped by the window).
     reduce_warps: warps of a reduce program (default REDUCE_WARPS), a launch config.
     kv_scales: FP8 KV (attention.py)."""
@@ -312,9 +315,9 @@ def _launch(q, k, v, k_cache, v_cache, context_lens, sinks, sm_scale, window, bl
         raise ValueError(f"decode_attention: head_dim {d}, expected a power of two >= 16")
     if out is None:
         out = torch.empty((batch, hq, d), dtype=q.dtype, device=q.device)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
-        raise ValueError(f"decode_attention: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} "
-                         f"{tuple(q.shape)} with unit stride in D")
+    elif out.shape != q.shape or out.dtype not in (q.dtype, torch.float16) or out.stride(-1) != 1:
+        raise ValueError(f"decode_attention: out is {out.dtype} {tuple(out.shape)}, expected {q.dtype} (or "
+                         f"float16: q's dtype converted, for fp16 GEMM tiles) {tuple(q.shape)} with unit stride in D")
     if reduce_warps is not None and reduce_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"decode_attention: reduce_warps {reduce_warps}, expected a power of two 1..16 or None")
     if batch == 0:

@@ -270,13 +270,29 @@ def _nvfp4_matmul_kernel(
     finish_split(acc, scale[None, :], out_ptr + offs, part_ptr, offs, mask, s, T * N, counter_ptr + tile, SPLIT)
 
 
-def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None) -> torch.Tensor:
-    """x [T, K], w NVFP4 [N, K] (`.packed`, `.scales`, `.scale`) -> [T, N] in x.dtype.
-    num_splits: K splits (default: enough programs for two per SM)."""
+def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [T, K], w NVFP4 [N, K] (`.packed`, `.scales`, `.scale`) -> [T, N] in out_dtype (default
+    x.dtype). num_splits: K splits (default: enough programs for two per SM)."""
     n, k = _check_inputs(x, w)
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    if out_dtype not in (None, torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"nvfp4_linear: out_dtype is {out_dtype}, expected bfloat16, float16, float32 or None")
+    out = torch.empty((x.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
     _launch(x, w, out, num_splits, None)
     return out
+
+
+def wants_f16_activations(t: int) -> bool:
+    """Whether nvfp4_linear of t tokens runs the fp16 decoding tiles and its producer should
+    write x in fp16 (tuning.FP4_GEMM_F16_ACTIVATIONS), rounded to its own dtype first: the tiles
+    would convert it so in each K step, so the products are the same."""
+    return (tuning.FP4_GEMM_F16_ACTIVATIONS and tuning.FP4_MMA_F16 and t > GEMV_MAX_TOKENS
+            and not _dequantizes(t, head=False))
+
+
+def _dequantizes(t: int, head: bool) -> bool:
+    """A GEMM of t tokens decodes the weight once into a scratch (tuning.FP4_DEQUANT_MIN_TOKENS)."""
+    return tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS and not head
 
 
 def silu_nvfp4_linear(gate_up: torch.Tensor, w, num_splits: int | None = None) -> torch.Tensor:
@@ -360,8 +376,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         tiles = t * triton.cdiv(n, gemv_block_n)
         block_k = min(GEMV_WORDS_BLOCK_K if words else GEMV_BLOCK_K, triton.next_power_of_2(k))
     else:
-        dequant = (tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS
-                   and not head)
+        dequant = _dequantizes(t, head)
         block_m, block_n, warps, stages = (dequant and tuning.FP4_DEQUANT_GEMM_TILES) or _gemm_tiles(t, n)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
         f16 = tuning.FP4_MMA_F16 and not dequant and x.dtype != torch.float32

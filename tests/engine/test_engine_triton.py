@@ -18,6 +18,8 @@ from flint_backend.weights.loader import load_checkpoint
 from flint_backend.weights.nvfp4 import NVFP4Weight
 from flint_backend.weights.random_init import random_stacked_weights, random_weights
 from flint_backend.weights.safetensors_writer import write_sharded
+from flint_kernels import nvfp4_linear as nvfp4_linear_module
+from flint_kernels import tuning
 
 from engine_cases import random_prompts, run_to_completion
 from oracle import BF16_BOUND, TIE_MARGIN, NearTie, greedy, logits_distance, oracle_model
@@ -146,14 +148,21 @@ def decode_step_logits(engine: LLMEngine, prompts: list[list[int]]) -> tuple[lis
     return [list(seqs[i].token_ids) for i in order], logits
 
 
-def test_w4a16_bf16_decode_batch_is_within_the_bf16_bound(tmp_path):
+@pytest.mark.parametrize("f16_gemm_activations", [False, True], ids=["gemm-x-bf16", "gemm-x-fp16"])
+def test_w4a16_bf16_decode_batch_is_within_the_bf16_bound(f16_gemm_activations, tmp_path, monkeypatch):
     """A decode step of 17 sequences in bf16 on the Triton kernels: more tokens than
     moe.SMALL_BATCH_TOKENS, router.GEMV_MAX_T and nvfp4_linear.GEMV_MAX_TOKENS, so the grouped MoE,
     the router's tensor-core tiles (its fp32 weight split into bf16 parts) and the W4A16 GEMM run,
-    their NVFP4 tiles decoded to fp16 (tuning.FP4_MMA_F16). Its logits are within the bf16 bound of
-    transformers' fp32 FlintForCausalLM on the dequantised weights, at each sequence's position.
-    Three layers (dense 0-1, MoE 2) and a 512-token vocabulary: every launch of a 17-sequence step
-    runs in the interpreter."""
+    their NVFP4 tiles decoded to fp16 (tuning.FP4_MMA_F16), and with
+    tuning.FP4_GEMM_F16_ACTIVATIONS the norms and decode attention hand the GEMM fp16 activations.
+    Its logits are within the bf16 bound of transformers' fp32 FlintForCausalLM on the dequantised
+    weights, at each sequence's position. Three layers (dense 0-1, MoE 2) and a 512-token
+    vocabulary: every launch of a 17-sequence step runs in the interpreter."""
+    monkeypatch.setattr(tuning, "FP4_GEMM_F16_ACTIVATIONS", f16_gemm_activations)
+    gemm_x = []
+    real = nvfp4_linear_module.nvfp4_linear
+    monkeypatch.setattr(nvfp4_linear_module, "nvfp4_linear", lambda x, *a, **kw: gemm_x.append(
+        (x.shape[0], x.dtype)) or real(x, *a, **kw))
     config = FlintConfig.preset("flint-tiny", num_hidden_layers=3, vocab_size=512)
     hf_dir = tmp_path / "flint-tiny"
     write_sharded(random_weights(config, 0), hf_dir, 1 << 30)
@@ -169,6 +178,11 @@ def test_w4a16_bf16_decode_batch_is_within_the_bf16_bound(tmp_path):
                        config=ckpt.config, weights=ckpt.tensors)
     assert engine.runner.model.layers[2].mlp.w13.packed.dtype == torch.uint8  # NVFP4 experts
     tokens, logits = decode_step_logits(engine, prompts)
+    step_x = [dtype for t, dtype in gemm_x if t == 17]
+    # qkv and o_proj of 3 layers and the dense MLPs' gate/up in fp16 with the switch; the dense
+    # MLPs' down takes silu_mul's bf16
+    fp16 = 8 if f16_gemm_activations else 0
+    assert (step_x.count(torch.float16), step_x.count(torch.bfloat16)) == (fp16, 10 - fp16)
     oracle = oracle_model(ckpt.config, ckpt.tensors, torch.float32)
     with torch.no_grad():
         expected = [oracle(torch.tensor([t])).logits[0, -1:] for t in tokens]

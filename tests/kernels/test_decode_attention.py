@@ -136,6 +136,21 @@ def test_out_argument_and_errors():
                          step.sinks, 0.25, 0, block_tables=step.block_tables, num_splits=1000)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])  # the one split's own store; the reduce's
+def test_fp16_out_is_the_bf16_output_converted(num_splits):
+    """out in float16 (fp16 GEMM tiles' activations, nvfp4_linear.wants_f16_activations): the
+    output rounded to q's bf16 first, then converted, so the same values as the bf16 output."""
+    step = make_step([(17, 1), (40, 1), (3, 1)], dtype=torch.bfloat16, rows_per=8, seed=4, device=DEVICE)
+    args = (step.q, step.k, step.v, step.k_cache, step.v_cache, step.context_lens, step.sinks, 0.25, 0)
+    bf16 = decode_attention(*args, **step.cache_kwargs(), num_splits=num_splits)
+    out = torch.empty(step.q.shape, dtype=torch.float16, device=DEVICE)
+    got = decode_attention(*args, **step.cache_kwargs(), num_splits=num_splits, out=out)
+    assert got is out and bf16.dtype == torch.bfloat16
+    assert torch.equal(got, bf16.to(torch.float16))
+    with pytest.raises(ValueError, match=r"out is torch.float32 .* expected torch.bfloat16 \(or float16"):
+        decode_attention(*args, **step.cache_kwargs(), out=torch.empty(step.q.shape, device=DEVICE))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch,context", [(1, 1024), (1, 32768), (1, 100_000), (1, 262_143),
                                            (8, 32768), (64, 4096), (3, 77_777)])

@@ -71,3 +71,40 @@ def test_ops_decode_attention_o(o_format, monkeypatch):
     # the attention outputs differ from torch's by up to ~5 bf16 ulps, summed over 128 columns
     assert_scaled_close(got, exp, rel=4e-2)
     torch.testing.assert_close(got_k, exp_k, equal_nan=True, **CACHE_TOL)
+
+
+def test_nvfp4_o_proj_takes_fp16_attention_with_fp16_gemm_activations(monkeypatch):
+    """tuning.FP4_GEMM_F16_ACTIVATIONS: at the W4A16 GEMM's token counts decode attention writes
+    its output in fp16 (rounded to bf16 first) for o_proj's fp16 tiles: the output is the bf16
+    path's, bit for bit where fp16 holds every attention value (a GPU's tiles convert so)."""
+    dtypes = []
+    real = ops_module.nvfp4_k.nvfp4_linear
+    monkeypatch.setattr(ops_module.nvfp4_k, "nvfp4_linear", lambda x, *a, **kw: dtypes.append(x.dtype) or
+                        real(x, *a, **kw))
+    hq, hk, d, b = 8, 2, 16, 6
+    step = make_step([(c, 1) for c in (40, 3, 70, 0, 9, 25)], hq=hq, hk=hk, d=d, dtype=torch.bfloat16,
+                     layout="paged", rows_per=8, seed=5, device=DEVICE)
+    g = torch.Generator().manual_seed(6)
+    qkv = (torch.randn(b, (hq + 2 * hk) * d, generator=g) * 2).bfloat16().to(DEVICE)
+    qw = (1 + 0.1 * torch.randn(d, generator=g)).bfloat16().to(DEVICE)
+    kw = (1 + 0.1 * torch.randn(d, generator=g)).bfloat16().to(DEVICE)
+    head = (qkv, qw, kw, step.context_lens.long(), cos_sin_table(512, d).to(DEVICE), 1e-6, hq, hk)
+    o_w = quantize_nvfp4(torch.randn(24, hq * d, generator=g) / 11).to(DEVICE)
+    slots, ops, outs = _new_token_slots(step), ops_module.get_ops("triton"), []
+    for on in (False, True):
+        monkeypatch.setattr(tuning, "FP4_GEMM_F16_ACTIVATIONS", on)
+        k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+        outs.append(ops.decode_attention_o(*head, k_cache, v_cache, slots, step.context_lens, step.sinks, 0.25, 0,
+                                           o_w, **step.cache_kwargs()))
+    assert dtypes == [torch.bfloat16, torch.float16]
+    off, on = outs
+    k_cache, v_cache = step.k_cache.clone(), step.v_cache.clone()
+    q, k, v = qk_norm_rope(*head, k_cache, v_cache, slots)
+    attention = decode_attention(q, k, v, k_cache, v_cache, step.context_lens, step.sinks, 0.25, 0,
+                                 **step.cache_kwargs()).reshape(b, -1)
+    assert on.dtype == torch.bfloat16
+    assert torch.equal(on, real(attention.to(torch.float16), o_w, out_dtype=torch.bfloat16))
+    if DEVICE == "cuda" or not (attention.abs() < 2 ** -14).any():
+        assert torch.equal(on, off)
+    else:  # the interpreter's tiles take bf16 x as fp32, not through fp16
+        assert_scaled_close(on, off, rel=1e-3)

@@ -113,6 +113,21 @@ def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
     assert launches == [((1, triton.cdiv(40, rows), 1), rows, 1, 4)]
 
 
+@pytest.mark.parametrize("t,splits", [(GEMV_MAX_TOKENS + 1, None), (17, 2)])
+def test_fp16_activations_give_the_bf16_products(t, splits):
+    """x in fp16 converted from bf16 (tuning.FP4_GEMM_F16_ACTIVATIONS: the producer converts, not
+    each K step of the fp16 tiles) with out_dtype bfloat16: the bits of x in bf16."""
+    w = weight(70, 512, seed=t, per_row=True)
+    g = torch.Generator(DEVICE).manual_seed(t)
+    x = torch.randn(t, 512, device=DEVICE, generator=g).bfloat16()
+    x[x.abs() < 2 ** -10] = 2 ** -10  # fp16 holds every value exactly (no subnormals)
+    expected = nvfp4_linear(x, w, num_splits=splits)
+    got = nvfp4_linear(x.to(torch.float16), w, num_splits=splits, out_dtype=torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+    with pytest.raises(ValueError, match="out_dtype is torch.int8, expected bfloat16"):
+        nvfp4_linear(x, w, out_dtype=torch.int8)
+
+
 def test_split_k_is_deterministic():
     w = weight(16, 2048, seed=3)
     x = torch.randn(2, 2048, device=DEVICE)
