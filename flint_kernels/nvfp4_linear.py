@@ -282,12 +282,12 @@ def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None,
     return out
 
 
-def wants_f16_activations(t: int) -> bool:
-    """Whether nvfp4_linear of t tokens runs the fp16 decoding tiles and its producer should
-    write x in fp16 (tuning.FP4_GEMM_F16_ACTIVATIONS), rounded to its own dtype first: the tiles
-    would convert it so in each K step, so the products are the same."""
+def wants_f16_activations(t: int, head: bool = False) -> bool:
+    """Whether nvfp4_linear (nvfp4_logits: head) of t tokens runs the fp16 decoding tiles and its
+    producer should write x in fp16 (tuning.FP4_GEMM_F16_ACTIVATIONS), rounded to its own dtype
+    first: the tiles would convert it so in each K step, so the products are the same."""
     return (tuning.FP4_GEMM_F16_ACTIVATIONS and tuning.FP4_MMA_F16 and t > GEMV_MAX_TOKENS
-            and not _dequantizes(t, head=False))
+            and not _dequantizes(t, head))
 
 
 def _dequantizes(t: int, head: bool) -> bool:

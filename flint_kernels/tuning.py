@@ -115,11 +115,13 @@ PREFILL_ATTENTION_TMA = _flag("PREFILL_ATTENTION_TMA", True)
 # 2026-12-05, qkv at 8192 tokens: 552 -> 345 us. The interpreter's tests take small chunks through it.
 FP4_DEQUANT_MIN_TOKENS = _tokens("FP4_DEQUANT_MIN_TOKENS", 32 if INTERPRET else 256)
 # The decoding tiles' activations converted to fp16 by the launch that writes them (the RMSNorm
-# before qkv and the dense MLP, decode attention before o_proj; each rounds to its own dtype
-# first), not in every K step of every column tile: sm_90 K loop at 64 tokens (qkv, o_proj) 306 ->
-# 188 instructions a step (compile_kernels.py --loop-loads --only "nvfp4_linear qkv T=64"). Same
-# bits on a GPU. Predicted ~-0.3 ms a 64-stream step (the GEMMs are 1.57 ms of 13.76). Off until
-# timed (bench.py with FLINT_FP4_GEMM_F16_ACTIVATIONS=1).
+# before qkv, the dense MLP and the LM head, decode attention before o_proj; each rounds to its
+# own dtype first), not in every K step of every column tile: sm_90 K loop at 64 tokens (qkv,
+# o_proj, LM head) 306 -> 188 instructions a step (compile_kernels.py --loop-loads --only
+# "nvfp4_linear qkv T=64"). Same bits on a GPU. Predicted ~-0.3 ms a 64-stream step (the GEMMs
+# are 1.56 ms of 14.17 at 9a3104b, the LM head 0.24 of it), less if their x tiles' L2 reads bound
+# them (each of the 160 column tiles of qkv reads all of x). Off until timed (sweep_tiles.py
+# --only w4a16 pairs "x fp16" rows; bench.py with FLINT_FP4_GEMM_F16_ACTIVATIONS=1).
 FP4_GEMM_F16_ACTIVATIONS = _flag("FP4_GEMM_F16_ACTIVATIONS", False)
 # (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: the decoding tiles'
 # shapes. H100 2026-12-05: (128, 256, 8, 3) took qkv 350 us against 345 (bench_kernels.py's row).

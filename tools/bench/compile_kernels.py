@@ -334,6 +334,10 @@ def w4a16_launches() -> list:
         w = nvfp4(n, k, per_row=name == "qkv")
         cases.append((f"nvfp4_linear {name} T=64 x fp16", lin, lambda k=k, w=w: lin.nvfp4_linear(
             torch.randn(64, k, dtype=torch.float16), w, out_dtype=bf16)))
+    w = nvfp4(*shapes["lm_head"])
+    for dtype, name in ((bf16, ""), (torch.float16, " x fp16")):
+        cases.append((f"nvfp4_logits lm_head T=64{name}", lin, lambda w=w, dtype=dtype: lin.nvfp4_logits(
+            torch.randn(64, 2048, dtype=dtype), w)))
     cases.append(("nvfp4_linear qkv T=8192", lin,
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
     # the GEMV's other NVFP4 decode (bytes when words are the default, and the other way round)

@@ -19,6 +19,7 @@ benchmarks/<gpu>/<date>-<commit>-sweep-tiles.json).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -31,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from flint_kernels import moe_sort, tuning  # noqa: E402
 from flint_kernels.moe import fused_moe, fused_moe_torch  # noqa: E402
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch  # noqa: E402
-from flint_kernels.nvfp4_linear import nvfp4_linear, nvfp4_linear_torch  # noqa: E402
+from flint_kernels.nvfp4_linear import (GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch, nvfp4_logits,  # noqa: E402
+                                        nvfp4_logits_torch)
 from flint_kernels.router import router_topk, router_topk_torch  # noqa: E402
 from tools.bench.bench_kernels import (FULL, PREFILL_TOKENS, Rotation, _cold_sets, _experts, _paged_kv,  # noqa: E402
                                        _routing, _visible, random_nvfp4)
@@ -173,13 +175,22 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                         chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
                         flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0))))
     if "w4a16" in only:
-        for name, (n, kk) in {"qkv": (5120, h), "o_proj": (h, 4096)}.items():
+        shapes = {"qkv": (5120, h), "o_proj": (h, 4096)}
+        if t <= 256:  # the LM head of a decode batch (fp32 logits, never a decoded weight)
+            shapes["lm_head"] = (shape["vocab"], h)
+        for (name, (n, kk)), x_dtype in itertools.product(shapes.items(), (torch.bfloat16, torch.float16)):
+            head = name == "lm_head"
+            dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS and not head
+            if x_dtype == torch.float16 and (dequant or t <= GEMV_MAX_TOKENS):
+                continue  # fp16 x from its producer: the decoding tiles' (tuning.FP4_GEMM_F16_ACTIVATIONS)
             ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
-            xs = torch.randn(t, kk, device=device, dtype=torch.bfloat16)
+            xs = torch.randn(t, kk, device=device, dtype=torch.bfloat16).to(x_dtype)
             wturns = Rotation(ws)
-            dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS
-            run = lambda wt=wturns, xs=xs: nvfp4_linear(xs, wt.next())
-            reference = lambda wt=wturns, xs=xs, ws=ws: nvfp4_linear_torch(xs, ws[(wt.calls - 1) % len(ws)])
+            linear, linear_torch = (nvfp4_logits, nvfp4_logits_torch) if head else (
+                lambda x, w: nvfp4_linear(x, w, out_dtype=torch.bfloat16), nvfp4_linear_torch)
+            run = lambda wt=wturns, xs=xs, f=linear: f(xs, wt.next())
+            reference = lambda wt=wturns, xs=xs, ws=ws, f=linear_torch: f(xs, ws[(wt.calls - 1) % len(ws)])
+            name += " x fp16" if x_dtype == torch.float16 else ""
             for decode_tiles in (False, True) if dequant else (False,):  # the decoding tiles at this t
                 rows += with_knob(tuning, "FP4_DEQUANT_MIN_TOKENS", None if decode_tiles else tuning.FP4_DEQUANT_MIN_TOKENS,
                                   lambda: time_rows(
