@@ -157,17 +157,13 @@ def norm_logits_torch(x, residual, norm_w, eps, w, greedy=None):
 
 def norm_logits_triton(x, residual, norm_w, eps, w, greedy=None):
     """Decode batches: the LM head's GEMV (dense, or NVFP4 W4A16) picks the greedy tokens, and
-    with HEAD_FOLD_NORM folds the final RMSNorm too (one launch); else rms_norm (in fp16 where the
-    NVFP4 GEMM's tiles take it: nvfp4_linear.wants_f16_activations), then the head (an NVFP4 one
-    through its GEMM with fp32 output) and torch's argmax."""
+    with HEAD_FOLD_NORM folds the final RMSNorm too (one launch); else rms_norm, then the head
+    (an NVFP4 one through its GEMM with fp32 output) and torch's argmax."""
     fold = tuning.HEAD_FOLD_NORM and _foldable(x, residual) and x.shape[1] <= rms_k.MAX_HIDDEN
     if isinstance(w, NVFP4Weight):
         if fold and x.shape[0] <= nvfp4_k.GEMV_MAX_TOKENS:
             return nvfp4_k.rms_norm_nvfp4_logits(x, residual, norm_w, eps, w, greedy=greedy)[0]
-        # the GEMM's fp16 tiles take h converted once, by the norm, not in each K step
-        f16 = nvfp4_k.wants_f16_activations(x.shape[0], head=True)
-        h = rms_k.rms_norm(x, norm_w, eps, residual=residual, out_dtype=torch.float16 if f16 else None)
-        return nvfp4_k.nvfp4_logits(h, w, greedy=greedy)
+        return nvfp4_k.nvfp4_logits(rms_k.rms_norm(x, norm_w, eps, residual=residual), w, greedy=greedy)
     if fold and dense_gemv_k.uses_dense_gemv(x, w):
         return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w, out_dtype=torch.float32,
                                                 greedy=greedy)[0]
@@ -197,11 +193,6 @@ def norm_linear_triton(x, residual, norm_w, eps, w):
             return nvfp4_k.rms_norm_nvfp4_linear(x, residual, norm_w, eps, w)
         if not isinstance(w, NVFP4Weight) and dense_gemv_k.uses_dense_gemv(x, w):
             return dense_gemv_k.rms_norm_dense_gemv(x, residual, norm_w, eps, w)
-    if isinstance(w, NVFP4Weight) and nvfp4_k.wants_f16_activations(x.shape[0]):
-        # the GEMM's fp16 tiles take h converted once, by the norm, not in each K step
-        h = rms_k.rms_norm(x, norm_w, eps, residual=residual, out_dtype=torch.float16)
-        dtype = x.dtype if residual is None else residual.dtype
-        return nvfp4_k.nvfp4_linear(h, w, out_dtype=dtype), x if residual is None else residual
     h = rms_k.rms_norm(x, norm_w, eps, residual=residual)
     return linear_triton(h, w), x if residual is None else residual
 

@@ -15,8 +15,7 @@ bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows
 NVFP4) take blocks of 8 tokens computed transposed (SWAP) and, with every weight NVFP4, the
 activations in fp16 in the halves layout (HALVES, halves.py: x converted by to_halves, inter
 written so by gate/up); with tuning.MOE_HANDOFF, down takes each block once gate/up counted its
-tiles stored (HANDOFF), not after the whole gate/up launch. Upright fp16 tiles take x converted
-to fp16 and write inter so with tuning.MOE_F16_ACTIVATIONS.
+tiles stored (HANDOFF), not after the whole gate/up launch.
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)); from
 tuning.MOE_SHARED_DENSE_MIN_TOKENS tokens (prefill chunks) it runs apart instead, as the dense
 GEMMs of every token (nvfp4_linear, or cuBLAS for a dense weight, and silu_mul: the same
@@ -262,15 +261,14 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
     blocks = block_expert.numel()
     swap = block_m < 16
-    # fp16 activations where every weight is NVFP4 in fp16 tiles: transposed tiles in the halves
-    # layout, whose even and odd columns meet the decoded weight's halves (halves.py; every K a
-    # multiple of BLOCK_K), upright ones with tuning.MOE_F16_ACTIVATIONS
-    f16_weights = f16 and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None)
-    halves = tuning.MOE_HALVES and swap and f16_weights and not (h % block_k or i % block_k or i_s % block_k)
-    f16_acts = tuning.MOE_F16_ACTIVATIONS and not swap and f16_weights
-    inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves or f16_acts else x.dtype, device=x.device)
+    # fp16 activations in the halves layout where every weight is NVFP4 in fp16 tiles: their even
+    # and odd columns meet the decoded weight's halves (halves.py; every K a multiple of BLOCK_K)
+    halves = tuning.MOE_HALVES and swap and f16 \
+        and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None) \
+        and not (h % block_k or i % block_k or i_s % block_k)
+    inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
-    a13 = to_halves(x, block_k) if halves else x.to(torch.float16) if f16_acts else x
+    a13 = to_halves(x, block_k) if halves else x
     # decode tiles: down takes each block as soon as gate/up stored it (HANDOFF)
     handoff = tuning.MOE_HANDOFF and swap
     counters = arrival_counters(2 * blocks, x.device) if handoff else block_expert  # (unread without)

@@ -163,16 +163,12 @@ def norm_weight(norm_w_ptr, offs, mask, NORM: tl.constexpr):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x [T, H], weight [H] -> [T, H] in x's dtype (residual's dtype when given; residual += x).
-    out_dtype: float16 stores that result converted to fp16 (for fp16 GEMM tiles; exact where
-    fp16 holds it)."""
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, H], weight [H] -> [T, H] in x's dtype (residual's dtype when given; residual += x)."""
     _check_inputs(x, weight, residual)
     t, h = x.shape
-    dtype = x.dtype if residual is None else residual.dtype
-    if out_dtype not in (None, dtype, torch.float16):
-        raise ValueError(f"rms_norm: out_dtype is {out_dtype}, expected None, {dtype} or torch.float16")
-    out = torch.empty((t, h), dtype=out_dtype or dtype, device=x.device)
+    out_dtype = x.dtype if residual is None else residual.dtype
+    out = torch.empty((t, h), dtype=out_dtype, device=x.device)
     if t == 0:
         return out
     block_h = triton.next_power_of_2(h)

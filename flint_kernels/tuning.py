@@ -67,12 +67,6 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 # NVFP4 in fp16 tiles: no instruction pairs the decoded weight's halves, none converts x. H100
 # 2026-12-06 (326bb96), T=64: 214.3 -> 201.8 us. Off: x and inter in x's dtype, tiles in k order.
 MOE_HALVES = _flag("MOE_HALVES", True)
-# Its upright tiles (prefill chunks) likewise take fp16 activations where every weight is NVFP4 in
-# fp16 tiles: x converted in one launch, inter written in fp16 by gate/up (rounded to x's dtype
-# first), so no K step converts its activation tile (sm_90, 64-token blocks: 315 -> 263
-# instructions a step of the gate/up loop, compile_kernels.py). Same bits. Off until timed
-# (sweep_tiles.py --only moe pairs it).
-MOE_F16_ACTIVATIONS = _flag("MOE_F16_ACTIVATIONS", False)
 
 # The grouped MoE's transposed decode tiles hand each block from gate/up to down by a counter
 # (moe_grouped HANDOFF): down programs, scheduled once every gate/up program has started, take
@@ -114,14 +108,14 @@ PREFILL_ATTENTION_TMA = _flag("PREFILL_ATTENTION_TMA", True)
 # (env 0: None, the tiles decode it in their K loop; bench_kernels.py times both). H100
 # 2026-12-05, qkv at 8192 tokens: 552 -> 345 us. The interpreter's tests take small chunks through it.
 FP4_DEQUANT_MIN_TOKENS = _tokens("FP4_DEQUANT_MIN_TOKENS", 32 if INTERPRET else 256)
-# The decoding tiles' activations converted to fp16 by the launch that writes them (the RMSNorm
-# before qkv, the dense MLP and the LM head, decode attention before o_proj; each rounds to its
-# own dtype first), not in every K step of every column tile: sm_90 K loop at 64 tokens (qkv,
-# o_proj, LM head) 306 -> 188 instructions a step (compile_kernels.py --loop-loads --only
-# "nvfp4_linear qkv T=64"). Same bits on a GPU. Predicted ~-0.3 ms a 64-stream step (the GEMMs
-# are 1.56 ms of 14.17 at 9a3104b, the LM head 0.24 of it), less if their x tiles' L2 reads bound
-# them (each of the 160 column tiles of qkv reads all of x). Off until timed (sweep_tiles.py
-# --only w4a16 pairs "x fp16" rows; bench.py with FLINT_FP4_GEMM_F16_ACTIVATIONS=1).
+# o_proj's decoding tiles at decode batches take the attention output in fp16, written so by
+# decode attention (rounded to bf16 first), instead of converting x in every K step of every
+# column tile: sm_90 K loop at 64 tokens 306 -> 188 instructions a step (compile_kernels.py
+# --loop-loads --only "nvfp4_linear o T=64"). Same bits on a GPU. H100 2026-12-07 (34b09c5,
+# sweep_tiles.py --only w4a16 --tokens 64): o_proj 13.7 -> 11.0 us; the same for qkv (the RMSNorm
+# writing fp16) measured 13.6 -> 18.2 and the LM head 217 -> 252, so only o_proj has it; with all
+# three the 64-stream step was 13.94 ms against 13.72 (not paired). Off until o_proj alone is timed
+# end to end (bench.py with FLINT_FP4_GEMM_F16_ACTIVATIONS=1) and its GPU test has run.
 FP4_GEMM_F16_ACTIVATIONS = _flag("FP4_GEMM_F16_ACTIVATIONS", False)
 # (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: the decoding tiles'
 # shapes. H100 2026-12-05: (128, 256, 8, 3) took qkv 350 us against 345 (bench_kernels.py's row).

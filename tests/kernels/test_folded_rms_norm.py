@@ -144,37 +144,6 @@ def test_ops_fold_at_decode_sizes_and_compose_beyond(t, monkeypatch):
     torch.testing.assert_close(got[3], expected[3], **BF16)
 
 
-@pytest.mark.parametrize("t", [5, 17, 64])
-def test_ops_norm_linear_hands_the_nvfp4_gemm_fp16(t, monkeypatch):
-    """tuning.FP4_GEMM_F16_ACTIVATIONS: beyond the folded GEMV (and below the decoded-weight
-    prefill GEMM) the norm writes h in fp16 for the GEMM's fp16 tiles, which would convert it in
-    each K step: the output is the bf16 path's (bit for bit on a GPU, where the tiles convert
-    so), the residual stream the same; a dense weight keeps h in bf16."""
-    dtypes = []
-    real = ops_module.nvfp4_k.nvfp4_linear
-    monkeypatch.setattr(ops_module.nvfp4_k, "nvfp4_linear", lambda x, *a, **kw: dtypes.append(x.dtype) or
-                        real(x, *a, **kw))
-    triton_ops = ops_module.get_ops("triton")
-    x, residual, norm_w = inputs(t, 256, True, seed=t)
-    w = quantize_nvfp4(torch.randn(40, 256)).to(DEVICE)
-    off, res_off = triton_ops.norm_linear(x, residual.clone(), norm_w, 1e-5, w)
-    monkeypatch.setattr(tuning, "FP4_GEMM_F16_ACTIVATIONS", True)
-    on, res_on = triton_ops.norm_linear(x, residual.clone(), norm_w, 1e-5, w)
-    gemm = ops_module.nvfp4_k.wants_f16_activations(t)
-    assert dtypes == [torch.bfloat16, torch.float16 if gemm else torch.bfloat16]
-    assert gemm == (t < tuning.FP4_DEQUANT_MIN_TOKENS)
-    assert on.dtype == torch.bfloat16 and torch.equal(res_on, res_off)
-    h, _ = unfused_norm(x, residual, norm_w)
-    assert torch.equal(on, nvfp4_linear(h.to(torch.float16) if gemm else h, w, out_dtype=torch.bfloat16))
-    if DEVICE == "cuda" or not (h.abs() < 2 ** -14).any():
-        assert torch.equal(on, off)
-    else:  # the interpreter's tiles take bf16 x as fp32, not through fp16
-        assert_scaled_close(on, off, rel=1e-3)
-    dense = (torch.randn(24, 256, device=DEVICE) / 16).to(torch.bfloat16)
-    assert torch.equal(triton_ops.norm_linear(x, residual.clone(), norm_w, 1e-5, dense)[0],
-                       ops_module.linear_triton(h, dense))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 4])
 def test_real_shapes(t):

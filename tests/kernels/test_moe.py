@@ -112,34 +112,6 @@ def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, monkeypa
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mixed"])
-@pytest.mark.parametrize("t,k", [(3, 3), (17, 4)], ids=["few", "more"])
-def test_upright_tiles_take_fp16_activations(fmt, t, k, monkeypatch):
-    """tuning.MOE_F16_ACTIVATIONS: upright NVFP4 fp16 tiles with bf16 x take x converted to fp16
-    and gate/up writes inter in fp16 (rounded to bf16 first) where every weight is NVFP4; with a
-    dense shared expert ("mixed") both stay bf16. Close to the torch twin; on a GPU the bits of
-    the tiles that convert in their K steps (the interpreter's tiles take bf16 x as fp32, not
-    through fp16)."""
-    tiles = (128, 128, 128, 2, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
-    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (16, *tiles))
-    e, h, i = 8, 128, 64
-    w13, w2, s13, s2 = experts(e, h, i, 2 * i, torch.bfloat16, fmt, seed=5)
-    ids, weights = routing(t, e, k, seed=5)
-    x = torch.randn(t, h, device=DEVICE).to(torch.bfloat16)
-    monkeypatch.setattr(tuning, "MOE_F16_ACTIVATIONS", False)
-    converting = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
-    monkeypatch.setattr(tuning, "MOE_F16_ACTIVATIONS", True)
-    launches = spy_launches(monkeypatch, moe_grouped, "_moe_grouped_kernel", "a_ptr", "out_ptr")
-    got = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
-    check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.bfloat16)
-    check(got, converting, torch.bfloat16)
-    if DEVICE == "cuda":
-        assert torch.equal(got, converting)
-    wanted = torch.float16 if fmt == "nvfp4" else torch.bfloat16
-    (_, x13, inter), (_, inter2, ys) = launches
-    assert (x13.dtype, inter.dtype, inter2.dtype, ys.dtype) == (wanted, wanted, wanted, torch.bfloat16)
-
-
 @pytest.mark.parametrize("handoff", [True, False], ids=["handoff", "whole-launch"])
 def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, monkeypatch):
     """Transposed decode tiles with tuning.MOE_HANDOFF: gate/up counts each block's stored column

@@ -158,38 +158,6 @@ def test_ops_norm_logits_with_an_nvfp4_head(t, monkeypatch):
     torch.testing.assert_close(triton_ops.logits(h, w), torch_ops.logits(h, w), **TOL)
 
 
-@pytest.mark.parametrize("t", [GEMV_MAX_TOKENS, 5, 17])
-def test_ops_norm_logits_hands_the_head_gemm_fp16(t, monkeypatch):
-    """tuning.FP4_GEMM_F16_ACTIVATIONS: beyond the folded GEMV the final norm writes h in fp16 for
-    the head GEMM's fp16 tiles: the logits and greedy slots are the bf16 path's (bit for bit on a
-    GPU, where the tiles convert so)."""
-    dtypes = []
-    real = nvfp4_linear_module.nvfp4_logits
-    monkeypatch.setattr(ops_module.nvfp4_k, "nvfp4_logits", lambda h, *a, **kw: dtypes.append(h.dtype) or
-                        real(h, *a, **kw))
-    k, v = 256, 517
-    g = torch.Generator().manual_seed(t)
-    x = activations(t, k, seed=t)
-    res = torch.randn(t, k, generator=g).to(DEVICE, torch.bfloat16)
-    norm_w = (1 + 0.1 * torch.randn(k, generator=g)).to(DEVICE, torch.bfloat16)
-    w = head(v, k, seed=t)
-    triton_ops = ops_module.get_ops("triton")
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(tuning, "FP4_GEMM_F16_ACTIVATIONS", on)
-        slots = triton_ops.greedy_slots(t, DEVICE)
-        outs.append((triton_ops.norm_logits(x, res.clone(), norm_w, 1e-6, w, slots), slots))
-    (off, off_slots), (on, on_slots) = outs
-    gemm = t > GEMV_MAX_TOKENS
-    assert dtypes == ([torch.bfloat16, torch.float16] if gemm else [])  # else the folded GEMV
-    h = ops_module.get_ops("triton").rms_norm(x, norm_w, 1e-6, residual=res.clone())
-    assert on.dtype == torch.float32 and torch.equal(on_slots, greedy.pack_argmax(on))
-    if DEVICE == "cuda" or not (h.abs() < 2 ** -14).any():
-        assert torch.equal(on, off) and torch.equal(on_slots, off_slots)
-    else:  # the interpreter's tiles take bf16 x as fp32, not through fp16
-        torch.testing.assert_close(on, off, **TOL)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 4, 8, 256])
 def test_real_head(t):

@@ -328,16 +328,13 @@ def w4a16_launches() -> list:
         for t in ((1, 4, 64) if name != "lm_head" else (1,)):
             cases.append((f"nvfp4_linear {name} T={t}", lin,
                           lambda t=t, k=k, w=w: lin.nvfp4_linear(torch.randn(t, k, dtype=bf16), w)))
-    # the fp16 tiles' x handed over in fp16 by its producer (tuning.FP4_GEMM_F16_ACTIVATIONS)
-    for name in ("qkv", "o"):
-        n, k = shapes[name]
-        w = nvfp4(n, k, per_row=name == "qkv")
-        cases.append((f"nvfp4_linear {name} T=64 x fp16", lin, lambda k=k, w=w: lin.nvfp4_linear(
-            torch.randn(64, k, dtype=torch.float16), w, out_dtype=bf16)))
+    # o_proj's x handed over in fp16 by decode attention (tuning.FP4_GEMM_F16_ACTIVATIONS)
+    w = nvfp4(*shapes["o"])
+    cases.append(("nvfp4_linear o T=64 x fp16", lin, lambda w=w: lin.nvfp4_linear(
+        torch.randn(64, 4096, dtype=torch.float16), w, out_dtype=bf16)))
+    # the LM head of a 64-sequence decode batch (fp32 logits, _gemm_tiles' wide-N tiles)
     w = nvfp4(*shapes["lm_head"])
-    for dtype, name in ((bf16, ""), (torch.float16, " x fp16")):
-        cases.append((f"nvfp4_logits lm_head T=64{name}", lin, lambda w=w, dtype=dtype: lin.nvfp4_logits(
-            torch.randn(64, 2048, dtype=dtype), w)))
+    cases.append(("nvfp4_logits lm_head T=64", lin, lambda w=w: lin.nvfp4_logits(torch.randn(64, 2048, dtype=bf16), w)))
     cases.append(("nvfp4_linear qkv T=8192", lin,
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
     # the GEMV's other NVFP4 decode (bytes when words are the default, and the other way round)

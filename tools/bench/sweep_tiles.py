@@ -156,24 +156,19 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         turns = Rotation(sets)
         # every tile; then the default one with tuning.MOE_HALVES off, and at prefill sizes with
         # the shared expert the other way (tuning.MOE_SHARED_DENSE_MIN_TOKENS: apart or in the grid)
-        # and the upright tiles' fp16 activations the other way (tuning.MOE_F16_ACTIVATIONS)
-        apart_from, f16_acts = tuning.MOE_SHARED_DENSE_MIN_TOKENS, tuning.MOE_F16_ACTIVATIONS
-        apart = apart_from is not None and t >= apart_from
+        apart = tuning.MOE_SHARED_DENSE_MIN_TOKENS is not None and t >= tuning.MOE_SHARED_DENSE_MIN_TOKENS
         other = (None, " shared expert in the grid") if apart else (t, " shared expert apart")
-        for halves, shared_apart_from, acts, tag in [(True, apart_from, f16_acts, ""),
-                                                     (False, apart_from, f16_acts, " halves off")] \
-                + ([(True, other[0], f16_acts, other[1]),
-                    (True, apart_from, not f16_acts, f" f16 activations {'off' if f16_acts else 'on'}")]
-                   if t >= 1024 else []):
+        for halves, shared_apart_from, tag in [(True, tuning.MOE_SHARED_DENSE_MIN_TOKENS, ""),
+                                               (False, tuning.MOE_SHARED_DENSE_MIN_TOKENS, " halves off")] \
+                + ([(True, *other)] if t >= 1024 else []):
             rows += with_knob(tuning, "MOE_HALVES", halves, lambda: with_knob(
-                tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: with_knob(
-                    tuning, "MOE_F16_ACTIVATIONS", acts, lambda: time_rows(
-                        f"moe T={t} ({chosen:g}+1 experts){tag}", "MOE_GROUPED_TILES",
-                        (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if not tag else 1],
-                        lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
-                        lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-                        chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
-                        flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0))))
+                tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: time_rows(
+                    f"moe T={t} ({chosen:g}+1 experts){tag}", "MOE_GROUPED_TILES",
+                    (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if not tag else 1],
+                    lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+                    lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
+                    chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
+                    flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)))
     if "w4a16" in only:
         shapes = {"qkv": (5120, h), "o_proj": (h, 4096)}
         if t <= 256:  # the LM head of a decode batch (fp32 logits, never a decoded weight)
@@ -181,8 +176,8 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         for (name, (n, kk)), x_dtype in itertools.product(shapes.items(), (torch.bfloat16, torch.float16)):
             head = name == "lm_head"
             dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS and not head
-            if x_dtype == torch.float16 and (dequant or t <= GEMV_MAX_TOKENS):
-                continue  # fp16 x from its producer: the decoding tiles' (tuning.FP4_GEMM_F16_ACTIVATIONS)
+            if x_dtype == torch.float16 and (dequant or t <= GEMV_MAX_TOKENS or name != "o_proj"):
+                continue  # x from decode attention in fp16: o_proj's decoding tiles' (tuning.FP4_GEMM_F16_ACTIVATIONS)
             ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
             xs = torch.randn(t, kk, device=device, dtype=torch.bfloat16).to(x_dtype)
             wturns = Rotation(ws)
