@@ -159,10 +159,11 @@ def test_ops_norm_logits_with_an_nvfp4_head(t, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 4, 8, 256])
+@pytest.mark.parametrize("t", [1, 4, 8, 64, 256])
 def test_real_head(t):
     """flint-40b's NVFP4 head (150144 x 2048, one global scale) with the final norm folded at
-    decode sizes: the twin's logits, and every slot the argmax of the logits stored."""
+    decode sizes (64 tokens: nvfp4_linear.GEMM_WIDE_N's tiles): the twin's logits, and every slot
+    the argmax of the logits stored."""
     v, k = 150144, 2048
     g = torch.Generator().manual_seed(t)
     x = activations(t, k, seed=t)
