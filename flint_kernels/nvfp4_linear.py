@@ -290,11 +290,12 @@ def wants_f16_activations(t: int) -> bool:
     write x in fp16 (tuning.FP4_GEMM_F16_ACTIVATIONS), rounded to its own dtype first: the tiles
     would convert it so in each K step, so the products are the same."""
     return (tuning.FP4_GEMM_F16_ACTIVATIONS and tuning.FP4_MMA_F16 and t > GEMV_MAX_TOKENS
-            and not _dequantizes(t, head=False))
+            and not dequantizes(t, head=False))
 
 
-def _dequantizes(t: int, head: bool) -> bool:
-    """A GEMM of t tokens decodes the weight once into a scratch (tuning.FP4_DEQUANT_MIN_TOKENS)."""
+def dequantizes(t: int, head: bool) -> bool:
+    """A GEMM of t tokens (not an LM head's) decodes the weight once into a scratch
+    (tuning.FP4_DEQUANT_MIN_TOKENS) instead of in its tiles."""
     return tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS and not head
 
 
@@ -379,7 +380,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         tiles = t * triton.cdiv(n, gemv_block_n)
         block_k = min(GEMV_WORDS_BLOCK_K if words else GEMV_BLOCK_K, triton.next_power_of_2(k))
     else:
-        dequant = _dequantizes(t, head)
+        dequant = dequantizes(t, head)
         block_m, block_n, warps, stages = (dequant and tuning.FP4_DEQUANT_GEMM_TILES) or _gemm_tiles(t, n)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
         f16 = tuning.FP4_MMA_F16 and not dequant and x.dtype != torch.float32

@@ -114,7 +114,8 @@ FP4_DEQUANT_MIN_TOKENS = _tokens("FP4_DEQUANT_MIN_TOKENS", 32 if INTERPRET else 
 # --loop-loads --only "nvfp4_linear o T=64"). Same bits on a GPU. H100 2026-12-07 (34b09c5,
 # sweep_tiles.py --only w4a16 --tokens 64): o_proj 13.7 -> 11.0 us; the same for qkv (the RMSNorm
 # writing fp16) measured 13.6 -> 18.2 and the LM head 217 -> 252, so only o_proj has it; with all
-# three the 64-stream step was 13.94 ms against 13.72 (not paired). Off until o_proj alone is timed
+# three (and the MoE's prefill tiles taking fp16 x, since removed) the 64-stream step was 13.94
+# ms against 13.72 (not paired). Off until o_proj alone is timed
 # end to end (bench.py with FLINT_FP4_GEMM_F16_ACTIVATIONS=1) and its GPU test has run.
 FP4_GEMM_F16_ACTIVATIONS = _flag("FP4_GEMM_F16_ACTIVATIONS", False)
 # (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: the decoding tiles'

@@ -19,7 +19,6 @@ benchmarks/<gpu>/<date>-<commit>-sweep-tiles.json).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -32,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from flint_kernels import moe_sort, tuning  # noqa: E402
 from flint_kernels.moe import fused_moe, fused_moe_torch  # noqa: E402
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch  # noqa: E402
-from flint_kernels.nvfp4_linear import (GEMV_MAX_TOKENS, nvfp4_linear, nvfp4_linear_torch, nvfp4_logits,  # noqa: E402
-                                        nvfp4_logits_torch)
+from flint_kernels.nvfp4_linear import (GEMV_MAX_TOKENS, dequantizes, nvfp4_linear, nvfp4_linear_torch,  # noqa: E402
+                                        nvfp4_logits, nvfp4_logits_torch)
 from flint_kernels.router import router_topk, router_topk_torch  # noqa: E402
 from tools.bench.bench_kernels import (FULL, PREFILL_TOKENS, Rotation, _cold_sets, _experts, _paged_kv,  # noqa: E402
                                        _routing, _visible, random_nvfp4)
@@ -170,14 +169,16 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                     chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
                     flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)))
     if "w4a16" in only:
-        shapes = {"qkv": (5120, h), "o_proj": (h, 4096)}
-        if t <= 256:  # the LM head of a decode batch (fp32 logits, never a decoded weight)
-            shapes["lm_head"] = (shape["vocab"], h)
-        for (name, (n, kk)), x_dtype in itertools.product(shapes.items(), (torch.bfloat16, torch.float16)):
+        # (name, N, K, x dtype): o_proj again with x in fp16 where its decoding tiles take it from
+        # decode attention (tuning.FP4_GEMM_F16_ACTIVATIONS); the LM head of a decode batch
+        cases = [("qkv", 5120, h, torch.bfloat16), ("o_proj", h, 4096, torch.bfloat16)]
+        if GEMV_MAX_TOKENS < t and not dequantizes(t, head=False):
+            cases.append(("o_proj x fp16", h, 4096, torch.float16))
+        if t <= 256:
+            cases.append(("lm_head", shape["vocab"], h, torch.bfloat16))
+        for name, n, kk, x_dtype in cases:
             head = name == "lm_head"
-            dequant = tuning.FP4_DEQUANT_MIN_TOKENS is not None and t >= tuning.FP4_DEQUANT_MIN_TOKENS and not head
-            if x_dtype == torch.float16 and (dequant or t <= GEMV_MAX_TOKENS or name != "o_proj"):
-                continue  # x from decode attention in fp16: o_proj's decoding tiles' (tuning.FP4_GEMM_F16_ACTIVATIONS)
+            dequant = dequantizes(t, head)
             ws = [random_nvfp4(n, kk, device=device) for _ in range(_cold_sets(n * kk * 0.56, device, False))]
             xs = torch.randn(t, kk, device=device, dtype=torch.bfloat16).to(x_dtype)
             wturns = Rotation(ws)
@@ -185,7 +186,6 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                 lambda x, w: nvfp4_linear(x, w, out_dtype=torch.bfloat16), nvfp4_linear_torch)
             run = lambda wt=wturns, xs=xs, f=linear: f(xs, wt.next())
             reference = lambda wt=wturns, xs=xs, ws=ws, f=linear_torch: f(xs, ws[(wt.calls - 1) % len(ws)])
-            name += " x fp16" if x_dtype == torch.float16 else ""
             for decode_tiles in (False, True) if dequant else (False,):  # the decoding tiles at this t
                 rows += with_knob(tuning, "FP4_DEQUANT_MIN_TOKENS", None if decode_tiles else tuning.FP4_DEQUANT_MIN_TOKENS,
                                   lambda: time_rows(
