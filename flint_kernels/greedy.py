@@ -1,10 +1,10 @@
 """Greedy tokens picked inside the LM head's launch: a packed int64 argmax slot per token.
 
 torch's argmax over a decode step's [S, V] fp32 logits is a launch of its own after the CUDA
-graph (8.7 us on the H200 at V = 151552, plus a memset and the gaps between them, 2026-12-04).
-Both LM heads pack it: the dense GEMV (dense_gemv.py) and the NVFP4 one (nvfp4_linear.nvfp4_logits).
-Instead each LM-head program packs the best of its rows into one int64 and does one atomic max
-into the token's slot:
+graph (8.7 us on the H200 at V = 151552, plus a memset and the gaps between them, 2026-12-04;
+~34 us at 64 tokens, H100 2026-12-06). Instead each LM-head program packs the best of its rows
+into one int64 and does one atomic max into the token's slot: the dense GEMV (dense_gemv.py),
+the NVFP4 GEMV and, for decode batches above its tokens, the NVFP4 GEMM (nvfp4_linear.py):
 
     packed = (key(logit) << 32) | (0xFFFFFFFF - row)
 
@@ -29,11 +29,12 @@ LOW = 0xFFFFFFFF
 
 
 @triton.jit
-def best_packed(logits, rows, mask):
+def best_packed(logits, rows, mask, AXIS: tl.constexpr = 0):
     """logits [BLOCK] fp32, rows [BLOCK] their vocabulary ids, mask [BLOCK] -> the packed int64 of
-    the largest (smallest row among equals); EMPTY when no row is in the mask."""
+    the largest (smallest row among equals); EMPTY when no row is in the mask. A GEMM tile's
+    [TOKENS, BLOCK] logits with rows [1, BLOCK] and AXIS 1 -> [TOKENS], each token's best."""
     packed = (order_key(logits).to(tl.int64) << 32) | (0xFFFFFFFF - rows.to(tl.int64))
-    return tl.max(tl.where(mask, packed, EMPTY_SLOT), axis=0)
+    return tl.max(tl.where(mask, packed, EMPTY_SLOT), axis=AXIS)
 
 
 @triton.jit

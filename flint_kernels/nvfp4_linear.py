@@ -223,12 +223,15 @@ def _nvfp4_matmul_kernel(
     out_ptr,       # [T, N], contiguous
     part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
     counter_ptr,   # [cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N)] int32, zero between launches
+    greedy_ptr,    # [T] int64 argmax slots, EMPTY before the launch (GREEDY; greedy.py)
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, PDL: tl.constexpr,
+    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, GREEDY: tl.constexpr, PDL: tl.constexpr,
 ):
-    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16)."""
+    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16).
+    GREEDY (one split, fp32 out): each program also packs each token's best of its rows into the
+    token's slot, as the GEMV does."""
     pdl_prologue(PDL)
     tile = tl.program_id(0)
     s = tl.program_id(1)
@@ -271,6 +274,9 @@ def _nvfp4_matmul_kernel(
     offs = tokens[:, None].to(tl.int64) * N + rows[None, :]
     mask = (tokens[:, None] < T) & row_mask[None, :]
     finish_split(acc, scale[None, :], out_ptr + offs, part_ptr, offs, mask, s, T * N, counter_ptr + tile, SPLIT)
+    if GREEDY:  # the values as stored (one split, fp32 out: acc * scale itself)
+        best = best_packed(acc * scale[None, :], rows[None, :], mask, 1)  # [BLOCK_M]
+        tl.atomic_max(greedy_ptr + tokens, best, mask=tokens < T, sem="relaxed")
 
 
 def nvfp4_linear(x: torch.Tensor, w, num_splits: int | None = None,
@@ -331,13 +337,11 @@ def nvfp4_logits(h: torch.Tensor, w, greedy: torch.Tensor | None = None) -> torc
     batches (T <= GEMV_MAX_TOKENS) through the GEMV, larger T through the GEMM whose tiles decode
     the weight in their K loop (no [V, K] decoded scratch: 0.6 GB for flint-40b's head).
     greedy: [T] int64 slots holding greedy.EMPTY: each gets the packed argmax of its row
-    (greedy.pack_argmax(logits)), inside the GEMV's launch at decode sizes."""
+    (greedy.pack_argmax(logits)), inside the launch (the GEMV's or the GEMM's, in one split)."""
     _check_inputs(h, w)
     greedy = _checked_greedy(h, greedy)
     out = torch.empty((h.shape[0], w.packed.shape[0]), dtype=torch.float32, device=h.device)
-    _launch(h, w, out, None, None, head=True, greedy=greedy if h.shape[0] <= GEMV_MAX_TOKENS else None)
-    if greedy is not None and h.shape[0] > GEMV_MAX_TOKENS:
-        greedy.copy_(pack_argmax(out))
+    _launch(h, w, out, None, None, head=True, greedy=greedy)
     return out
 
 
@@ -367,7 +371,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
     """norm: (residual or None, res_out, norm_w, eps) to fold the RMSNorm in; silu: x is [T, 2K]
     gate | up, the SwiGLU folded in (GEMV only, both). head: an LM head's fp32 logits (out fp32):
     fp32 products in the GEMV, and the GEMM decodes in its tiles (no scratch). greedy: argmax
-    slots (GEMV, one split: every program holds whole sums of its rows)."""
+    slots (an LM head's, one split: every program holds whole sums of its rows)."""
     t, n, k = x.shape[0], out.shape[1], w.packed.shape[-1] * 2  # (x is [T, 2K] with silu)
     if t == 0 or n == 0:
         return
@@ -406,7 +410,8 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
     part = torch.empty((splits, t, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = arrival_counters(tiles, x.device) if splits > 1 else out
     common = dict(x_ptr=x, scales_ptr=w.scales, scale_ptr=w.scale, out_ptr=out,
-                  part_ptr=part, counter_ptr=counters, T=t, N=n, K=k, stride_xt=x.stride(0),
+                  part_ptr=part, counter_ptr=counters, greedy_ptr=out if greedy is None else greedy,
+                  GREEDY=greedy is not None, T=t, N=n, K=k, stride_xt=x.stride(0),
                   stride_sn=w.scales.stride(0), stride_gn=stride_gn,
                   k_per_split=k_per_split, SPLIT=splits, MASK_K=k % block_k != 0)
     if t <= GEMV_MAX_TOKENS:
@@ -418,7 +423,6 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         _nvfp4_gemv_kernel[(t, triton.cdiv(n, gemv_block_n), splits)](
             **common, w_ptr=data, stride_wn=data.stride(0), BLOCK_N=gemv_block_n, BLOCK_K=block_k,
             res_ptr=x if residual is None else residual, res_out_ptr=res_out, norm_w_ptr=norm_w, eps=eps,
-            greedy_ptr=out if greedy is None else greedy, GREEDY=greedy is not None,
             NORM=norm is not None, HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k),
             SILU=silu, F16=tuning.FP4_GEMV_F16 and prefetch > 0 and x.dtype == torch.bfloat16 and not head,
             # one split whose prefetched steps hold the whole row (prefetch 0: 0 != k)

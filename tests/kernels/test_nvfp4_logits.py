@@ -1,5 +1,5 @@
 """An NVFP4 LM head (nvfp4_linear.nvfp4_logits, rms_norm_nvfp4_logits): fp32 logits with fp32
-accumulation, the greedy argmax packed in the GEMV's launch, vs the torch twin (the dequantised
+accumulation, the greedy argmax packed in the head's launch (GEMV or GEMM), vs the torch twin (the dequantised
 weight in an fp32 matmul); and ops.norm_logits / ops.logits taking an NVFP4Weight head."""
 
 import pytest
@@ -47,10 +47,14 @@ def words(request, monkeypatch):
 
 @pytest.mark.parametrize("t,v,k", [(1, 1000, 256), (3, 517, 64), (GEMV_MAX_TOKENS, 130, 512), (5, 517, 256),
                                    (17, 70, 64)], ids=["T1", "T3", "T4", "T5-gemm", "T17-gemm"])
-def test_matches_the_torch_twin_with_greedy_slots(t, v, k, words):
+def test_matches_the_torch_twin_with_greedy_slots(t, v, k, words, monkeypatch):
     """fp32 logits, never rounded to bf16, close to the twin's; each token's slot holds the
-    argmax of the logits stored (the first of three tied rows in different programs), at decode
-    sizes (the GEMV) and beyond (the GEMM, then torch's argmax). V not a multiple of any block."""
+    argmax of the logits stored (the first of three tied rows in different programs), packed by
+    the head's own launch at decode sizes (the GEMV) and beyond (the GEMM's tiles: torch's argmax
+    only in the twin). V not a multiple of any block."""
+    packs = []
+    monkeypatch.setattr(nvfp4_linear_module, "pack_argmax",
+                        lambda logits: packs.append(1) or greedy.pack_argmax(logits))
     w = head(v, k, seed=t, tied=(v - 3, v // 2))
     x = activations(t, k, seed=t)
     x[0] = 0.0
@@ -60,6 +64,7 @@ def test_matches_the_torch_twin_with_greedy_slots(t, v, k, words):
     slots, twin_slots = empty_slots(t), empty_slots(t)
     got = nvfp4_logits(x, w, greedy=slots)
     expected = nvfp4_logits_torch(x, w, greedy=twin_slots)
+    assert packs == [1]  # the twin's
     assert got.dtype == expected.dtype == torch.float32 and got.shape == (t, v)
     torch.testing.assert_close(got, expected, **TOL)
     plain = nvfp4_logits(activations(t, k, seed=t + 100), w)  # random activations: fp32 values, not bf16 ones

@@ -317,6 +317,7 @@ def moe_launches() -> list:
 
 
 def w4a16_launches() -> list:
+    from flint_kernels import greedy
     from flint_kernels import nvfp4_linear as lin
     from flint_kernels import tuning
     bf16 = torch.bfloat16
@@ -332,9 +333,12 @@ def w4a16_launches() -> list:
     w = nvfp4(*shapes["o"])
     cases.append(("nvfp4_linear o T=64 x fp16", lin, lambda w=w: lin.nvfp4_linear(
         torch.randn(64, 4096, dtype=torch.float16), w, out_dtype=bf16)))
-    # the LM head of a 64-sequence decode batch (fp32 logits, _gemm_tiles' wide-N tiles)
+    # the LM head of a 64-sequence decode batch (fp32 logits, _gemm_tiles' wide-N tiles), its
+    # greedy argmax packed in the tiles
     w = nvfp4(*shapes["lm_head"])
     cases.append(("nvfp4_logits lm_head T=64", lin, lambda w=w: lin.nvfp4_logits(torch.randn(64, 2048, dtype=bf16), w)))
+    cases.append(("nvfp4_logits lm_head T=64 + greedy", lin, lambda w=w: lin.nvfp4_logits(
+        torch.randn(64, 2048, dtype=bf16), w, greedy=torch.full((64,), greedy.EMPTY, dtype=torch.int64))))
     cases.append(("nvfp4_linear qkv T=8192", lin,
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
     # the GEMV's other NVFP4 decode (bytes when words are the default, and the other way round)
