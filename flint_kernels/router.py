@@ -50,10 +50,12 @@ PREFILL_BLOCK_T = 32
 BLOCK_H = 32 if INTERPRET else 128
 GEMV_MAX_T = 8         # decode batches up to here read W once per token (8 MB of L2 reads at 8)
 GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
-# larger decode batches: 16 tokens x 64 experts x SPLIT_H of H a program (sweep_tiles.py, H100
-# 2026-12-06, 144af92: T=64 9.6 us, 32 experts 10.8, 16 experts 15.9, the former 16 x 32 over all
-# of H 20.0; T=256 17.5, 18.9, 44.0, 20.2)
-DOT_DECODE_MAX_T, DOT_DECODE_BLOCK_E = 256, 64
+# larger decode batches: 16 tokens x 32 experts x SPLIT_H of H a program. Alone (sweep_tiles.py,
+# H100 2026-12-06, 144af92, the weight in L2) 64 experts led: T=64 9.6 us, 32 experts 10.8, 16
+# 15.9, the former 16 x 32 over all of H 20.0; T=256 17.5, 18.9, 44.0, 20.2. In the batch-64 step
+# (bench_step_timeline.py, H100 2026-12-07, c55af0f, the weight from HBM): 32 experts 11.6 us a
+# layer against 64's 18.3 (16: 22.2; SPLIT_H 128 / 512 with 32: 18.8 / 26.7), replay 13.47 -> 13.12 ms
+DOT_DECODE_MAX_T, DOT_DECODE_BLOCK_E = 256, 32
 SPLIT_H = 32 if INTERPRET else 256  # H a program of the split tiles
 GEMV_TILE = 4096       # [BLOCK_E, H chunk] elements a decode program loads at once (128 a thread)
 GEMV_WARPS = 1         # one warp: the top-k's reductions are shuffles, with no barriers between warps

@@ -115,9 +115,10 @@ FP4_DEQUANT_MIN_TOKENS = _tokens("FP4_DEQUANT_MIN_TOKENS", 32 if INTERPRET else 
 # sweep_tiles.py --only w4a16 --tokens 64): o_proj 13.7 -> 11.0 us; the same for qkv (the RMSNorm
 # writing fp16) measured 13.6 -> 18.2 and the LM head 217 -> 252, so only o_proj has it; with all
 # three (and the MoE's prefill tiles taking fp16 x, since removed) the 64-stream step was 13.94
-# ms against 13.72 (not paired). Off until o_proj alone is timed
-# end to end (bench.py with FLINT_FP4_GEMM_F16_ACTIVATIONS=1) and its GPU test has run.
-FP4_GEMM_F16_ACTIVATIONS = _flag("FP4_GEMM_F16_ACTIVATIONS", False)
+# ms against 13.72 (not paired). o_proj alone, H100 2026-12-07 (c55af0f): the batch-64 step's
+# replay 13.428 -> 13.402 and 13.120 -> 13.094 ms in two paired timelines (bench_step_timeline.py
+# --variant), 64 streams 4742 -> 4749 decode tok/s (bench.py), its GPU tests passed.
+FP4_GEMM_F16_ACTIVATIONS = _flag("FP4_GEMM_F16_ACTIVATIONS", True)
 # (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: the decoding tiles'
 # shapes. H100 2026-12-05: (128, 256, 8, 3) took qkv 350 us against 345 (bench_kernels.py's row).
 FP4_DEQUANT_GEMM_TILES: tuple[int, int, int, int] | None = None
