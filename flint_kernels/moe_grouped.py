@@ -15,7 +15,9 @@ bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows
 NVFP4) take blocks of 8 tokens computed transposed (SWAP) and, with every weight NVFP4, the
 activations in fp16 in the halves layout (HALVES, halves.py: x converted by to_halves, inter
 written so by gate/up); with tuning.MOE_HANDOFF, down takes each block once gate/up counted its
-tiles stored (HANDOFF), not after the whole gate/up launch.
+tiles stored (HANDOFF), not after the whole gate/up launch, and up to tuning.MOE_UNSORTED_MAX_TOKENS
+tokens both take their blocks straight from the router's ids, with no sort launch (UNSORTED:
+blocks_from_ids_torch is the table they make).
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)); from
 tuning.MOE_SHARED_DENSE_MIN_TOKENS tokens (prefill chunks) it runs apart instead, as the dense
 GEMMs of every token (nvfp4_linear, or cuBLAS for a dense weight, and silu_mul: the same
@@ -117,10 +119,52 @@ def _by_col(v, SWAP: tl.constexpr):
 
 
 @triton.jit
+def _block_from_ids(ids_ptr, b, T, E, shared_blocks, K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    IDS_POW2: tl.constexpr, E_POW2: tl.constexpr, PAIRS: tl.constexpr):
+    """UNSORTED: block b straight from the router's ids [T, K], no sort. Blocks [0, shared_blocks)
+    are the shared expert's (expert E, BLOCK_M tokens in order each); block shared_blocks + e holds
+    routed expert e's first BLOCK_M pairs (by pair id); the blocks after those hold the experts'
+    further pairs, BLOCK_M a block, in expert order. -> (e, pairs [BLOCK_M] int32, P where none);
+    without PAIRS (down, which reads the pairs gate/up stored) pairs is only [0, P, ...] for a block
+    with pairs, all P for one without."""
+    r = tl.arange(0, BLOCK_M)
+    p_none = T * SLOTS
+    s = b - shared_blocks
+    if s < 0:
+        t = b * BLOCK_M + r
+        e = E
+        pairs = tl.where(t < T, t * SLOTS + K, p_none)
+    else:
+        idx = tl.arange(0, IDS_POW2)
+        n = T * K
+        ids = tl.load(ids_ptr + idx, mask=idx < n, other=-1)  # [IDS_POW2]: each pair's expert, -1 past n
+        e = s
+        j = s * 0  # the block's place among its expert's blocks
+        if s >= E:
+            counts = tl.histogram(ids, E_POW2, mask=idx < n)  # [E_POW2] pairs per expert
+            further = tl.maximum((counts + BLOCK_M - 1) // BLOCK_M - 1, 0)
+            ends = tl.cumsum(further, 0)
+            o = s - E
+            e = tl.sum((ends <= o).to(tl.int32), 0)  # the expert whose further blocks hold o (>= E: none)
+            j = o - tl.sum(tl.where(tl.arange(0, E_POW2) == e, ends - further, 0), 0) + 1
+        hit = ids == e
+        if PAIRS:
+            rank = tl.cumsum(hit.to(tl.int32), 0) - 1  # [IDS_POW2] the pair's place among e's
+            take = hit[None, :] & (rank[None, :] == (j * BLOCK_M + r)[:, None])  # [BLOCK_M, IDS_POW2]
+            pair_of = (idx // K) * SLOTS + idx % K
+            pairs = tl.where(tl.sum(take.to(tl.int32), 1) > 0, tl.sum(tl.where(take, pair_of[None, :], 0), 1),
+                             p_none)
+        else:
+            pairs = tl.where((r == 0) & (tl.sum(hit.to(tl.int32), 0) > j * BLOCK_M), 0, p_none)
+    return e, pairs
+
+
+@triton.jit
 def _moe_grouped_kernel(
     a_ptr,               # GATE_UP: x [T, H]; else inter [P, I_MAX] (HALVES: fp16 in the halves layout)
-    sorted_pairs_ptr,    # [num_blocks * BLOCK_M] int32 pair ids by expert, P = padding
-    block_expert_ptr,    # [num_blocks] int32 expert of each block, >= NUM_EXPERTS = unused block
+    sorted_pairs_ptr,    # [num_blocks * BLOCK_M] int32 pair ids by expert, P = padding (UNSORTED: gate/up stores them)
+    block_expert_ptr,    # [num_blocks] int32 expert of each block, >= NUM_EXPERTS = unused block (not UNSORTED)
+    ids_ptr,             # [T, K] int32 the router's expert ids (UNSORTED)
     out_ptr,             # GATE_UP: inter [P, I_MAX] (HALVES: fp16 in the halves layout); else ys [P, H]
     ready_ptr,           # [num_blocks] int32 (HANDOFF): gate/up tiles of each block stored, zero between launches
     done_ptr,            # [num_blocks] int32 (HANDOFF): down tiles of each block past their poll, likewise
@@ -128,8 +172,9 @@ def _moe_grouped_kernel(
     s_ptr, s_scales_ptr, s_scale_ptr,   # shared [N_s, K_s] (read when HAS_SHARED)
     w_se, w_sn, w_sse, w_ssn, w_sge, w_sgn,
     s_se, s_sn, s_sse, s_ssn, s_sge, s_sgn,
-    P, E, N_EXP, H, I, IS, stride_a, stride_out, tiles_routed, tiles_shared,
-    SLOTS: tl.constexpr, GATE_UP: tl.constexpr,
+    P, E, N_EXP, H, I, IS, stride_a, stride_out, tiles_routed, tiles_shared, T, shared_blocks,
+    SLOTS: tl.constexpr, GATE_UP: tl.constexpr, UNSORTED: tl.constexpr, K: tl.constexpr,
+    IDS_POW2: tl.constexpr, E_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
     W_FP4: tl.constexpr, S_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     W_F16: tl.constexpr, S_F16: tl.constexpr, PTX: tl.constexpr, SWAP: tl.constexpr, HALVES: tl.constexpr,
@@ -141,16 +186,24 @@ def _moe_grouped_kernel(
     HANDOFF (grid: column tiles, then blocks, so blocks finish in order): each gate/up program
     counts its stored tile in ready[block] (release); a down program polls its block's count
     (tiles_routed or tiles_shared gate/up tiles: acquire) and computes while gate/up's last
-    programs still run; only its stores wait for the whole gate/up launch (pdl.py)."""
+    programs still run; only its stores wait for the whole gate/up launch (pdl.py).
+    UNSORTED (HANDOFF): each block from the router's ids (_block_from_ids, no sort launch); gate/up's
+    column tile 0 stores its block's pairs for down, which reads them once its poll has seen every
+    gate/up tile of the block counted."""
     if HANDOFF:
         col_tile, b = tl.program_id(0), tl.program_id(1)
     else:
         col_tile, b = tl.program_id(1), tl.program_id(0)
     if not HANDOFF or GATE_UP:
-        pdl_prologue(PDL)  # (HANDOFF down: before its stores; the sort's block table is three launches back)
-    e = tl.load(block_expert_ptr + b)
-    if e >= N_EXP:
-        return
+        pdl_prologue(PDL)  # (HANDOFF down: before its stores; the block table or the ids are three launches back)
+    if UNSORTED:
+        e, pairs = _block_from_ids(ids_ptr, b, T, E, shared_blocks, K, SLOTS, BLOCK_M, IDS_POW2, E_POW2, GATE_UP)
+        if tl.min(pairs) >= P:
+            return
+    else:
+        e = tl.load(block_expert_ptr + b)
+        if e >= N_EXP:
+            return
     shared = e == E
     i_e = tl.where(shared, IS, I)
     n_out = i_e if GATE_UP else H   # output columns: intermediate (gate/up) or hidden (down)
@@ -161,7 +214,12 @@ def _moe_grouped_kernel(
     if HANDOFF and not GATE_UP:
         one = tl.arange(0, 1)
         poll_at_least(ready_ptr + b + one, one == 0, tl.where(shared, tiles_shared, tiles_routed), PTX)
-    pairs = tl.load(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
+    if not UNSORTED:
+        pairs = tl.load(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
+    elif GATE_UP:
+        tl.store(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M), pairs, mask=col_tile == 0)
+    else:  # stored by gate/up's column tile 0 before its count, which the poll saw
+        pairs = tl.load(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg")
     valid = pairs < P
     a_row = (pairs // SLOTS) if GATE_UP else pairs
     a_rows_ptr = a_ptr + a_row.to(tl.int64) * stride_a
@@ -258,9 +316,19 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 block_m, block_n13, block_n2, block_k, warps, stages = 64, 128, 128, 64, 4, 4
     if tuning.MOE_GROUPED_TILES:
         block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
-    sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
-    blocks = block_expert.numel()
     swap = block_m < 16
+    # decode tiles: down takes each block as soon as gate/up stored it (HANDOFF); small batches'
+    # blocks straight from the ids (UNSORTED: no sort launch)
+    handoff = tuning.MOE_HANDOFF and swap
+    unsorted = handoff and tuning.MOE_UNSORTED_MAX_TOKENS is not None and t <= tuning.MOE_UNSORTED_MAX_TOKENS
+    if unsorted:
+        blocks = has_shared * triton.cdiv(t, block_m) + e + t * k // block_m
+        sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=x.device)
+        block_expert = sorted_pairs  # (unread)
+        topk_ids = topk_ids.contiguous()
+    else:
+        sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
+        blocks = block_expert.numel()
     # fp16 activations in the halves layout where every weight is NVFP4 in fp16 tiles: their even
     # and odd columns meet the decoded weight's halves (halves.py; every K a multiple of BLOCK_K)
     halves = tuning.MOE_HALVES and swap and f16 \
@@ -269,12 +337,12 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
     a13 = to_halves(x, block_k) if halves else x
-    # decode tiles: down takes each block as soon as gate/up stored it (HANDOFF)
-    handoff = tuning.MOE_HANDOFF and swap
     counters = arrival_counters(2 * blocks, x.device) if handoff else block_expert  # (unread without)
-    common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, ready_ptr=counters,
+    common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, ids_ptr=topk_ids, ready_ptr=counters,
                   done_ptr=counters[blocks:] if handoff else counters, tiles_routed=triton.cdiv(i, block_n13),
-                  tiles_shared=triton.cdiv(i_s, block_n13), HANDOFF=handoff, P=p, E=e, N_EXP=e + has_shared,
+                  tiles_shared=triton.cdiv(i_s, block_n13), HANDOFF=handoff, T=t,
+                  shared_blocks=has_shared * triton.cdiv(t, block_m), UNSORTED=unsorted, K=k,
+                  IDS_POW2=triton.next_power_of_2(t * k), E_POW2=triton.next_power_of_2(e), P=p, E=e, N_EXP=e + has_shared,
                   H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
                   DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
                   SWAP=swap, HALVES=halves, ROUND_TO=_TL_DTYPES[x.dtype], **launch_args(x.device))
@@ -296,6 +364,36 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         HAS_SHARED=shared_rows is not None, BLOCK_H=min(COMBINE_BLOCK_H, triton.next_power_of_2(h)),
         **launch_args(x.device), num_warps=4)
     return out
+
+
+def blocks_from_ids_torch(topk_ids: torch.Tensor, num_experts: int, has_shared: bool,
+                          block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks the UNSORTED decode tiles take from topk_ids [T, K] (the kernel's
+    _block_from_ids, every block at once): -> block_expert [B] int32 (num_experts + has_shared
+    for a block without pairs), pairs [B * block_m] int32 (P = T * (K + has_shared) where none),
+    B = has_shared * cdiv(T, block_m) + num_experts + T * K // block_m."""
+    t, k = topk_ids.shape
+    slots = k + has_shared
+    p = t * slots
+    shared_blocks = has_shared * triton.cdiv(t, block_m)
+    blocks = shared_blocks + num_experts + t * k // block_m
+    block_expert = torch.full((blocks,), num_experts + has_shared, dtype=torch.int32)
+    pairs = torch.full((blocks * block_m,), p, dtype=torch.int32)
+    for b in range(shared_blocks):
+        tokens = torch.arange(b * block_m, min((b + 1) * block_m, t))
+        block_expert[b] = num_experts
+        pairs[b * block_m:b * block_m + tokens.numel()] = (tokens * slots + k).int()
+    flat = topk_ids.reshape(-1).cpu()
+    further = shared_blocks + num_experts  # the next block for an expert's pairs past its first block_m
+    for e in range(num_experts):
+        idx = (flat == e).nonzero().flatten()  # by pair id
+        for j in range(0, idx.numel(), block_m):
+            b = shared_blocks + e if j == 0 else further
+            further += j > 0
+            chunk = idx[j:j + block_m]
+            block_expert[b] = e
+            pairs[b * block_m:b * block_m + chunk.numel()] = (chunk // k * slots + chunk % k).int()
+    return block_expert, pairs
 
 
 def shared_expert_dense(x: torch.Tensor, shared_w13, shared_w2) -> torch.Tensor:

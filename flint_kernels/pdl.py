@@ -12,9 +12,9 @@ then every earlier kernel has too, as each waited for its own predecessor) and t
 `griddepcontrol.launch_dependents` (the next PDL kernel may be scheduled once every program of
 this grid got here or exited). Before it a kernel may only load weights ("prefetch": the GEMVs,
 the router and the MoE down launch load their weight tiles first, so their HBM read overlaps
-the previous kernel; the MoE down launch also reads the router's expert ids, written two
-kernels back: a program runs only after every program of the kernel between has passed its
-wait, i.e. after the router completed), and the step's metadata that the host copies in before
+the previous kernel; the MoE down launches also read the router's expert ids, written two or
+three kernels back: a program runs only after every program of the kernel before it has passed
+its wait, i.e. after the router completed), and the step's metadata that the host copies in before
 the step and no kernel writes (context lengths, positions, cache slots, block tables: the
 decode-attention launches). The attention reduce reads more on that ground: the new token's
 q, k, v, written before the split launch (decode_attention._decode_reduce_kernel). Two launches

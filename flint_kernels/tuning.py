@@ -77,6 +77,13 @@ MOE_HALVES = _flag("MOE_HALVES", True)
 # cases passed on the H100 there).
 MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 
+# Up to this many tokens the grouped MoE's decode tiles with MOE_HANDOFF take each block straight
+# from the router's ids (moe_grouped UNSORTED: routed expert e's first 8 pairs are block e, its
+# further ones in blocks after every expert's first), so no sort launch runs between the router
+# and gate/up (moe_sort: 10.1 us of the batch-64 step's critical path a layer, H100 2026-12-07,
+# c55af0f); None (env 0): the sort's block table.
+MOE_UNSORTED_MAX_TOKENS = _tokens("MOE_UNSORTED_MAX_TOKENS", 0)
+
 # From this many tokens the grouped MoE runs the shared expert apart, as dense GEMMs of every
 # token (moe_grouped.shared_expert_dense), and the combine adds its rows; None (env 0): it is one
 # more pair a token in the grouped launches. The shared expert is a quarter of a prefill chunk's

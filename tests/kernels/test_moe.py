@@ -112,43 +112,73 @@ def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, monkeypa
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
-@pytest.mark.parametrize("handoff", [True, False], ids=["handoff", "whole-launch"])
-def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, monkeypatch):
+@pytest.mark.parametrize("handoff,unsorted", [(True, False), (True, True), (False, False)],
+                         ids=["handoff", "handoff-unsorted", "whole-launch"])
+@pytest.mark.parametrize("t,one_expert", [(17, False), (17, True), (3, False)],
+                         ids=["experts-past-8-tokens", "one-expert-for-all", "few"])
+def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, unsorted, t, one_expert, monkeypatch):
     """Transposed decode tiles with tuning.MOE_HANDOFF: gate/up counts each block's stored column
     tiles (a routed expert's, or the twice as wide shared expert's), which is the count down
     polls for; both grids run column tiles first; every counter is zero again after the call,
-    so a second call (a graph replay) computes the same bits. Without it, the usual grids."""
+    so a second call (a graph replay) computes the same bits. Without it, the usual grids.
+    UNSORTED (tuning.MOE_UNSORTED_MAX_TOKENS): no sort launch; the blocks are
+    blocks_from_ids_torch's (gate/up stores each block's pairs), with experts of no pairs, of
+    more than 8 (further blocks) and of every token."""
     monkeypatch.setattr(tuning, "MOE_HANDOFF", handoff)
+    monkeypatch.setattr(tuning, "MOE_UNSORTED_MAX_TOKENS", 64 if unsorted else None)
     tiles = (128, 128, 128, 2, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
     monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (8, *tiles))
     kernel, launches = moe_grouped._moe_grouped_kernel, []
+    sorts = spy_launches(monkeypatch, moe_sort, "_moe_sort_kernel")
 
-    class AfterLaunch:  # each launch's grid, flags, and the counters as it left them
+    class AfterLaunch:  # each launch's grid, flags, and the block table and counters as it left them
         def __getitem__(self, grid):
             def run(**kw):
                 kernel[grid](**kw)
-                launches.append((grid, kw["HANDOFF"], kw["GATE_UP"], kw["block_expert_ptr"].clone(),
-                                 kw["ready_ptr"][:kw["block_expert_ptr"].numel()].clone(), kw))
+                blocks = grid[1] if kw["HANDOFF"] else grid[0]
+                launches.append((grid, kw["HANDOFF"], kw["GATE_UP"], kw["block_expert_ptr"][:blocks].clone(),
+                                 kw["sorted_pairs_ptr"].clone(), kw["ready_ptr"][:blocks].clone(), kw))
             return run
 
     monkeypatch.setattr(moe_grouped, "_moe_grouped_kernel", AfterLaunch())
-    e, h, t, k = 8, 128, 17, 4
+    e, h, k = 8, 128, 4
     i = 2 * tiles[0]  # two column tiles a routed expert, four the shared one
     w13, w2, s13, s2 = experts(e, h, i, 2 * i, torch.bfloat16, "nvfp4", seed=4)
     ids, weights = routing(t, e, k, seed=4)
+    if one_expert:  # expert 5 has every token (3 blocks), the others 2-3 tokens' worth each
+        others = [0, 1, 2, 3, 4, 6, 7]
+        ids = torch.tensor([[5] + [others[(n + j) % 7] for j in range(k - 1)] for n in range(t)],
+                           dtype=torch.int32, device=DEVICE)
     x = torch.randn(t, h, device=DEVICE).to(torch.bfloat16)
     got = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
     assert not split_k.arrival_counters(1, x.device).any()
     assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"), got)
     check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.bfloat16)
-    (grid13, flag13, gate_up, block_expert, ready, kw), (grid2, flag2, *_) = launches[:2]
-    assert gate_up and flag13 is handoff and flag2 is handoff
+    assert len(sorts) == (0 if unsorted else 2)
+    (grid13, flag13, gate_up, block_expert, sorted_pairs, ready, kw), (grid2, flag2, *_) = launches[:2]
+    assert gate_up and flag13 is handoff and flag2 is handoff and kw["UNSORTED"] is unsorted
+    if unsorted:
+        block_expert, pairs = moe_grouped.blocks_from_ids_torch(ids, e, True, 8)
+        used = (block_expert <= e).repeat_interleave(8).to(DEVICE)
+        assert torch.equal(sorted_pairs[used], pairs.to(DEVICE)[used])  # stored by gate/up, read by down
+        if one_expert:
+            assert (block_expert == 5).sum() == 3 and block_expert[3 + 5] == 5
     blocks = block_expert.numel()
     assert (grid13[1], grid2[1]) == (blocks, blocks) if handoff else (grid13[0], grid2[0]) == (blocks, blocks)
     if handoff:
-        wanted = torch.where(block_expert == e, kw["tiles_shared"], kw["tiles_routed"])
+        wanted = torch.where(block_expert == e, kw["tiles_shared"], kw["tiles_routed"]).to(DEVICE)
         assert (kw["tiles_routed"], kw["tiles_shared"]) == (2, 4)
-        assert torch.equal(ready, torch.where(block_expert <= e, wanted, 0).to(ready.dtype))
+        assert torch.equal(ready, torch.where(block_expert.to(DEVICE) <= e, wanted, 0).to(ready.dtype))
+
+
+def test_blocks_from_ids_torch():
+    """The UNSORTED block table by hand: 2 tokens, shared expert, blocks of 2 pairs; expert 1 has
+    three pairs (a further block), expert 0 one, expert 2 none."""
+    ids = torch.tensor([[1, 0], [1, 1]], dtype=torch.int32)  # pairs (slots 3): 0 -> e1, 1 -> e0, 3 -> e1, 4 -> e1
+    block_expert, pairs = moe_grouped.blocks_from_ids_torch(ids, 3, True, 2)
+    # blocks: shared (1), experts 0..2 (3), further (2 * 2 // 2 = 2)
+    assert block_expert.tolist() == [3, 0, 1, 4, 1, 4]
+    assert pairs.tolist() == [2, 5, 1, 6, 0, 3, 6, 6, 4, 6, 6, 6]
 
 
 @pytest.mark.parametrize("h", [64, 512], ids=["H-one-step", "H-two-steps"])
@@ -394,12 +424,15 @@ def test_real_shapes(path, fmt, t, words):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("unsorted", [False, True], ids=["sorted", "unsorted"])
 @pytest.mark.parametrize("t", [8, 64, 256])
-def test_real_shapes_with_the_handoff(t, monkeypatch):
+def test_real_shapes_with_the_handoff(t, unsorted, monkeypatch):
     """The grouped decode tiles with tuning.MOE_HANDOFF on a GPU, where down's programs run beside
-    gate/up's: flint-40b's shapes against the torch twin, and the same bits on every call (ten
-    calls: a race would show as a changed output or a counter left set)."""
+    gate/up's (with their blocks from the sort, or straight from the ids: MOE_UNSORTED_MAX_TOKENS):
+    flint-40b's shapes against the torch twin, and the same bits on every call (ten calls: a race
+    would show as a changed output or a counter left set)."""
     monkeypatch.setattr(tuning, "MOE_HANDOFF", True)
+    monkeypatch.setattr(tuning, "MOE_UNSORTED_MAX_TOKENS", 256 if unsorted else None)
     e, k = 256, 6
     w13, w2, s13, s2 = experts(e, 2048, 512, 1024, torch.bfloat16, "nvfp4")
     ids, weights = routing(t, e, k)

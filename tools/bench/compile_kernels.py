@@ -278,8 +278,9 @@ def nvfp4(*shape, per_row=False):
 
 
 def moe_launches() -> list:
-    from flint_kernels import halves, moe_gemv, moe_grouped, moe_sort, router, swiglu
+    from flint_kernels import halves, moe_gemv, moe_grouped, moe_sort, router, swiglu, tuning
     from flint_kernels import nvfp4_linear as lin
+    from tools.bench.knobs import with_knob
     e, h, i, i_s, k, bf16 = 256, 2048, 512, 1024, 6, torch.bfloat16
 
     def args(t, fp4):
@@ -312,6 +313,10 @@ def moe_launches() -> list:
                        lambda t=t: other_decode(lambda: moe_gemv.moe_gemv(*args(t, True)))) for t in (1, 16)]
         cases += [(f"moe grouped {fmt} T={t}", (moe_sort, halves, moe_grouped, swiglu, lin),
                    lambda t=t, fp4=fp4: moe_grouped.moe_grouped(*args(t, fp4))) for t in (64, 8192)]
+        # the decode tiles' blocks straight from the ids (tuning.MOE_UNSORTED_MAX_TOKENS)
+        cases.append((f"moe grouped {fmt} T=64 unsorted", (halves, moe_grouped, swiglu, lin),
+                      lambda fp4=fp4: with_knob(tuning, "MOE_UNSORTED_MAX_TOKENS", 64,
+                                                lambda: moe_grouped.moe_grouped(*args(64, fp4)))))
     cases.append(("silu_mul I=6144", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 12288, dtype=bf16))))
     return cases
 
