@@ -80,9 +80,11 @@ MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 # Up to this many tokens the grouped MoE's decode tiles with MOE_HANDOFF take each block straight
 # from the router's ids (moe_grouped UNSORTED: routed expert e's first 8 pairs are block e, its
 # further ones in blocks after every expert's first), so no sort launch runs between the router
-# and gate/up (moe_sort: 10.1 us of the batch-64 step's critical path a layer, H100 2026-12-07,
-# c55af0f); None (env 0): the sort's block table.
-MOE_UNSORTED_MAX_TOKENS = _tokens("MOE_UNSORTED_MAX_TOKENS", 0)
+# and gate/up; None (env 0): the sort's block table. H100 2026-12-07 (114d2cf): the batch-64 step's
+# replay 13.093 -> 12.404 ms paired (the sort's 10.1 us a layer gone, the grouped launches 87.9 ->
+# 85.8 us each), 64 streams 4789 -> 5145 decode tok/s; its GPU tests passed at 8, 64 and 256
+# tokens. 65-256 tokens (whose ids scan is up to 4x longer) not timed yet.
+MOE_UNSORTED_MAX_TOKENS = _tokens("MOE_UNSORTED_MAX_TOKENS", 64)
 
 # From this many tokens the grouped MoE runs the shared expert apart, as dense GEMMs of every
 # token (moe_grouped.shared_expert_dense), and the combine adds its rows; None (env 0): it is one
