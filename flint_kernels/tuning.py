@@ -83,7 +83,8 @@ MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 # and gate/up; None (env 0): the sort's block table. H100 2026-12-07 (114d2cf): the batch-64 step's
 # replay 13.093 -> 12.404 ms paired (the sort's 10.1 us a layer gone, the grouped launches 87.9 ->
 # 85.8 us each), 64 streams 4789 -> 5145 decode tok/s; its GPU tests passed at 8, 64 and 256
-# tokens. 65-256 tokens (whose ids scan is up to 4x longer) not timed yet.
+# tokens. At 256 tokens slower (272baaf: replay 25.26 -> 28.14 ms, the grouped launches 128.9 ->
+# 164.8 us each: every program scans 1536 ids); 65-255 not timed.
 MOE_UNSORTED_MAX_TOKENS = _tokens("MOE_UNSORTED_MAX_TOKENS", 64)
 
 # From this many tokens the grouped MoE runs the shared expert apart, as dense GEMMs of every
