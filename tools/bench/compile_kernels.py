@@ -313,10 +313,10 @@ def moe_launches() -> list:
                        lambda t=t: other_decode(lambda: moe_gemv.moe_gemv(*args(t, True)))) for t in (1, 16)]
         cases += [(f"moe grouped {fmt} T={t}", (moe_sort, halves, moe_grouped, swiglu, lin),
                    lambda t=t, fp4=fp4: moe_grouped.moe_grouped(*args(t, fp4))) for t in (64, 8192)]
-        # the decode tiles' blocks straight from the ids (tuning.MOE_UNSORTED_MAX_TOKENS)
-        cases.append((f"moe grouped {fmt} T=64 unsorted", (halves, moe_grouped, swiglu, lin),
-                      lambda fp4=fp4: with_knob(tuning, "MOE_UNSORTED_MAX_TOKENS", 64,
-                                                lambda: moe_grouped.moe_grouped(*args(64, fp4)))))
+        if fp4:  # the decode tiles' blocks straight from the ids (tuning.MOE_UNSORTED_MAX_TOKENS)
+            cases.append((f"moe grouped {fmt} T=64 unsorted", (halves, moe_grouped, swiglu, lin),
+                          lambda: with_knob(tuning, "MOE_UNSORTED_MAX_TOKENS", 64,
+                                            lambda: moe_grouped.moe_grouped(*args(64, True)))))
     cases.append(("silu_mul I=6144", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 12288, dtype=bf16))))
     return cases
 
