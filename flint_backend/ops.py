@@ -217,20 +217,12 @@ def norm_moe_torch(x, residual, norm_w, eps, router_w, top_k, renormalize, w13, 
 
 def norm_moe_triton(x, residual, norm_w, eps, router_w, top_k, renormalize, w13, w2, shared_w13, shared_w2):
     """Decode batches: the router launch stores logits and the expert launches pick the top-k;
-    else norm_router (its top-k in the router launch), then moe; with tuning.ROUTER_WRITES_HALVES
-    the router of a grouped decode batch also writes x in the MoE's halves layout."""
+    else norm_router (its top-k in the router launch), then moe."""
     if (_foldable(x, residual) and router_k.folds_norm(x, router_w)
             and x.shape[0] <= moe_k.SMALL_BATCH_TOKENS and moe_gemv_k.routes_in_experts(w2, shared_w2, top_k)):
         h, logits, residual, routing = router_k.rms_norm_router_logits(x, residual, norm_w, eps, router_w)
         return moe_k.fused_moe_routed(h, logits, routing, top_k, renormalize, w13, w2, shared_w13,
                                       shared_w2), residual
-    halves_k = tuning.ROUTER_WRITES_HALVES and router_k.writes_halves(*x.shape) and moe_k.halves_block_k(
-        x.shape[0], x.shape[1], top_k, x.dtype, w13, w2, shared_w13, shared_w2)
-    if halves_k:  # the router writes x in the grouped MoE's halves layout (no conversion launch)
-        h = rms_k.rms_norm(x, norm_w, eps, residual=residual)
-        ids, weights, x_halves = router_k.router_topk_halves(h, router_w, top_k, renormalize, halves_k)
-        return moe_k.fused_moe(h, ids, weights, w13, w2, shared_w13, shared_w2, x_halves=x_halves), \
-            x if residual is None else residual
     h, ids, weights, residual = norm_router_triton(x, residual, norm_w, eps, router_w, top_k, renormalize)
     return moe_k.fused_moe(h, ids, weights, w13, w2, shared_w13, shared_w2), residual
 

@@ -56,15 +56,6 @@ def to_halves(x: torch.Tensor, block_k: int) -> torch.Tensor:
     return out
 
 
-def to_halves_torch(x: torch.Tensor, block_k: int) -> torch.Tensor:
-    """Same signature and semantics as `to_halves`."""
-    t, n = x.shape
-    if n % block_k:
-        raise ValueError(f"to_halves: N={n} is not a multiple of BLOCK_K={block_k}")
-    steps = x.to(torch.float16).reshape(t, n // block_k, block_k // 2, 2)  # [.., column pairs, (even, odd)]
-    return steps.transpose(-1, -2).reshape(t, n)
-
-
 @triton.jit
 def dot_halves(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, rows, row_mask, k_lo, k_hi, stride_wn, stride_sn,
                BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, PTX: tl.constexpr):

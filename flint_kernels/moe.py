@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from .moe_gemv import moe_gemv, moe_gemv_routed, routes_in_experts
-from .moe_grouped import halves_block_k as moe_grouped_halves_block_k
 from .moe_grouped import moe_grouped
 from .nvfp4 import is_nvfp4, weight_shape
 from .router import ROUTING_WORDS, route_from_logits_torch
@@ -37,30 +36,15 @@ PATHS = ("small", "grouped")
 
 
 def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
-              shared_w13=None, shared_w2=None, path: str | None = None,
-              x_halves: torch.Tensor | None = None) -> torch.Tensor:
+              shared_w13=None, shared_w2=None, path: str | None = None) -> torch.Tensor:
     """x [T, H], topk_ids [T, K] int32, topk_weights [T, K] fp32 -> [T, H] in x.dtype.
-    path: "small" or "grouped" forces a kernel path (default: by T, see SMALL_BATCH_TOKENS).
-    x_halves: x in fp16 in the halves layout the grouped path asks for (halves_block_k), already
-    written (router.router_topk_halves)."""
+    path: "small" or "grouped" forces a kernel path (default: by T, see SMALL_BATCH_TOKENS)."""
     _check_inputs(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
     path = path or ("small" if x.shape[0] <= SMALL_BATCH_TOKENS else "grouped")
     if path not in PATHS:
         raise ValueError(f"fused_moe: path {path!r}, expected one of {PATHS}")
-    if path == "small":
-        if x_halves is not None:
-            raise ValueError(f"fused_moe: x_halves given for {x.shape[0]} tokens, expected more than "
-                             f"{SMALL_BATCH_TOKENS} (the grouped path)")
-        return moe_gemv(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
-    return moe_grouped(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2, x_halves=x_halves)
-
-
-def halves_block_k(t: int, h: int, top_k: int, dtype: torch.dtype, w13, w2, shared_w13=None,
-                   shared_w2=None) -> int | None:
-    """The K step of the halves layout fused_moe's default path takes x [t, h] in, else None."""
-    if t <= SMALL_BATCH_TOKENS:
-        return None
-    return moe_grouped_halves_block_k(t, h, top_k, dtype, w13, w2, shared_w13, shared_w2)
+    run = moe_gemv if path == "small" else moe_grouped
+    return run(x, topk_ids, topk_weights, w13, w2, shared_w13, shared_w2)
 
 
 def fused_moe_routed(x: torch.Tensor, logits: torch.Tensor, routing: torch.Tensor, top_k: int, renormalize: bool,

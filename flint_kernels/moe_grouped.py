@@ -282,52 +282,9 @@ def _moe_combine_kernel(
     tl.store(out_ptr + t * H + cols, out, mask=mask)
 
 
-def halves_block_k(t: int, h: int, k: int, dtype: torch.dtype, w13, w2, shared_w13=None,
-                   shared_w2=None) -> int | None:
-    """The K step of the halves layout moe_grouped wants x [t, h] in, at top-k k (decode
-    tiles with every weight NVFP4: HALVES), else None. A launch before it may write x so
-    (router.router_topk's halves_k) and hand it over as x_halves."""
-    if shared_w13 is not None and tuning.MOE_SHARED_DENSE_MIN_TOKENS is not None \
-            and t >= tuning.MOE_SHARED_DENSE_MIN_TOKENS:
-        shared_w13 = shared_w2 = None
-    _, _, _, block_k, _, _, halves = _launch_shape(t, h, k, dtype, w13, w2, shared_w13, shared_w2)
-    return block_k if halves else None
-
-
-def _launch_shape(t: int, h: int, k: int, dtype: torch.dtype, w13, w2, shared_w13, shared_w2) -> tuple:
-    """(BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages, halves) of the grouped
-    launches over x [t, h] (the shared expert None when it runs apart)."""
-    e, i = w13.shape[0], w13.shape[-2] // 2
-    has_shared = shared_w13 is not None
-    i_s = shared_w13.shape[-2] // 2 if has_shared else i
-    rows_per_expert = t * (k + has_shared) / (e + has_shared)
-    block_m, block_n13, block_n2, block_k, warps, stages = _tiles(rows_per_expert)
-    f16 = tuning.FP4_MMA_F16 and dtype != torch.float32  # fp16 tiles (an fp32 model keeps fp32 x)
-    if f16 and is_nvfp4(w13):
-        if rows_per_expert <= 8:  # decode batches (the interpreter's too): 8-token blocks, transposed, in
-            # the halves layout (sweep_tiles.py, H100 2026-12-06, 144af92: T=64 228.4 -> 201.8 us, T=256
-            # 289.9 -> 280.5, against 16 x 128 tiles in 3 stages)
-            block_m = 8
-        if not INTERPRET:
-            block_k = F16_BLOCK_K
-            if block_m <= 16:  # (16 rows, sweep_tiles.py, H100 2026-12-06: T=64 241.6 -> 221.7 us, T=256 325 -> 290)
-                block_n13, block_n2, stages = 128, 128, 3
-            elif block_m == 128:  # prefill chunks (sweep_tiles.py --tokens 8192, H100 2026-12-06: 2612 -> 1983 us)
-                block_m, block_n13, block_n2, block_k, warps, stages = 64, 128, 128, 64, 4, 4
-    if tuning.MOE_GROUPED_TILES:
-        block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
-    # fp16 activations in the halves layout where every weight is NVFP4 in fp16 tiles: their even
-    # and odd columns meet the decoded weight's halves (halves.py; every K a multiple of BLOCK_K)
-    halves = tuning.MOE_HALVES and block_m < 16 and f16 \
-        and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None) \
-        and not (h % block_k or i % block_k or i_s % block_k)
-    return block_m, block_n13, block_n2, block_k, warps, stages, halves
-
-
 def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13, w2,
-                shared_w13=None, shared_w2=None, x_halves: torch.Tensor | None = None) -> torch.Tensor:
-    """Grouped path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H]. x_halves: x
-    already in fp16 in the halves layout of halves_block_k's K step (written by the router)."""
+                shared_w13=None, shared_w2=None) -> torch.Tensor:
+    """Grouped path of `moe.fused_moe` (inputs checked there): x [T, H] -> [T, H]."""
     t, h = x.shape
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     if t == 0:
@@ -343,12 +300,22 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     i_s = shared_w13.shape[-2] // 2 if has_shared else i
     slots = k + has_shared
     p = t * slots
-    block_m, block_n13, block_n2, block_k, warps, stages, halves = _launch_shape(
-        t, h, k, x.dtype, w13, w2, shared_w13, shared_w2)
-    if x_halves is not None and (not halves or x_halves.shape != x.shape or x_halves.dtype != torch.float16):
-        raise ValueError(f"moe_grouped: x_halves is {x_halves.dtype} {tuple(x_halves.shape)}, expected float16 "
-                         f"{tuple(x.shape)} and a launch in the halves layout (halves_block_k)")
-    f16 = tuning.FP4_MMA_F16 and x.dtype != torch.float32
+    rows_per_expert = p / (e + has_shared)
+    block_m, block_n13, block_n2, block_k, warps, stages = _tiles(rows_per_expert)
+    f16 = tuning.FP4_MMA_F16 and x.dtype != torch.float32  # fp16 tiles (an fp32 model keeps fp32 x)
+    if f16 and is_nvfp4(w13):
+        if rows_per_expert <= 8:  # decode batches (the interpreter's too): 8-token blocks, transposed, in
+            # the halves layout (sweep_tiles.py, H100 2026-12-06, 144af92: T=64 228.4 -> 201.8 us, T=256
+            # 289.9 -> 280.5, against 16 x 128 tiles in 3 stages)
+            block_m = 8
+        if not INTERPRET:
+            block_k = F16_BLOCK_K
+            if block_m <= 16:  # (16 rows, sweep_tiles.py, H100 2026-12-06: T=64 241.6 -> 221.7 us, T=256 325 -> 290)
+                block_n13, block_n2, stages = 128, 128, 3
+            elif block_m == 128:  # prefill chunks (sweep_tiles.py --tokens 8192, H100 2026-12-06: 2612 -> 1983 us)
+                block_m, block_n13, block_n2, block_k, warps, stages = 64, 128, 128, 64, 4, 4
+    if tuning.MOE_GROUPED_TILES:
+        block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
     swap = block_m < 16
     # decode tiles: down takes each block as soon as gate/up stored it (HANDOFF); small batches'
     # blocks straight from the ids (UNSORTED: no sort launch)
@@ -362,9 +329,14 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     else:
         sorted_pairs, block_expert = sort_pairs(topk_ids, e, has_shared, block_m)
         blocks = block_expert.numel()
+    # fp16 activations in the halves layout where every weight is NVFP4 in fp16 tiles: their even
+    # and odd columns meet the decoded weight's halves (halves.py; every K a multiple of BLOCK_K)
+    halves = tuning.MOE_HALVES and swap and f16 \
+        and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None) \
+        and not (h % block_k or i % block_k or i_s % block_k)
     inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
-    a13 = (to_halves(x, block_k) if x_halves is None else x_halves) if halves else x
+    a13 = to_halves(x, block_k) if halves else x
     counters = arrival_counters(2 * blocks, x.device) if handoff else block_expert  # (unread without)
     common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, ids_ptr=topk_ids, ready_ptr=counters,
                   done_ptr=counters[blocks:] if handoff else counters, tiles_routed=triton.cdiv(i, block_n13),

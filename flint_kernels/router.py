@@ -35,7 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .halves import halves_col, to_halves_torch
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_row, normed_by, rms_norm_torch
 from .split_k import arrival_counters, last_to_arrive, num_sms
@@ -84,13 +83,12 @@ def _router_kernel(
     res_out_ptr,  # [T, H] residual + x, contiguous (NORM: written by the programs (t, 0))
     h_ptr,        # [T, H] rms_norm(residual + x), contiguous (NORM: written by the programs (t, 0))
     norm_w_ptr,   # [H] RMSNorm weight (NORM)
-    halves_ptr,   # [T, H] fp16: x in the halves layout of K step HALVES_K (HALVES_K > 0)
     T, E, H, stride_xt, stride_we, eps,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LOGITS_ONLY: tl.constexpr,
-    SPLIT_W: tl.constexpr, H_SPLITS: tl.constexpr, HALVES_K: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_W: tl.constexpr, H_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     """NORM (decode tiles with ONE_CHUNK): x is the previous sublayer's output and the router
     reads rms_norm(residual + x), computed in every program (the RMSNorm launch folded in); the
@@ -98,9 +96,7 @@ def _router_kernel(
     LOGITS_ONLY: stop at the logits (the expert launches pick the top-k: route_from_logits); the
     programs of expert block 0 zero their token's row of the routing handoff (moe_gemv.py).
     H_SPLITS > 1 (USE_DOT): program (token tile, expert block, split) covers BLOCK_H of H; the
-    last split of a (token tile, expert block) to arrive sums the partials, in split order.
-    HALVES_K (H_SPLITS > 1): the programs of expert block 0 also store their x chunk in fp16 in the
-    halves layout (the grouped MoE's decode tiles' activations: halves.py)."""
+    last split of a (token tile, expert block) to arrive sums the partials, in split order."""
     tt = tl.program_id(0)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -113,8 +109,7 @@ def _router_kernel(
     elif H_SPLITS > 1:
         split = tl.program_id(2)
         partial = _logits_chunk(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
-                                split * BLOCK_H, halves_ptr, tl.program_id(1) == 0, BLOCK_T, BLOCK_E, BLOCK_H,
-                                DOT_FP32, DOT_PRECISION, SPLIT_W, HALVES_K, PDL)
+                                split * BLOCK_H, BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION, SPLIT_W, PDL)
         offs = tokens[:, None] * E + experts[None, :]
         mask = t_mask[:, None] & e_mask[None, :]
         tl.store(part_ptr + split * T * E + offs, partial, mask=mask)
@@ -198,13 +193,11 @@ def _dot_weight(acc, a, w, hi, mid, lo, DOT_FP32: tl.constexpr, DOT_PRECISION: t
 
 
 @triton.jit
-def _logits_chunk(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we, h0, halves_ptr,
-                  write_halves, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                  DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr,
-                  HALVES_K: tl.constexpr, PDL: tl.constexpr):
+def _logits_chunk(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we, h0,
+                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, DOT_FP32: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr, PDL: tl.constexpr):
     """[BLOCK_T, BLOCK_E] fp32 partial logits over H[h0 : h0 + BLOCK_H], as _logits_dot's: the
-    weight chunk is loaded and split before the PDL prologue, x after it. HALVES_K and
-    write_halves: the x chunk also stored in fp16 in the halves layout."""
+    weight chunk is loaded and split before the PDL prologue, x after it."""
     cols = h0 + tl.arange(0, BLOCK_H)
     w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
                 mask=e_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_E, BLOCK_H]
@@ -212,9 +205,6 @@ def _logits_chunk(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, s
     pdl_prologue(PDL)
     a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
                 mask=t_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_T, BLOCK_H]
-    if HALVES_K:
-        tl.store(halves_ptr + tokens[:, None].to(tl.int64) * H + halves_col(cols, HALVES_K)[None, :],
-                 a.to(tl.float16), mask=t_mask[:, None] & (cols[None, :] < H) & write_halves)
     return _dot_weight(tl.zeros([BLOCK_T, BLOCK_E], tl.float32), a, w, hi, mid, lo, DOT_FP32, DOT_PRECISION,
                        SPLIT_W)
 
@@ -322,32 +312,6 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: 
     return _launch(x, weight, top_k, renormalize, tile, None)[:2]
 
 
-def router_topk_halves(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
-                       block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """router_topk that also writes x in fp16 in the halves layout of K step block_k (halves.py:
-    the grouped MoE's decode tiles' activations, moe_grouped.halves_block_k), stored by the
-    programs of its first expert block: no conversion launch of its own. -> (ids, weights,
-    x_halves [T, H] fp16). Decode batches whose router splits H (writes_halves)."""
-    _check_inputs(x, weight, top_k)
-    if not writes_halves(*x.shape) or x.shape[1] % block_k:
-        raise ValueError(f"router_topk_halves: {x.shape[0]} tokens of hidden size {x.shape[1]}, expected "
-                         f"{GEMV_MAX_T + 1}..{DOT_DECODE_MAX_T} tokens, a hidden size over {SPLIT_H} (H split) "
-                         f"and a multiple of block_k {block_k}")
-    x_halves = torch.empty(x.shape, dtype=torch.float16, device=x.device)
-    ids, weights, _ = _launch(x, weight, top_k, renormalize, None, None, halves=(x_halves, block_k))
-    return ids, weights, x_halves
-
-
-def writes_halves(t: int, h: int) -> bool:
-    """Whether router_topk_halves takes x [t, h]: the decode batches whose router splits H."""
-    return GEMV_MAX_T < t <= DOT_DECODE_MAX_T and h > SPLIT_H
-
-
-def router_topk_halves_torch(x, weight, top_k, renormalize, block_k):
-    """Same signature and semantics as `router_topk_halves`."""
-    return (*router_topk_torch(x, weight, top_k, renormalize), to_halves_torch(x, block_k))
-
-
 def folds_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether rms_norm_router_topk takes this launch: a decode batch whose programs load their
     weight rows in one chunk (H <= GEMV_TILE / GEMV_BLOCK_E)."""
@@ -417,10 +381,9 @@ def route_from_logits_torch(logits: torch.Tensor, top_k: int, renormalize: bool)
     return ids.to(torch.int32), weights
 
 
-def _launch(x, weight, top_k, renormalize, tile, norm, routing=None, halves=None):
+def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
     """norm: (residual or None, res_out, h, norm_w, eps) to fold the RMSNorm in (decode tiles);
-    routing: stop at the logits and zero this handoff buffer; halves: (x_halves, block_k) to
-    write x so (H split); -> (ids, weights, logits)."""
+    routing: stop at the logits and zero this handoff buffer; -> (ids, weights, logits)."""
     t, h = x.shape
     e = weight.shape[0]
     ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
@@ -442,20 +405,17 @@ def _launch(x, weight, top_k, renormalize, tile, norm, routing=None, halves=None
     fp32 = torch.float32 in (x.dtype, weight.dtype)
     split_w = use_dot and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32
     residual, res_out, h_out, norm_w, eps = norm or (None, x, x, x, 0.0)
-    x_halves, halves_k = halves or (x, 0)
-    if halves_k and splits == 1:
-        raise ValueError(f"router_topk: writing the halves layout takes the H-split tiles, got {tiles}")
     counters = tiles[0] * (1 + (tiles[1] if splits > 1 else 0))  # top-k tails, then the splits' tiles
     _router_kernel[tiles](
         x_ptr=x, w_ptr=weight, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
         part_ptr=torch.empty((splits, t, e), dtype=torch.float32, device=x.device) if splits > 1 else logits,
         counter_ptr=arrival_counters(counters, x.device), routing_ptr=ids if routing is None else routing,
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, h_ptr=h_out, norm_w_ptr=norm_w,
-        halves_ptr=x_halves, T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), eps=eps,
+        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 and not split_w else "tf32", ONE_CHUNK=one_chunk,
-        SPLIT_W=split_w, H_SPLITS=splits, HALVES_K=halves_k,
+        SPLIT_W=split_w, H_SPLITS=splits,
         NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
         **launch_args(x.device),
         num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,

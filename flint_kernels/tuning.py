@@ -87,12 +87,6 @@ MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 # 164.8 us each: every program scans 1536 ids); 65-255 not timed.
 MOE_UNSORTED_MAX_TOKENS = _tokens("MOE_UNSORTED_MAX_TOKENS", 64)
 
-# The router of a decode batch whose grouped MoE takes x in the halves layout writes it so
-# (router.router_topk_halves: the programs of its first expert block store their x chunk), instead
-# of the MoE's own conversion launch (halves.to_halves: 1.5 us of the batch-64 step's critical path
-# a layer, H100 2026-12-07, 114d2cf; predicted -0.07 ms a step). Off until timed.
-ROUTER_WRITES_HALVES = _flag("ROUTER_WRITES_HALVES", False)
-
 # From this many tokens the grouped MoE runs the shared expert apart, as dense GEMMs of every
 # token (moe_grouped.shared_expert_dense), and the combine adds its rows; None (env 0): it is one
 # more pair a token in the grouped launches. The shared expert is a quarter of a prefill chunk's

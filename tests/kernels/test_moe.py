@@ -9,8 +9,8 @@ from transformers.models.flint import modeling_flint as hf
 from flint_backend.config import FlintConfig
 from flint_backend.weights.nvfp4 import concat_rows
 from flint_backend.weights.nvfp4_quantize import quantize_nvfp4
-from flint_kernels import halves, moe_gemv, moe_grouped, moe_sort, split_k, tuning
-from flint_kernels.moe import SMALL_BATCH_TOKENS, fused_moe, fused_moe_torch, halves_block_k
+from flint_kernels import moe_gemv, moe_grouped, moe_sort, split_k, tuning
+from flint_kernels.moe import fused_moe, fused_moe_torch
 from flint_kernels.moe_sort import sort_pairs, sort_pairs_torch
 from kv_cases import assert_scaled_close
 from launch_spy import spy_launches
@@ -404,30 +404,6 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="path"):
         fused_moe(x, ids, weights, w13, w2, path="fast")
     assert fused_moe(x[:0], ids[:0], weights[:0], w13, w2, s13, s2).shape == (0, 64)
-
-
-def test_x_handed_over_in_the_halves_layout(monkeypatch):
-    """fused_moe with x_halves (x in fp16 in the halves layout of halves_block_k's K step, as the
-    router writes it): the same bits as converting x itself, with no conversion launch; asked of
-    a path that takes no halves, or in another dtype or shape, a clear error."""
-    e, h, i, t, k = 16, 128, 128, 17, 4  # 5 rows an expert: the transposed decode tiles
-    w13, w2, s13, s2 = experts(e, h, i, 2 * i, torch.bfloat16, "nvfp4", seed=5)
-    ids, weights = routing(t, e, k, seed=5)
-    x = torch.randn(t, h, device=DEVICE).to(torch.bfloat16)
-    block_k = halves_block_k(t, h, k, x.dtype, w13, w2, s13, s2)
-    assert block_k == (32 if DEVICE == "cpu" else 128)
-    expected = fused_moe(x, ids, weights, w13, w2, s13, s2)
-    conversions = spy_launches(monkeypatch, halves, "_halves_kernel")
-    x_halves = halves.to_halves_torch(x, block_k)
-    assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, x_halves=x_halves), expected)
-    assert conversions == []
-    with pytest.raises(ValueError, match="x_halves is torch.bfloat16"):
-        fused_moe(x, ids, weights, w13, w2, s13, s2, x_halves=x)
-    with pytest.raises(ValueError, match=rf"x_halves given for 3 tokens, expected more than {SMALL_BATCH_TOKENS}"):
-        fused_moe(x[:3], ids[:3], weights[:3], w13, w2, s13, s2, x_halves=x_halves[:3])
-    dense = experts(e, h, i, 2 * i, torch.bfloat16, "mixed", seed=5)  # a dense down: no halves layout
-    assert halves_block_k(t, h, k, x.dtype, *dense) is None
-    assert halves_block_k(SMALL_BATCH_TOKENS, h, k, x.dtype, w13, w2, s13, s2) is None
 
 
 @pytest.mark.gpu

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from flint_backend import ops as ops_module
-from flint_kernels import halves, moe_gemv, router, tuning
+from flint_kernels import moe_gemv, tuning
 from flint_kernels.moe import fused_moe, fused_moe_routed, fused_moe_routed_torch, fused_moe_torch
 from flint_kernels.router import (ROUTING_WORDS, rms_norm_router_logits, rms_norm_router_logits_torch,
                                   rms_norm_router_topk, route_from_logits_torch)
 from kv_cases import assert_scaled_close
-from launch_spy import spy_launches
 from test_moe import BF16_REL, check, experts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -162,28 +161,6 @@ def test_ops_norm_moe(t, router_dtype, monkeypatch):
     assert calls == ([1] if t <= 8 else [])
     assert_scaled_close(got, expected, rel=BF16_REL)
     torch.testing.assert_close(res, res_ref, rtol=1e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("t", [20, 5], ids=["T20-grouped", "T5-small"])
-def test_ops_norm_moe_router_writes_halves(t, monkeypatch):
-    """tuning.ROUTER_WRITES_HALVES: for a grouped decode batch whose MoE takes x in the halves
-    layout, ops.norm_moe's router writes it (no conversion launch) and the output and residual
-    are the same bits as with the MoE converting x itself; a batch of the small path is untouched."""
-    g, h = torch.Generator().manual_seed(t), 4 * router.SPLIT_H  # the router splits H in 4
-    x = torch.randn(t, h, generator=g).to(DEVICE, torch.bfloat16)
-    residual = torch.randn(t, h, generator=g).to(DEVICE, torch.bfloat16)
-    norm_w = (1 + 0.5 * torch.randn(h, generator=g)).to(DEVICE, torch.bfloat16)
-    router_w = torch.randn(32, h, generator=g).to(DEVICE, torch.float32)
-    weights = experts(32, h, 128, 256, torch.bfloat16, "nvfp4", seed=t)
-    triton_ops = ops_module.get_ops("triton")
-    expected, res_ref = triton_ops.norm_moe(x, residual.clone(), norm_w, 1e-5, router_w, 4, True, *weights)
-    monkeypatch.setattr(tuning, "ROUTER_WRITES_HALVES", True)
-    conversions = spy_launches(monkeypatch, halves, "_halves_kernel")
-    writes = spy_launches(monkeypatch, router, "_router_kernel", "HALVES_K")
-    got, res = triton_ops.norm_moe(x, residual.clone(), norm_w, 1e-5, router_w, 4, True, *weights)
-    assert torch.equal(got, expected) and torch.equal(res, res_ref)
-    assert conversions == []
-    assert [w[1] for w in writes] == ([32 if DEVICE == "cpu" else 128] if t > 16 else [0])
 
 
 @pytest.mark.gpu

@@ -7,9 +7,7 @@ import transformers
 from transformers.models.flint import modeling_flint as hf
 
 from flint_backend.config import FlintConfig
-from flint_kernels.halves import to_halves, to_halves_torch
-from flint_kernels.router import (DOT_DECODE_MAX_T, GEMV_MAX_T, SPLIT_H, router_topk, router_topk_halves,
-                                  router_topk_halves_torch, router_topk_torch)
+from flint_kernels.router import router_topk, router_topk_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # weights: fp32 sigmoid/normalisation of logits that differ only in summation order
@@ -119,35 +117,6 @@ def test_errors_name_the_argument():
     for tile in [(2, 16), (16, 8), (1, 3), (1, 4, 2), (16, 16, 0), (16, 16, 65), (256, 16), (64, 8), (32, 16, 2)]:
         with pytest.raises(ValueError, match="tile"):
             router_topk(x, w, 4, True, tile=tile)
-
-
-@pytest.mark.parametrize("t,h,block_k", [(GEMV_MAX_T + 1, 3 * SPLIT_H, 32), (37, 4 * SPLIT_H, 64)],
-                         ids=["9-tokens", "37-tokens"])
-def test_the_halves_layout_written_by_the_router(t, h, block_k):
-    """router_topk_halves: router_topk's routing, and x in fp16 in the halves layout (each K
-    step's even columns, then its odd ones) exactly as to_halves and its twin write it. H in 3
-    or 4 splits."""
-    x, w = inputs(t, 40, h, torch.bfloat16, seed=t, w_dtype=torch.float32)
-    ids, weights, x_halves = router_topk_halves(x, w, 6, True, block_k)
-    assert_same_routing((ids, weights), router_topk(x, w, 6, True))
-    expected = router_topk_halves_torch(x, w, 6, True, block_k)
-    assert_same_routing((ids, weights), expected[:2])
-    assert x_halves.dtype == torch.float16 and torch.equal(x_halves, expected[2])
-    assert torch.equal(to_halves(x, block_k), expected[2])
-    assert x_halves[0, 1].item() == x[0, 2].float().item()  # the second even column, then the odd ones
-    assert x_halves[0, block_k // 2].item() == x[0, 1].float().item()
-
-
-def test_router_topk_halves_errors_name_the_argument():
-    x, w = inputs(GEMV_MAX_T, 16, 2 * SPLIT_H, torch.bfloat16)
-    with pytest.raises(ValueError, match=rf"{GEMV_MAX_T} tokens.*expected {GEMV_MAX_T + 1}..{DOT_DECODE_MAX_T}"):
-        router_topk_halves(x, w, 4, True, 32)
-    x, w = inputs(GEMV_MAX_T + 1, 16, SPLIT_H, torch.bfloat16)
-    with pytest.raises(ValueError, match=f"hidden size over {SPLIT_H}"):
-        router_topk_halves(x, w, 4, True, 32)
-    x, w = inputs(GEMV_MAX_T + 1, 16, 3 * SPLIT_H, torch.bfloat16)
-    with pytest.raises(ValueError, match="multiple of block_k 64"):
-        router_topk_halves(x, w, 4, True, 64)
 
 
 @pytest.mark.gpu

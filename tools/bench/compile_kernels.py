@@ -295,9 +295,6 @@ def moe_launches() -> list:
     router_w = torch.randn(e, h, dtype=torch.float32)  # the checkpoint's fp32 router
     cases = [(f"router T={t}", router, lambda t=t: router.router_topk(torch.randn(t, h, dtype=bf16), router_w, k, True))
              for t in (1, 64, 8192)]
-    # x written in the grouped MoE's halves layout as well (tuning.ROUTER_WRITES_HALVES)
-    cases.append(("router T=64 + halves", router, lambda: router.router_topk_halves(
-        torch.randn(64, h, dtype=bf16), router_w, k, True, 128)))
     hw = torch.randn(h, dtype=bf16)
     cases += [(f"router + rms_norm T={t}", router, lambda t=t: router.rms_norm_router_topk(
         torch.randn(t, h, dtype=bf16), torch.randn(t, h, dtype=bf16), hw, 1e-5, router_w, k, True))
