@@ -119,7 +119,7 @@ def _by_col(v, SWAP: tl.constexpr):
 
 
 @triton.jit
-def _block_from_ids(ids_ptr, b, T, E, shared_blocks, K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
+def _block_from_ids(ids_ptr, b, T, P, E, shared_blocks, K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
                     IDS_POW2: tl.constexpr, E_POW2: tl.constexpr, PAIRS: tl.constexpr):
     """UNSORTED: block b straight from the router's ids [T, K], no sort. Blocks [0, shared_blocks)
     are the shared expert's (expert E, BLOCK_M tokens in order each); block shared_blocks + e holds
@@ -128,12 +128,11 @@ def _block_from_ids(ids_ptr, b, T, E, shared_blocks, K: tl.constexpr, SLOTS: tl.
     without PAIRS (down, which reads the pairs gate/up stored) pairs is only [0, P, ...] for a block
     with pairs, all P for one without."""
     r = tl.arange(0, BLOCK_M)
-    p_none = T * SLOTS
     s = b - shared_blocks
     if s < 0:
         t = b * BLOCK_M + r
         e = E
-        pairs = tl.where(t < T, t * SLOTS + K, p_none)
+        pairs = tl.where(t < T, t * SLOTS + K, P)
     else:
         idx = tl.arange(0, IDS_POW2)
         n = T * K
@@ -152,10 +151,9 @@ def _block_from_ids(ids_ptr, b, T, E, shared_blocks, K: tl.constexpr, SLOTS: tl.
             rank = tl.cumsum(hit.to(tl.int32), 0) - 1  # [IDS_POW2] the pair's place among e's
             take = hit[None, :] & (rank[None, :] == (j * BLOCK_M + r)[:, None])  # [BLOCK_M, IDS_POW2]
             pair_of = (idx // K) * SLOTS + idx % K
-            pairs = tl.where(tl.sum(take.to(tl.int32), 1) > 0, tl.sum(tl.where(take, pair_of[None, :], 0), 1),
-                             p_none)
+            pairs = tl.where(tl.sum(take.to(tl.int32), 1) > 0, tl.sum(tl.where(take, pair_of[None, :], 0), 1), P)
         else:
-            pairs = tl.where((r == 0) & (tl.sum(hit.to(tl.int32), 0) > j * BLOCK_M), 0, p_none)
+            pairs = tl.where((r == 0) & (tl.sum(hit.to(tl.int32), 0) > j * BLOCK_M), 0, P)
     return e, pairs
 
 
@@ -197,7 +195,7 @@ def _moe_grouped_kernel(
     if not HANDOFF or GATE_UP:
         pdl_prologue(PDL)  # (HANDOFF down: before its stores; the block table or the ids are three launches back)
     if UNSORTED:
-        e, pairs = _block_from_ids(ids_ptr, b, T, E, shared_blocks, K, SLOTS, BLOCK_M, IDS_POW2, E_POW2, GATE_UP)
+        e, pairs = _block_from_ids(ids_ptr, b, T, P, E, shared_blocks, K, SLOTS, BLOCK_M, IDS_POW2, E_POW2, GATE_UP)
         if tl.min(pairs) >= P:
             return
     else:

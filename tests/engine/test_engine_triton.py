@@ -18,6 +18,8 @@ from flint_backend.weights.loader import load_checkpoint
 from flint_backend.weights.nvfp4 import NVFP4Weight
 from flint_backend.weights.random_init import random_stacked_weights, random_weights
 from flint_backend.weights.safetensors_writer import write_sharded
+from flint_kernels import moe as moe_module
+from flint_kernels import moe_grouped as moe_grouped_module
 from flint_kernels import nvfp4_linear as nvfp4_linear_module
 from flint_kernels import tuning
 
@@ -154,7 +156,8 @@ def test_w4a16_bf16_decode_batch_is_within_the_bf16_bound(f16_gemm_activations, 
     moe.SMALL_BATCH_TOKENS, router.GEMV_MAX_T and nvfp4_linear.GEMV_MAX_TOKENS, so the grouped MoE,
     the router's tensor-core tiles (its fp32 weight split into bf16 parts) and the W4A16 GEMM run,
     their NVFP4 tiles decoded to fp16 (tuning.FP4_MMA_F16), and with
-    tuning.FP4_GEMM_F16_ACTIVATIONS decode attention hands o_proj's GEMM fp16 activations.
+    tuning.FP4_GEMM_F16_ACTIVATIONS decode attention hands o_proj's GEMM fp16 activations; the
+    grouped MoE takes its blocks straight from the router's ids (tuning.MOE_UNSORTED_MAX_TOKENS).
     Its logits are within the bf16 bound of transformers' fp32 FlintForCausalLM on the dequantised
     weights, at each sequence's position. Three layers (dense 0-1, MoE 2) and a 512-token
     vocabulary: every launch of a 17-sequence step runs in the interpreter."""
@@ -163,6 +166,12 @@ def test_w4a16_bf16_decode_batch_is_within_the_bf16_bound(f16_gemm_activations, 
     real = nvfp4_linear_module.nvfp4_linear
     monkeypatch.setattr(nvfp4_linear_module, "nvfp4_linear", lambda x, *a, **kw: gemm_x.append(
         (x.shape[0], x.dtype)) or real(x, *a, **kw))
+    grouped, sorted_ = [], []  # token counts of the grouped MoE's calls, and of its sorts
+    real_grouped, real_sort = moe_module.moe_grouped, moe_grouped_module.sort_pairs
+    monkeypatch.setattr(moe_module, "moe_grouped", lambda x, *a, **kw: grouped.append(x.shape[0]) or
+                        real_grouped(x, *a, **kw))
+    monkeypatch.setattr(moe_grouped_module, "sort_pairs", lambda ids, *a: sorted_.append(ids.shape[0]) or
+                        real_sort(ids, *a))
     config = FlintConfig.preset("flint-tiny", num_hidden_layers=3, vocab_size=512)
     hf_dir = tmp_path / "flint-tiny"
     write_sharded(random_weights(config, 0), hf_dir, 1 << 30)
@@ -182,6 +191,7 @@ def test_w4a16_bf16_decode_batch_is_within_the_bf16_bound(f16_gemm_activations, 
     # qkv and o_proj of 3 layers, the dense MLPs' gate/up and down: o_proj's in fp16 with the switch
     fp16 = 3 if f16_gemm_activations else 0
     assert (step_x.count(torch.float16), step_x.count(torch.bfloat16)) == (fp16, 10 - fp16)
+    assert 17 in grouped and 17 not in sorted_  # the step's MoE: blocks from the ids, no sort
     oracle = oracle_model(ckpt.config, ckpt.tensors, torch.float32)
     with torch.no_grad():
         expected = [oracle(torch.tensor([t])).logits[0, -1:] for t in tokens]
