@@ -1,5 +1,6 @@
 import os
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def seeded_torch(request):
+    """Every test draws the same random tensors on every run (its own seed, from its id): a
+    tolerance that holds here holds in CI."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(scope="session")
