@@ -177,11 +177,59 @@ mul.rn.f16x2 $3, f3, $6;
 """)
 
 
+# The same tiles decoded with no conversion instruction (tile_decode() 2, tuning.FP4_TILE_INT_DECODE):
+# each byte's two codes become bytes holding a code's sign at bit 7 and its magnitude at bits 3..1,
+# which a byte permute makes the high byte of an fp16 whose low byte is 0: the fp16 is then
+# E2M1 / 2**14 (FP16_E2M1_UNIT, subnormals included). The block scales come in times 2**7 (E4M3 at
+# most 448: 57344 < 65504), so the products are E2M1 * scale / 2**7, exact for the same reason as
+# F16_TILE_UNIT's (6 significant bits, 2**-17 <= |w| / 128 <= 21: the last bit at least 2**-22):
+# the values of the tiles above halved, the same bits once the unit is multiplied back.
+# 7 integer instructions, 4 byte permutes and 4 mul.rn.f16x2 for 8 weights, where the E4M3 decode
+# takes 7, 4 cvt.rn.f16x2.e4m3x2 and 4 (sm_90 issues conversions at a quarter of the integer rate).
+F16_INT_TILE_UNIT = tl.constexpr(128.0)
+F16_INT_SCALE_UNIT = tl.constexpr(128.0)  # the block scales' factor: FP16_E2M1_UNIT / F16_INT_TILE_UNIT
+_FP4_BYTES_INT_SCALED_F16_PTX = tl.constexpr("""
+{
+.reg .b32 t<4>, lo, hi, f<4>;
+shl.b32 t0, $4, 4;
+and.b32 t0, t0, 0x80808080;
+shl.b32 t1, $4, 1;
+lop3.b32 lo, t1, 0x0E0E0E0E, t0, 0xEA;
+shr.u32 t2, $4, 3;
+and.b32 t3, $4, 0x80808080;
+lop3.b32 hi, t2, 0x0E0E0E0E, t3, 0xEA;
+prmt.b32 f0, lo, 0, 0x1404;
+prmt.b32 f1, lo, 0, 0x3424;
+prmt.b32 f2, hi, 0, 0x1404;
+prmt.b32 f3, hi, 0, 0x3424;
+mul.rn.f16x2 $0, f0, $5;
+mul.rn.f16x2 $1, f1, $6;
+mul.rn.f16x2 $2, f2, $5;
+mul.rn.f16x2 $3, f3, $6;
+}
+""")
+
+
+def tile_decode() -> int:
+    """weight_tile_f16's PTX argument for a launch now: 0 the fp32 decode (the interpreter, or
+    tuning.FP4_PTX off), 1 the codes as E4M3 bytes converted to fp16 pairs, 2 the codes' fp16 bits
+    built by integer instructions (tuning.FP4_TILE_INT_DECODE)."""
+    if not ptx_decode():
+        return 0
+    return 2 if tuning.FP4_TILE_INT_DECODE else 1
+
+
+@triton.jit
+def tile_unit(PTX: tl.constexpr):
+    """What weight_tile_f16's values are multiplied by to give E2M1 * block scale."""
+    return F16_INT_TILE_UNIT if PTX == 2 else F16_TILE_UNIT
+
+
 @triton.jit
 def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
                     BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
     """weight_tile's NVFP4 tile in fp16 ([BLOCK_N, BLOCK_K], same arguments): E2M1 * block scale
-    / F16_TILE_UNIT, exact, the global scale not applied. For tensor-core tiles whose activations
+    / tile_unit(PTX), exact, the global scale not applied. For tensor-core tiles whose activations
     are converted to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
     instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter; weight_tile)."""
     lo, hi = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
@@ -205,12 +253,17 @@ def weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, strid
     n: tl.constexpr = rows.shape[0]
     p = tl.load(w_ptr + rows[:, None] * stride_wn + bytes_[None, :], mask=p_mask, other=0)
     s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
-    if PTX:
+    if PTX == 2:
+        s = s.to(tl.float16) * F16_INT_SCALE_UNIT  # exact (at most 448 * 128); once a group
+    elif PTX:
         s = s.to(tl.float16)  # exact; converted once a group, before its broadcast to the bytes
     else:
         s = s.to(tl.float32) * (FP16_E2M1_UNIT / F16_TILE_UNIT)
     s = tl.reshape(tl.broadcast_to(s[:, :, None], [n, BLOCK_K // 16, 8]), [n, BLOCK_K // 2])  # a byte's scale
-    if PTX:
+    if PTX == 2:
+        lo, hi = tl.inline_asm_elementwise(_FP4_BYTES_INT_SCALED_F16_PTX, "=r,=r,=r,=r,r,r,r", [p, s],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    elif PTX:
         lo, hi = tl.inline_asm_elementwise(_FP4_BYTES_SCALED_F16_PTX, "=r,=r,=r,=r,r,r,r", [p, s],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     else:
