@@ -185,7 +185,8 @@ mul.rn.f16x2 $3, f3, $6;
 # F16_TILE_UNIT's (6 significant bits, 2**-17 <= |w| / 128 <= 21: the last bit at least 2**-22):
 # the values of the tiles above halved, the same bits once the unit is multiplied back.
 # 7 integer instructions, 4 byte permutes and 4 mul.rn.f16x2 for 8 weights, where the E4M3 decode
-# takes 7, 4 cvt.rn.f16x2.e4m3x2 and 4 (sm_90 issues conversions at a quarter of the integer rate).
+# takes 7, 4 cvt.rn.f16x2.e4m3x2 and 4 (CUDA's throughput table: conversions 16 an SM a clock,
+# integer instructions 64).
 F16_INT_TILE_UNIT = tl.constexpr(128.0)
 F16_INT_SCALE_UNIT = tl.constexpr(128.0)  # the block scales' factor: FP16_E2M1_UNIT / F16_INT_TILE_UNIT
 _FP4_BYTES_INT_SCALED_F16_PTX = tl.constexpr("""
@@ -230,8 +231,9 @@ def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_
                     BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
     """weight_tile's NVFP4 tile in fp16 ([BLOCK_N, BLOCK_K], same arguments): E2M1 * block scale
     / tile_unit(PTX), exact, the global scale not applied. For tensor-core tiles whose activations
-    are converted to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
-    instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter; weight_tile)."""
+    are converted to fp16 (tuning.FP4_MMA_F16). PTX (tile_decode()): each byte's two codes decoded
+    and scaled in ~4 instructions (1: _FP4_BYTES_SCALED_F16_PTX, 2: _FP4_BYTES_INT_SCALED_F16_PTX);
+    0: through fp32 (the interpreter; weight_tile)."""
     lo, hi = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
     return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_K])  # (even, odd) pairs: k order
 
