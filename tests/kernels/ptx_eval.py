@@ -62,7 +62,7 @@ def run(ptx: str, operands: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
             continue
         op, rest = line.split(None, 1)
         if op == "mov.b32" and rest.startswith("{"):
-            lo, hi, src = re.fullmatch(r"\{\s*(\w+)\s*,\s*(\w+)\s*\}\s*,\s*(\S+)", rest).groups()
+            lo, hi, src = re.fullmatch(r"\{\s*([\w$]+)\s*,\s*([\w$]+)\s*\}\s*,\s*(\S+)", rest).groups()
             regs[lo], regs[hi] = val(src) & U32(0xFFFF), val(src) >> U32(16)
             continue
         dst, *args = [t.strip() for t in rest.split(",")]
