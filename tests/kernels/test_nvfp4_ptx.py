@@ -7,14 +7,15 @@ import pytest
 import torch
 
 import ptx_eval
+from flint_backend.weights.nvfp4 import E2M1_MAGNITUDES
 from flint_kernels import nvfp4
 
 UNITS = {1: nvfp4.F16_TILE_UNIT.value, 2: nvfp4.F16_INT_TILE_UNIT.value}
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 def _e2m1(code: np.ndarray) -> np.ndarray:
-    return np.where(code & 8, -1.0, 1.0) * E2M1[code & 7]
+    """code -> value, code 8 as -0.0 (the sign bit kept, as the decodes keep it)."""
+    return np.where(code & 8, -1.0, 1.0) * np.array(E2M1_MAGNITUDES)[code & 7]
 
 
 @pytest.mark.parametrize("ptx", [1, 2], ids=["e4m3-cvt", "integer"])
@@ -23,7 +24,7 @@ def test_ptx_text_gives_e2m1_times_scale_over_the_unit(ptx):
     E4M3 block scale (zero and subnormals included), gives E2M1 * scale / unit bit for bit, as
     (byte 0, byte 1) and (byte 2, byte 3) pairs of low nibbles, then of high ones."""
     text = (nvfp4._FP4_BYTES_SCALED_F16_PTX if ptx == 1 else nvfp4._FP4_BYTES_INT_SCALED_F16_PTX).value
-    scale_in = 1.0 if ptx == 1 else nvfp4.F16_INT_SCALE_UNIT.value  # what the kernel multiplies them by
+    scale_in = 1.0 if ptx == 1 else nvfp4.FP16_E2M1_UNIT.value / nvfp4.F16_INT_TILE_UNIT.value  # as the kernel
     i = np.arange(256)[:, None]
     c = np.arange(127)[None, :]  # E4M3 codes 0 (zero) .. 126 (448)
     every = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy().astype(np.float64)
