@@ -42,6 +42,7 @@ from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
 from flint_kernels import tuning  # noqa: E402
 from flint_kernels.fp8_kv import index_copy_rows  # noqa: E402
 from tools.bench.format_processes import run_in_child  # noqa: E402
+from tools.bench.jit_compiles import JitCompiles  # noqa: E402
 from tools.bench.stream_stats import Stream, run_statistics  # noqa: E402
 from tools.bench.timing import copy_bandwidth, nbytes, result_path, run_meta  # noqa: E402
 
@@ -197,7 +198,8 @@ def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len:
     percentiles in ms (stream_stats.run_statistics). warmup: the same requests with WARMUP_TOKENS
     output tokens run first, untimed: Triton compiles a kernel for each new specialisation on its
     first launch, and the engine's start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and
-    a short prompt, not every batch of prompts; a compile would otherwise land in the timed prefill."""
+    a short prompt, not every batch of prompts; a compile would otherwise land in the timed prefill.
+    jit_compiles: the kernel specialisations the timed run still met for the first time."""
     if warmup:
         throughput(engine, streams, prompt_len, WARMUP_TOKENS, warmup=False)
     seqs = [engine.add_request([1 + (i * 31 + j) % 5000 for j in range(prompt_len)],
@@ -206,19 +208,20 @@ def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len:
     sync()
     t0 = time.perf_counter()
     first = None
-    while engine.has_work():
-        outputs = engine.step()
-        now = time.perf_counter()
-        for out in outputs:
-            events[out.request_id].append((now - t0, len(out.new_token_ids)))
-        if first is None and all(s.num_output_tokens > 0 for s in seqs):
-            first = now
+    with JitCompiles() as compiles:
+        while engine.has_work():
+            outputs = engine.step()
+            now = time.perf_counter()
+            for out in outputs:
+                events[out.request_id].append((now - t0, len(out.new_token_ids)))
+            if first is None and all(s.num_output_tokens > 0 for s in seqs):
+                first = now
     decode = time.perf_counter() - first
     run = run_statistics([Stream(0.0, e) for e in events.values()])
     return {"streams": streams, "prompt": prompt_len, "output": out_len, "output_tok_s": run["output_tok_s"],
             "decode_tok_s": round(streams * (out_len - 1) / decode, 1),
             "ms_per_step": round(decode / (out_len - 1) * 1e3, 3),
-            "ttft_ms": run["ttft_ms"], "itl_ms": run["itl_ms"]}
+            "ttft_ms": run["ttft_ms"], "itl_ms": run["itl_ms"], "jit_compiles": compiles.reprs}
 
 
 WARMUP_TOKENS = 4
@@ -281,6 +284,8 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
                 print(f"  {fmt} {streams} streams of {prompt_len} in / {out_len} out: {row['output_tok_s']} "
                       f"output tok/s ({row['decode_tok_s']} decoding, {row['ms_per_step']} ms a step), "
                       f"TTFT p50 {row['ttft_ms']['p50']} ms, ITL p50 {row['itl_ms']['p50']} ms", flush=True)
+                for text in row["jit_compiles"]:
+                    print(f"    first specialised in the timed run: {text}", flush=True)
                 result["throughput"].append(row)
     # the first prompt of each length compiles what its prefill has not met: timed apart
     result["ttft_first_s"], result["ttft_s"] = {}, {}
