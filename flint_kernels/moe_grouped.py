@@ -36,7 +36,7 @@ import triton.language as tl
 from .moe_sort import sort_pairs
 from . import tuning
 from .halves import dot_halves, halves_col, to_halves
-from .nvfp4 import F16_BLOCK_K, is_nvfp4, tile_decode, tile_unit, weight_args, weight_tile, weight_tile_f16
+from .nvfp4 import F16_BLOCK_K, F16_TILE_UNIT, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
 from .nvfp4_linear import nvfp4_linear
 from .pdl import launch_args, pdl_prologue, poll_at_least
 from .split_k import arrival_counters, last_to_arrive
@@ -46,11 +46,6 @@ from .tuning import INTERPRET
 DOT_FP32 = INTERPRET  # Triton's interpreter computes bf16 tl.dot wrongly
 COMBINE_BLOCK_H = 64 if INTERPRET else 1024
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-
-# Registers of the gate/up decode tiles with the integer decode (nvfp4.tile_decode() 2): ptxas
-# gives them 143 (sm_90, 2026-12-07), 3 programs an SM where the E4M3 decode's 116 fit 4; capped
-# at 128 they keep 4 with no spill (the K loop 397-402 -> 405-407 instructions).
-INT_DECODE_MAXNREG = 128
 
 
 @triton.jit
@@ -98,7 +93,7 @@ def _expert_gemm(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, scale_ptr, 
     """One expert's output tile(s), global scale applied: (out, up) for GATE_UP (gate rows
     cols_n, up rows n_out + cols_n), else (out, unchanged acc_up); transposed with SWAP."""
     col_mask = cols_n < n_out
-    unit = tile_unit(PTX) if F16 else 1.0  # the fp16 tiles' weights / their unit
+    unit = F16_TILE_UNIT if F16 else 1.0  # the fp16 tiles' weights / F16_TILE_UNIT
     acc = _dot_rows(acc, a_rows_ptr, a_mask, w_ptr, scales_ptr, cols_n, col_mask, n_k, stride_wn, stride_sn,
                     BLOCK_K, MASK_K, FP4, DOT_FP32, DOT_PRECISION, F16, PTX, SWAP, HALVES)
     if FP4:  # the global scale, once per output
@@ -355,13 +350,11 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         s = s if has_shared else w[0]
         w_f16, s_f16 = f16 and is_nvfp4(w), f16 and is_nvfp4(s)
         col_tiles = triton.cdiv(n_max, block_n)
-        ptx = tile_decode()
         _moe_grouped_kernel[(col_tiles, blocks) if handoff else (blocks, col_tiles)](
             a_ptr=a, out_ptr=dst, **weight_args("w", w), **weight_args("s", s),
             stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n,
             MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s),
-            W_F16=w_f16, S_F16=s_f16, PTX=ptx, **common,
-            **({"maxnreg": INT_DECODE_MAXNREG} if ptx == 2 and stage == 0 and swap else {}))
+            W_F16=w_f16, S_F16=s_f16, PTX=ptx_decode(), **common)
     shared_rows = ys.view(t, slots, h)[:, k] if has_shared else shared_out  # [T, H] or None
     _moe_combine_kernel[(t, triton.cdiv(h, COMBINE_BLOCK_H))](
         ys_ptr=ys, topk_weights_ptr=topk_weights, shared_ptr=ys if shared_rows is None else shared_rows,

@@ -105,27 +105,19 @@ F32_E2M1_HALF_UNIT = tl.constexpr(9223372036854775808.0)  # 2**63
 # exactly, E4M3 subnormals included), which the hardware converts to fp16 pairs (sm_89+, one
 # instruction a pair): 7 integer instructions for 8 weights instead of 24. Outputs: the fp16
 # weights of k = 8 w + (0, 2, 4, 6, 1, 3, 5, 7).
-def e2m1_sign_magnitude_bytes_ptx(word: str, low: int) -> str:
-    """PTX lines turning the 32-bit word in register `word` into .b32 registers lo (each byte's
-    low nibble) and hi (its high nibble), four bytes each: a code's sign at bit 7, its magnitude
-    bits at bits low + 2..low, the others 0. Uses scratch registers t0..t3 (.b32)."""
-    magnitudes = f"0x{0x07070707 << low:08X}"
-    return f"""
-shl.b32 t0, {word}, 4;
-shl.b32 t1, {word}, {low};
-and.b32 t0, t0, 0x80808080;
-lop3.b32 lo, t1, {magnitudes}, t0, 0xEA;
-shr.u32 t2, {word}, {4 - low};
-and.b32 t3, {word}, 0x80808080;
-lop3.b32 hi, t2, {magnitudes}, t3, 0xEA;
-"""
-
-
 def e2m1_word_to_f16x2_ptx(word: str, out: tuple[str, str, str, str]) -> str:
     """PTX lines decoding the 32-bit word in register `word` into four fp16 pairs in the .b32
     registers `out`: (k0, k2), (k4, k6), (k1, k3), (k5, k7), each E2M1 / 64, low half first.
     Uses scratch registers t0..t3, lo, hi (.b32) and b0..b3 (.b16), declared by the caller."""
-    return e2m1_sign_magnitude_bytes_ptx(word, 2) + f"""mov.b32 {{b0, b1}}, lo;
+    return f"""
+shl.b32 t0, {word}, 4;
+shl.b32 t1, {word}, 2;
+and.b32 t0, t0, 0x80808080;
+lop3.b32 lo, t1, 0x1C1C1C1C, t0, 0xEA;
+shr.u32 t2, {word}, 2;
+and.b32 t3, {word}, 0x80808080;
+lop3.b32 hi, t2, 0x1C1C1C1C, t3, 0xEA;
+mov.b32 {{b0, b1}}, lo;
 mov.b32 {{b2, b3}}, hi;
 cvt.rn.f16x2.e4m3x2 {out[0]}, b0;
 cvt.rn.f16x2.e4m3x2 {out[1]}, b1;
@@ -185,54 +177,13 @@ mul.rn.f16x2 $3, f3, $6;
 """)
 
 
-# The same tiles decoded with no conversion instruction (tile_decode() 2, tuning.FP4_TILE_INT_DECODE):
-# each byte's two codes become bytes holding a code's sign at bit 7 and its magnitude at bits 3..1,
-# which a byte permute makes the high byte of an fp16 whose low byte is 0: the fp16 is then
-# E2M1 / 2**14 (FP16_E2M1_UNIT, subnormals included). The block scales come in times 2**7 (E4M3 at
-# most 448: 57344 < 65504), so the products are E2M1 * scale / 2**7, exact for the same reason as
-# F16_TILE_UNIT's (6 significant bits, 2**-17 <= |w| / 128 <= 21: the last bit at least 2**-22):
-# the values of the tiles above halved, the same bits once the unit is multiplied back.
-# 7 integer instructions, 4 byte permutes and 4 mul.rn.f16x2 for 8 weights, where the E4M3 decode
-# takes 7, 4 cvt.rn.f16x2.e4m3x2 and 4 (CUDA's throughput table: conversions 16 an SM a clock,
-# integer instructions 64).
-F16_INT_TILE_UNIT = tl.constexpr(128.0)
-_FP4_BYTES_INT_SCALED_F16_PTX = tl.constexpr("""
-{
-.reg .b32 t<4>, lo, hi, f<4>;""" + e2m1_sign_magnitude_bytes_ptx("$4", 1) + """prmt.b32 f0, lo, 0, 0x1404;
-prmt.b32 f1, lo, 0, 0x3424;
-prmt.b32 f2, hi, 0, 0x1404;
-prmt.b32 f3, hi, 0, 0x3424;
-mul.rn.f16x2 $0, f0, $5;
-mul.rn.f16x2 $1, f1, $6;
-mul.rn.f16x2 $2, f2, $5;
-mul.rn.f16x2 $3, f3, $6;
-}
-""")
-
-
-def tile_decode() -> int:
-    """weight_tile_f16's PTX argument for a launch now: 0 the fp32 decode (the interpreter, or
-    tuning.FP4_PTX off), 1 the codes as E4M3 bytes converted to fp16 pairs, 2 the codes' fp16 bits
-    built by integer instructions (tuning.FP4_TILE_INT_DECODE)."""
-    if not ptx_decode():
-        return 0
-    return 2 if tuning.FP4_TILE_INT_DECODE else 1
-
-
-@triton.jit
-def tile_unit(PTX: tl.constexpr):
-    """What weight_tile_f16's values are multiplied by to give E2M1 * block scale."""
-    return F16_INT_TILE_UNIT if PTX == 2 else F16_TILE_UNIT
-
-
 @triton.jit
 def weight_tile_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn,
                     BLOCK_K: tl.constexpr, MASK_K: tl.constexpr, PTX: tl.constexpr):
     """weight_tile's NVFP4 tile in fp16 ([BLOCK_N, BLOCK_K], same arguments): E2M1 * block scale
-    / tile_unit(PTX), exact, the global scale not applied. For tensor-core tiles whose activations
-    are converted to fp16 (tuning.FP4_MMA_F16). PTX (tile_decode()): each byte's two codes decoded
-    and scaled in ~4 instructions (1: _FP4_BYTES_SCALED_F16_PTX, 2: _FP4_BYTES_INT_SCALED_F16_PTX);
-    0: through fp32 (the interpreter; weight_tile)."""
+    / F16_TILE_UNIT, exact, the global scale not applied. For tensor-core tiles whose activations
+    are converted to fp16 (tuning.FP4_MMA_F16). PTX: each byte's two codes decoded and scaled in ~4
+    instructions (_FP4_BYTES_SCALED_F16_PTX); else through fp32 (the interpreter; weight_tile)."""
     lo, hi = weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, stride_sn, BLOCK_K, MASK_K, PTX)
     return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_K])  # (even, odd) pairs: k order
 
@@ -254,16 +205,13 @@ def weight_halves_f16(w_ptr, scales_ptr, rows, row_mask, k0, K, stride_wn, strid
     n: tl.constexpr = rows.shape[0]
     p = tl.load(w_ptr + rows[:, None] * stride_wn + bytes_[None, :], mask=p_mask, other=0)
     s = tl.load(scales_ptr + rows[:, None] * stride_sn + groups[None, :], mask=s_mask, other=0.0)
-    if PTX == 2:
-        s = s.to(tl.float16) * (FP16_E2M1_UNIT / F16_INT_TILE_UNIT)  # exact (at most 448 * 128); once a group
-    elif PTX:
+    if PTX:
         s = s.to(tl.float16)  # exact; converted once a group, before its broadcast to the bytes
     else:
         s = s.to(tl.float32) * (FP16_E2M1_UNIT / F16_TILE_UNIT)
     s = tl.reshape(tl.broadcast_to(s[:, :, None], [n, BLOCK_K // 16, 8]), [n, BLOCK_K // 2])  # a byte's scale
     if PTX:
-        asm: tl.constexpr = _FP4_BYTES_INT_SCALED_F16_PTX if PTX == 2 else _FP4_BYTES_SCALED_F16_PTX
-        lo, hi = tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r", [p, s],
+        lo, hi = tl.inline_asm_elementwise(_FP4_BYTES_SCALED_F16_PTX, "=r,=r,=r,=r,r,r,r", [p, s],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     else:
         codes = p.to(tl.int32)

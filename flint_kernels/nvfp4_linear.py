@@ -32,9 +32,8 @@ import triton
 import triton.language as tl
 
 from . import nvfp4, tuning
-from .nvfp4 import (F16_BLOCK_K, check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words,
-                    fp4_norm_weight, fp4_x_block, packed_words, scale_strides, tile_unit, weight_tile,
-                    weight_tile_f16)
+from .nvfp4 import (F16_BLOCK_K, F16_TILE_UNIT, check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words,
+                    fp4_norm_weight, fp4_x_block, packed_words, scale_strides, weight_tile, weight_tile_f16)
 from .greedy import best_packed, pack_argmax
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_norm, maybe_folded_rstd, rms_norm_torch, steps_rstd
@@ -271,7 +270,7 @@ def _nvfp4_matmul_kernel(
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
     scale = tl.load(scale_ptr + rows * stride_gn, mask=row_mask, other=0.0)
     if F16:
-        scale *= tile_unit(PTX)  # the fp16 tiles' weights / their unit
+        scale *= F16_TILE_UNIT  # the fp16 tiles' weights / F16_TILE_UNIT
     offs = tokens[:, None].to(tl.int64) * N + rows[None, :]
     mask = (tokens[:, None] < T) & row_mask[None, :]
     finish_split(acc, scale[None, :], out_ptr + offs, part_ptr, offs, mask, s, T * N, counter_ptr + tile, SPLIT)
@@ -439,7 +438,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
             **common, packed_ptr=weight, stride_pn=weight.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FP4=not dequant,
-            F16=f16, PTX=nvfp4.tile_decode(),
+            F16=f16, PTX=nvfp4.ptx_decode(),
             **launch_args(x.device),
             num_warps=warps, num_stages=stages)
 

@@ -62,14 +62,6 @@ FP4_GEMV_F16 = _flag("FP4_GEMV_F16", True)
 # 440 -> 326 us; the W4A16 GEMM at 64 tokens unchanged (17.1 us).
 FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 
-# Those fp16 tiles decoded with no conversion instruction: the codes' fp16 bits built by integer
-# instructions and byte permutes, the block scales times 2**7 (nvfp4._FP4_BYTES_INT_SCALED_F16_PTX;
-# the same bits in every result). The grouped MoE's decode tiles at 64 tokens issue 72 F2FP a K
-# step (sm_90 SASS, 2026-12-07), which CUDA's throughput table puts at 16 an SM a clock
-# against 64 for integer instructions: predicted up to -25% of gate/up if that pipe bounds it.
-# Off until timed (no GPU measurement yet).
-FP4_TILE_INT_DECODE = _flag("FP4_TILE_INT_DECODE", False)
-
 # The grouped MoE's transposed decode tiles take their activations in fp16 in the halves layout
 # (each K step's even columns, then its odd ones: halves.py) where every weight is
 # NVFP4 in fp16 tiles: no instruction pairs the decoded weight's halves, none converts x. H100

@@ -2,9 +2,8 @@
 on numpy arrays (one lane an element): the decodes' PTX text itself runs on the CPU, where the
 Triton interpreter takes the fp32 decode instead.
 
-Supported: .reg lines and braces (skipped); shl.b32, shr.u32, and.b32, lop3.b32, prmt.b32 (the
-default mode), mov.b32 {lo, hi} (a split into .b16 halves), cvt.rn.f16x2.e4m3x2 and
-mul.rn.f16x2. Operands: $N (the asm's operands), named registers, decimal or hex immediates."""
+Supported: .reg lines and braces (skipped); shl.b32, shr.u32, and.b32, lop3.b32, mov.b32
+{lo, hi} (a split into .b16 halves), cvt.rn.f16x2.e4m3x2 and mul.rn.f16x2. Operands: $N (the asm's operands), named registers, decimal or hex immediates."""
 
 import re
 
@@ -32,17 +31,6 @@ def _lop3(a, b, c, lut: int):
     for i in range(8):  # minterm i: a's bit is i's bit 2, b's bit 1, c's bit 0 (a = 0xF0, b = 0xCC, c = 0xAA)
         if lut >> i & 1:
             out |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
-    return out
-
-
-def _prmt(a, b, c):
-    out = np.zeros_like(a)
-    for k in range(4):
-        sel = (c >> U32(4 * k)) & U32(0xF)
-        source = np.where((sel & 7) < 4, a, b)
-        byte = (source >> (U32(8) * (sel & 3))) & U32(0xFF)
-        byte = np.where(sel & 8, np.where(byte & 0x80, U32(0xFF), U32(0)), byte)  # sign replication
-        out |= byte << U32(8 * k)
     return out
 
 
@@ -75,8 +63,6 @@ def run(ptx: str, operands: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
             out = a[0] & a[1]
         elif op == "lop3.b32":
             out = _lop3(a[0], a[1], a[2], int(args[3], 0))
-        elif op == "prmt.b32":
-            out = _prmt(a[0], a[1], a[2])
         elif op == "cvt.rn.f16x2.e4m3x2":
             out = _e4m3_to_f16_bits(a[0] & U32(0xFF)) | (_e4m3_to_f16_bits(a[0] >> U32(8)) << U32(16))
         elif op == "mul.rn.f16x2":  # the product of two fp16 is exact in fp32: one rounding, as the GPU's

@@ -445,22 +445,6 @@ def test_real_shapes_with_the_handoff(t, unsorted, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [8, 64, 256, 1000])
-def test_real_shapes_with_the_integer_decode(t, monkeypatch):
-    """tuning.FP4_TILE_INT_DECODE on a GPU: the grouped launches' fp16 tiles decoded by integer
-    instructions (and gate/up's register cap) give the bits of the E4M3 decode: the tiles' values
-    are halved exactly and the unit doubles."""
-    e, k = 256, 6
-    w13, w2, s13, s2 = experts(e, 2048, 512, 1024, torch.bfloat16, "nvfp4")
-    ids, weights = routing(t, e, k)
-    x = torch.randn(t, 2048, device=DEVICE, dtype=torch.bfloat16)
-    monkeypatch.setattr(tuning, "FP4_TILE_INT_DECODE", False)
-    expected = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
-    monkeypatch.setattr(tuning, "FP4_TILE_INT_DECODE", True)
-    assert torch.equal(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"), expected)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4"])
 @pytest.mark.parametrize("t", [1000, 4096])
 def test_real_shapes_with_the_shared_expert_apart(fmt, t, monkeypatch):

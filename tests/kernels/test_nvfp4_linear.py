@@ -164,21 +164,6 @@ def test_real_shapes(t, n, k, words):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [17, 64, 512])
-@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (150144, 2048)])
-def test_integer_decode_gives_the_bits_of_the_e4m3_decode(t, n, k, monkeypatch):
-    """tuning.FP4_TILE_INT_DECODE: the GEMM's fp16 tiles decoded by integer instructions hold the
-    E4M3 decode's values halved exactly and the unit doubles, so every output bit is the same."""
-    monkeypatch.setattr(tuning, "FP4_DEQUANT_MIN_TOKENS", None)  # the decoding tiles at every size here
-    w = quantize_nvfp4(torch.randn(n, k, device=DEVICE) / k ** 0.5)
-    x = torch.randn(t, k, device=DEVICE, dtype=torch.bfloat16)
-    monkeypatch.setattr(tuning, "FP4_TILE_INT_DECODE", False)
-    expected = nvfp4_linear(x, w)
-    monkeypatch.setattr(tuning, "FP4_TILE_INT_DECODE", True)
-    assert torch.equal(nvfp4_linear(x, w), expected)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [4, 8])
 @pytest.mark.parametrize("t", [1, 4])
 def test_unsplit_real_shapes(t, rows, monkeypatch):

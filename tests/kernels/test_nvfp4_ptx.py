@@ -1,6 +1,6 @@
 """The NVFP4 decodes' inline PTX text itself, run on the CPU by ptx_eval (the Triton interpreter
 takes the fp32 decodes instead): every value of every byte of a word, against E2M1 (times the
-block scale) over each decode's unit, bit for bit."""
+block scale) over the decode's unit, bit for bit."""
 
 import numpy as np
 import pytest
@@ -10,21 +10,16 @@ import ptx_eval
 from flint_backend.weights.nvfp4 import E2M1_MAGNITUDES
 from flint_kernels import nvfp4
 
-UNITS = {1: nvfp4.F16_TILE_UNIT.value, 2: nvfp4.F16_INT_TILE_UNIT.value}
-
-
 def _e2m1(code: np.ndarray) -> np.ndarray:
     """code -> value, code 8 as -0.0 (the sign bit kept, as the decodes keep it)."""
     return np.where(code & 8, -1.0, 1.0) * np.array(E2M1_MAGNITUDES)[code & 7]
 
 
-@pytest.mark.parametrize("ptx", [1, 2], ids=["e4m3-cvt", "integer"])
-def test_ptx_text_gives_e2m1_times_scale_over_the_unit(ptx):
-    """The tiles' PTX itself (ptx_eval): every value of every byte of a word, with every finite
-    E4M3 block scale (zero and subnormals included), gives E2M1 * scale / unit bit for bit, as
-    (byte 0, byte 1) and (byte 2, byte 3) pairs of low nibbles, then of high ones."""
-    text = (nvfp4._FP4_BYTES_SCALED_F16_PTX if ptx == 1 else nvfp4._FP4_BYTES_INT_SCALED_F16_PTX).value
-    scale_in = 1.0 if ptx == 1 else nvfp4.FP16_E2M1_UNIT.value / nvfp4.F16_INT_TILE_UNIT.value  # as the kernel
+def test_tile_ptx_gives_e2m1_times_scale_over_the_unit():
+    """The fp16 tiles' PTX (weight_halves_f16) itself: every value of every byte of a word, with
+    every finite E4M3 block scale (zero and subnormals included), gives E2M1 * scale /
+    F16_TILE_UNIT bit for bit, as (byte 0, byte 1) and (byte 2, byte 3) pairs of low nibbles, then
+    of high ones."""
     i = np.arange(256)[:, None]
     c = np.arange(127)[None, :]  # E4M3 codes 0 (zero) .. 126 (448)
     every = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy().astype(np.float64)
@@ -36,9 +31,9 @@ def test_ptx_text_gives_e2m1_times_scale_over_the_unit(ptx):
         return (lo.astype(np.float16).view(np.uint16).astype(np.uint32)
                 | hi.astype(np.float16).view(np.uint16).astype(np.uint32) << np.uint32(16))
 
-    out = ptx_eval.run(text, {4: word, 5: f16x2(scale[0] * scale_in, scale[1] * scale_in),
-                              6: f16x2(scale[2] * scale_in, scale[3] * scale_in)})
-    unit = UNITS[ptx]
+    out = ptx_eval.run(nvfp4._FP4_BYTES_SCALED_F16_PTX.value, {4: word, 5: f16x2(scale[0], scale[1]),
+                                                              6: f16x2(scale[2], scale[3])})
+    unit = nvfp4.F16_TILE_UNIT.value
     for n, nibble, pair in ((0, 0, (0, 1)), (1, 0, (2, 3)), (2, 4, (0, 1)), (3, 4, (2, 3))):
         exact = [_e2m1(byte[j] >> nibble & 15) * scale[j] / unit for j in pair]
         assert all(np.array_equal(e.astype(np.float16).astype(np.float64), e) for e in exact)  # fp16 holds them

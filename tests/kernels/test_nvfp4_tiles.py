@@ -2,9 +2,7 @@
 must equal the exact dequantised weight (E2M1 x E4M3, global scale not applied) over
 F16_TILE_UNIT bit for bit, in k order, with masked rows and columns as 0, over the whole E4M3
 range of block scales (subnormals included). On the CPU the interpreter runs the fp32 decode;
-on a GPU also the PTX ones (the tensor-core tiles of tuning.FP4_MMA_F16: codes through E4M3 bytes,
-or built in integer registers with tuning.FP4_TILE_INT_DECODE; their PTX text runs on the CPU in
-test_nvfp4_ptx.py)."""
+on a GPU also the PTX one (the tensor-core tiles of tuning.FP4_MMA_F16)."""
 
 import pytest
 import torch
@@ -12,8 +10,7 @@ import triton
 import triton.language as tl
 
 from flint_backend.weights.nvfp4 import NVFP4Weight
-from flint_kernels import nvfp4
-from flint_kernels.nvfp4 import weight_tile_f16
+from flint_kernels.nvfp4 import F16_TILE_UNIT, weight_tile_f16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -42,11 +39,7 @@ def _exact(w: NVFP4Weight) -> torch.Tensor:
     return NVFP4Weight(w.packed, w.scales, torch.tensor(1.0)).dequantize(torch.float32)
 
 
-UNITS = {0: nvfp4.F16_TILE_UNIT.value, 1: nvfp4.F16_TILE_UNIT.value, 2: nvfp4.F16_INT_TILE_UNIT.value}
-
-
-@pytest.mark.parametrize("ptx", [0, pytest.param(1, marks=pytest.mark.gpu), pytest.param(2, marks=pytest.mark.gpu)],
-                         ids=["fp32-decode", "ptx", "ptx-integer"])
+@pytest.mark.parametrize("ptx", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["fp32-decode", "ptx"])
 @pytest.mark.parametrize("n,k,k0,block_k", [(8, 64, 0, 64), (5, 96, 32, 128), (16, 96, 64, 32)],
                          ids=["whole", "rows-and-columns-masked", "last-step"])
 def test_tile_equals_the_dequantised_weight(ptx, n, k, k0, block_k):
@@ -57,6 +50,5 @@ def test_tile_equals_the_dequantised_weight(ptx, n, k, k0, block_k):
                        w.scales.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=k0 + block_k > k, PTX=ptx)
     expected = torch.zeros(block_n, block_k)
     cols = min(block_k, k - k0)
-    expected[:n, :cols] = _exact(w)[:, k0:k0 + cols] / UNITS[ptx]
+    expected[:n, :cols] = _exact(w)[:, k0:k0 + cols] / F16_TILE_UNIT.value
     assert torch.equal(out.float().cpu(), expected)
-

@@ -100,7 +100,7 @@ def record(modules, call) -> list:
 
 def compile_launch(fn, kwargs, arch: int):
     signature, constexprs, attrs = {}, {}, {}
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in kwargs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     for i, param in enumerate(fn.params):
         value = kwargs[param.name]
         if param.is_constexpr or value is None or (type(value) is int and value == 1):  # the JIT specialises 1, None
@@ -317,10 +317,6 @@ def moe_launches() -> list:
             cases.append((f"moe grouped {fmt} T=64 unsorted", (halves, moe_grouped, swiglu, lin),
                           lambda: with_knob(tuning, "MOE_UNSORTED_MAX_TOKENS", 64,
                                             lambda: moe_grouped.moe_grouped(*args(64, True)))))
-            # the fp16 tiles decoded by integer instructions (tuning.FP4_TILE_INT_DECODE)
-            cases += [(f"moe grouped {fmt} T={t} integer decode", (moe_sort, halves, moe_grouped, swiglu, lin),
-                       lambda t=t: with_knob(tuning, "FP4_TILE_INT_DECODE", True,
-                                             lambda: moe_grouped.moe_grouped(*args(t, True)))) for t in (64, 8192)]
     cases.append(("silu_mul I=6144", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 12288, dtype=bf16))))
     return cases
 
@@ -348,9 +344,6 @@ def w4a16_launches() -> list:
     cases.append(("nvfp4_logits lm_head T=64", lin, lambda w=w: lin.nvfp4_logits(torch.randn(64, 2048, dtype=bf16), w)))
     cases.append(("nvfp4_logits lm_head T=64 + greedy", lin, lambda w=w: lin.nvfp4_logits(
         torch.randn(64, 2048, dtype=bf16), w, greedy=torch.full((64,), greedy.EMPTY, dtype=torch.int64))))
-    w = nvfp4(*shapes["qkv"], per_row=True)  # the fp16 tiles decoded by integer instructions
-    cases.append(("nvfp4_linear qkv T=64 integer decode", lin, lambda w=w: with_knob(
-        tuning, "FP4_TILE_INT_DECODE", True, lambda: lin.nvfp4_linear(torch.randn(64, 2048, dtype=bf16), w))))
     cases.append(("nvfp4_linear qkv T=8192", lin,
                   lambda: lin.nvfp4_linear(torch.randn(8192, 2048, dtype=bf16), nvfp4(5120, 2048, per_row=True))))
     # the GEMV's other NVFP4 decode (bytes when words are the default, and the other way round)
