@@ -42,7 +42,7 @@ from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
 from flint_kernels import tuning  # noqa: E402
 from flint_kernels.fp8_kv import index_copy_rows  # noqa: E402
 from tools.bench.format_processes import run_in_child  # noqa: E402
-from tools.bench.jit_compiles import JitCompiles  # noqa: E402
+from tools.bench.jit_compiles import JitCompiles, describe, difference  # noqa: E402
 from tools.bench.stream_stats import Stream, run_statistics  # noqa: E402
 from tools.bench.timing import copy_bandwidth, nbytes, result_path, run_meta  # noqa: E402
 
@@ -192,14 +192,15 @@ def kernel_breakdown(engine: LLMEngine, context: int) -> list[dict]:
 
 
 def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len: int = 512,
-               warmup: bool = True) -> dict:
+               warmup: bool = True, seen: JitCompiles | None = None) -> dict:
     """Output tokens/s of `streams` requests submitted at once, over the whole run and over its
     decode part (from the step that gave every stream its first token), and the TTFT and ITL
     percentiles in ms (stream_stats.run_statistics). warmup: the same requests with WARMUP_TOKENS
     output tokens run first, untimed: Triton compiles a kernel for each new specialisation on its
     first launch, and the engine's start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and
     a short prompt, not every batch of prompts; a compile would otherwise land in the timed prefill.
-    jit_compiles: the kernel specialisations the timed run still met for the first time."""
+    jit_compiles: the kernel specialisations the timed run still met for the first time, each
+    with what sets it apart from the closest one `seen` recorded before it."""
     if warmup:
         throughput(engine, streams, prompt_len, WARMUP_TOKENS, warmup=False)
     seqs = [engine.add_request([1 + (i * 31 + j) % 5000 for j in range(prompt_len)],
@@ -208,6 +209,7 @@ def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len:
     sync()
     t0 = time.perf_counter()
     first = None
+    earlier = list(seen.specs) if seen is not None else []
     with JitCompiles() as compiles:
         while engine.has_work():
             outputs = engine.step()
@@ -221,7 +223,8 @@ def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len:
     return {"streams": streams, "prompt": prompt_len, "output": out_len, "output_tok_s": run["output_tok_s"],
             "decode_tok_s": round(streams * (out_len - 1) / decode, 1),
             "ms_per_step": round(decode / (out_len - 1) * 1e3, 3),
-            "ttft_ms": run["ttft_ms"], "itl_ms": run["itl_ms"], "jit_compiles": compiles.reprs}
+            "ttft_ms": run["ttft_ms"], "itl_ms": run["itl_ms"], "jit_compiles": [{"specialisation": describe(spec), "vs_earlier": difference(spec, earlier)}
+                             for spec in compiles.specs]}
 
 
 WARMUP_TOKENS = 4
@@ -237,6 +240,11 @@ def ttft(engine: LLMEngine, prompt_len: int) -> float:
 
 
 def bench_format(fmt: str, args, bandwidth: float) -> dict:
+    with JitCompiles() as seen:  # every kernel specialisation of the process, from the engine's build on
+        return measure_format(fmt, args, bandwidth, seen)
+
+
+def measure_format(fmt: str, args, bandwidth: float, seen: JitCompiles) -> dict:
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -280,12 +288,13 @@ def bench_format(fmt: str, args, bandwidth: float) -> dict:
         result["throughput"] = []
         for prompt_len, out_len in args.workloads:
             for streams in args.streams:
-                row = throughput(engine, streams, prompt_len, out_len)
+                row = throughput(engine, streams, prompt_len, out_len, seen=seen)
                 print(f"  {fmt} {streams} streams of {prompt_len} in / {out_len} out: {row['output_tok_s']} "
                       f"output tok/s ({row['decode_tok_s']} decoding, {row['ms_per_step']} ms a step), "
                       f"TTFT p50 {row['ttft_ms']['p50']} ms, ITL p50 {row['itl_ms']['p50']} ms", flush=True)
-                for text in row["jit_compiles"]:
-                    print(f"    first specialised in the timed run: {text}", flush=True)
+                for spec in row["jit_compiles"]:
+                    print(f"    first specialised in the timed run: {spec['specialisation']} "
+                          f"({spec['vs_earlier']})", flush=True)
                 result["throughput"].append(row)
     # the first prompt of each length compiles what its prefill has not met: timed apart
     result["ttft_first_s"], result["ttft_s"] = {}, {}
