@@ -195,16 +195,17 @@ def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len:
                warmup: bool = True, seen: JitCompiles | None = None) -> dict:
     """Output tokens/s of `streams` requests submitted at once, over the whole run and over its
     decode part (from the step that gave every stream its first token), and the TTFT and ITL
-    percentiles in ms (stream_stats.run_statistics). warmup: the same requests with WARMUP_TOKENS
-    output tokens run first, untimed: Triton compiles a kernel for each new specialisation on its
-    first launch, and the engine's start-up warm-up (LLMEngine.warm_up) covers a prefill chunk and
-    a short prompt, not every batch of prompts; a compile would otherwise land in the timed prefill.
-    jit_compiles: the kernel specialisations the timed run still met for the first time, each
-    with what sets it apart from the closest one `seen` recorded before it."""
+    percentiles in ms (stream_stats.run_statistics). warmup: the same requests run first through
+    every step that prefills (prefill_warm_up), untimed: Triton compiles a kernel for each new
+    specialisation on its first launch, and the engine's start-up warm-up (LLMEngine.warm_up)
+    covers a prefill chunk and a short prompt, not every batch of prompts; a compile would
+    otherwise land in the timed run. jit_compiles: the kernel specialisations the timed run still
+    met for the first time, each with what sets it apart from the closest one `seen` recorded
+    before it."""
+    prompts = [[1 + (i * 31 + j) % 5000 for j in range(prompt_len)] for i in range(streams)]
     if warmup:
-        throughput(engine, streams, prompt_len, WARMUP_TOKENS, warmup=False)
-    seqs = [engine.add_request([1 + (i * 31 + j) % 5000 for j in range(prompt_len)],
-                               SamplingParams(max_tokens=out_len, **GREEDY)) for i in range(streams)]
+        prefill_warm_up(engine, prompts, out_len)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=out_len, **GREEDY)) for p in prompts]
     events: dict[str, list[tuple[float, int]]] = {s.request_id: [] for s in seqs}
     sync()
     t0 = time.perf_counter()
@@ -220,14 +221,29 @@ def throughput(engine: LLMEngine, streams: int, prompt_len: int = 1024, out_len:
                 first = now
     decode = time.perf_counter() - first
     run = run_statistics([Stream(0.0, e) for e in events.values()])
+    new = [{"specialisation": describe(spec), "vs_earlier": difference(spec, earlier)} for spec in compiles.specs]
     return {"streams": streams, "prompt": prompt_len, "output": out_len, "output_tok_s": run["output_tok_s"],
             "decode_tok_s": round(streams * (out_len - 1) / decode, 1),
             "ms_per_step": round(decode / (out_len - 1) * 1e3, 3),
-            "ttft_ms": run["ttft_ms"], "itl_ms": run["itl_ms"], "jit_compiles": [{"specialisation": describe(spec), "vs_earlier": difference(spec, earlier)}
-                             for spec in compiles.specs]}
+            "ttft_ms": run["ttft_ms"], "itl_ms": run["itl_ms"], "jit_compiles": new}
 
 
-WARMUP_TOKENS = 4
+def prefill_warm_up(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> int:
+    """Runs `prompts` (greedy, max_tokens each, all at once) until every one has its first token,
+    then aborts them. A run of the same requests from an idle engine schedules the same steps (the
+    scheduler sees only lengths), so every step of it that prefills has run here, with the same
+    token and sequence counts; the all-decode steps after are CUDA graphs captured at start.
+    (A shorter run of them would not do: streams that end early change the later steps' counts.)
+    -> the output tokens of the longest stream by then, the number of steps that prefilled."""
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=max_tokens, **GREEDY)) for p in prompts]
+    while any(s.num_output_tokens == 0 for s in seqs):
+        engine.step()
+    steps = max(s.num_output_tokens for s in seqs)
+    for s in seqs:
+        engine.abort(s.request_id)
+    while engine.has_work():
+        engine.step()
+    return steps
 
 
 def ttft(engine: LLMEngine, prompt_len: int) -> float:
