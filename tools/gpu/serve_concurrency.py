@@ -9,10 +9,11 @@ same requests (tools/gpu/gpu_serve_check.sh --concurrency N runs it; batch 1 is 
 
 `engine` builds the engine from the repository's engine_args.json (the server's settings), makes N
 prompts of about --prompt-tokens tokens each (different corpus text per stream, tokenised as
-flint_tokenizer does), runs N other prompts of the same length for a few tokens (Triton compiles
-the kernels of their shapes), then submits the N requests at once (greedy, ignore_eos, --tokens
-each) and records each output's arrival. `client` sends the same warm-up, then the same N
-requests concurrently, one thread and HTTP generate_stream each (standard library only), to
+flint_tokenizer does), runs them until each has its first token and aborts them (every step that
+prefills, which Triton compiles the kernels of: tools/bench/bench.py's prefill_warm_up), then
+submits the N requests at once (greedy, ignore_eos, --tokens each) and records each output's
+arrival. `client` sends the same requests for as many tokens as that warm-up's longest stream
+had, plus one, then the same N requests concurrently, one thread and HTTP generate_stream each (standard library only), to
 `flint_model` with the engine's prompt ids and to the `flint` ensemble with the prompt text
 (tokenizer, engine and postprocessor); with --server-pid it also reads each server process's CPU
 time and Triton's model statistics around each run (server_probes.py). `report` prints output
@@ -41,20 +42,19 @@ sys.path.insert(0, str(ROOT))  # tools.*, run as a file
 from tools.gpu.gpu_serve_check import add_case, corpus_words, listed, stream  # noqa: E402
 from tools.bench.stream_stats import Stream, run_statistics, served_ratio, side_by_side  # noqa: E402
 
-WARMUP_TOKENS = 8
 SERVED = ("flint_model", "flint")  # the timed runs through tritonserver, in this order
 PROMPT_STRIDE = 97  # corpus words between two streams' first words
 MAX_MISSES = 32  # words in a row that overshoot the prompt's length end it
 
 
 # -------------------------------------------------------------------------------------- requests
-def stream_prompts(tokenizer, streams: int, prompt_tokens: int, first: int = 0) -> list[dict]:
-    """Prompts first .. first + streams - 1: {"text", "prompt_ids"}, the ids as flint_tokenizer
-    encodes the text (a raw text_input)."""
+def stream_prompts(tokenizer, streams: int, prompt_tokens: int) -> list[dict]:
+    """One prompt a stream: {"text", "prompt_ids"}, the ids as flint_tokenizer encodes the text (a
+    raw text_input)."""
     from flint_backend.chat.request import encode_text_input
 
     prompts = []
-    for i in range(first, first + streams):
+    for i in range(streams):
         text = fill_prompt(tokenizer, prompt_tokens, start=i * PROMPT_STRIDE)
         prompts.append({"text": text, "prompt_ids": encode_text_input(tokenizer, text)})
     return prompts
@@ -131,6 +131,7 @@ def run_engine(args) -> dict:
     from flint_backend.engine.engine import LLMEngine
     from flint_backend.serving.repository import engine_args_path, load_engine_args, tokenizer_dir
     from flint_backend.tokenizer import load_tokenizer
+    from tools.bench.bench import prefill_warm_up
 
     check_sizes(args.streams, args.prompt_tokens, args.tokens)
     engine_args = load_engine_args(engine_args_path(args.repository))
@@ -141,14 +142,13 @@ def run_engine(args) -> dict:
     engine = LLMEngine(engine_args)
     build_s = time.perf_counter() - start
     tokenizer = load_tokenizer(tokenizer_dir(engine_args))
-    warmup = stream_prompts(tokenizer, args.streams, args.prompt_tokens, first=args.streams)
     prompts = stream_prompts(tokenizer, args.streams, args.prompt_tokens)
-    engine_run(engine, warmup, WARMUP_TOKENS)
+    warmup_tokens = min(args.tokens, 1 + prefill_warm_up(engine, [p["prompt_ids"] for p in prompts], args.tokens))
     streams, outputs, cpu_s = engine_run(engine, prompts, args.tokens)
     stats = run_statistics(streams)
     cuda = engine.device.type == "cuda"
     return {"device": torch.cuda.get_device_name() if cuda else "cpu", "engine_args": engine_args.to_dict(),
-            "build_s": build_s, "max_tokens": args.tokens, "warmup": warmup, "prompts": prompts,
+            "build_s": build_s, "max_tokens": args.tokens, "warmup_tokens": warmup_tokens, "prompts": prompts,
             "streams": [s.to_dict() for s in streams], "outputs": outputs,
             "texts": [tokenizer.decode(o, skip_special_tokens=True) for o in outputs],
             "stats": stats, "cpu_ms_per_token": round(cpu_s / stats["output_tokens"] * 1e3, 4)}
@@ -209,7 +209,7 @@ def run_client(args) -> dict:
 
     engine = json.loads(Path(args.engine).read_text())
     max_tokens = engine["max_tokens"]
-    served_run(args.url, "flint", [request_body("flint", p, WARMUP_TOKENS) for p in engine["warmup"]])
+    served_run(args.url, "flint", [request_body("flint", p, engine["warmup_tokens"]) for p in engine["prompts"]])
     result = {}
     for model in SERVED:
         bodies = [request_body(model, p, max_tokens) for p in engine["prompts"]]
