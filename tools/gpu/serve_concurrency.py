@@ -13,10 +13,11 @@ flint_tokenizer does), runs them until each has its first token and aborts them 
 prefills, which Triton compiles the kernels of: tools/bench/bench.py's prefill_warm_up), then
 submits the N requests at once (greedy, ignore_eos, --tokens each) and records each output's
 arrival. `client` sends the same requests for as many tokens as that warm-up's longest stream
-had, plus one, then the same N requests concurrently, one thread and HTTP generate_stream each (standard library only), to
-`flint_model` with the engine's prompt ids and to the `flint` ensemble with the prompt text
-(tokenizer, engine and postprocessor); with --server-pid it also reads each server process's CPU
-time and Triton's model statistics around each run (server_probes.py). `report` prints output
+had, plus one, then the same N requests concurrently, one thread and HTTP generate_stream each
+(standard library only), to `flint_model` with the engine's prompt ids and to the `flint`
+ensemble with the prompt text (tokenizer, engine and postprocessor); with --server-pid it also
+reads each server process's CPU time and Triton's model statistics around each run
+(server_probes.py). `report` prints output
 tokens/s, TTFT and ITL percentiles side by side (tools/bench/stream_stats.py), the served / in-process
 ratio of tokens/s, and each stage's host cost a token; it exits 1 when a ratio is below --target.
 
