@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The kernel specialisations an eager step of T tokens launches, for every T, on the CPU.
+
+    python tools/bench/token_specialisations.py [--preset flint-40b] [--layers 3] [--tokens 2-8192]
+        [--sms 132] [--out FILE]
+
+Builds the preset's first --layers layers (random weights, NVFP4 as served; flint-40b's first 3
+hold a dense MLP, a MoE, full and sliding attention) on the CPU, then runs the forward of one
+sequence's step of T new tokens for each T with every Triton kernel recorded instead of launched
+(compile_kernels.record: the launchers choose their tiles as on a GPU of --sms SMs). A launch's
+specialisation is what Triton compiles a kernel for: its constexpr values, each int argument's
+class (== 1, divisible by 16, neither), each pointer's 16-byte alignment, its launch options.
+Prints how many distinct specialisations each kernel has over the range, and a greedy cover: token
+counts whose steps together launch every one of them, i.e. what an engine's warm-up would have to
+run for no request to meet a compile. (A step of several sequences adds the prefill attention's
+sequence counts.) Writes JSON with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import json
+import os
+import pkgutil
+import sys
+import time
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # the launchers' GPU tiles, not the interpreter's
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, run as a file
+
+import torch  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+import flint_kernels  # noqa: E402
+from flint_backend.engine.engine import LLMEngine  # noqa: E402
+from flint_backend.engine.engine_args import EngineArgs  # noqa: E402
+from flint_backend.engine.sampling_params import SamplingParams  # noqa: E402
+from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
+from flint_kernels import pdl, split_k, tuning  # noqa: E402
+from tools.bench.bench_step_timeline import with_layers  # noqa: E402
+from tools.bench.compile_kernels import record  # noqa: E402
+
+OPTIONS = ("num_warps", "num_stages", "launch_pdl", "maxnreg")
+
+
+def specialisation(fn, kwargs: dict) -> tuple:
+    """(kernel name, (argument, what Triton specialises it to)..., (option, value)...)."""
+    parts = [fn.__name__]
+    for p in fn.params:
+        v = kwargs.get(p.name)
+        if p.is_constexpr or v is None or (type(v) is int and v == 1):
+            parts.append((p.name, getattr(v, "__name__", v)))
+        elif isinstance(v, TensorDescriptor):
+            parts.append((p.name, "desc", tuple(v.block_shape)))
+        elif isinstance(v, torch.Tensor):
+            parts.append((p.name, str(v.dtype), v.data_ptr() % 16 == 0))
+        elif isinstance(v, bool):
+            parts.append((p.name, "i1"))
+        elif isinstance(v, int):
+            parts.append((p.name, "%16" if v % 16 == 0 else "int"))
+        else:
+            parts.append((p.name, type(v).__name__))
+    return tuple(parts) + tuple((o, kwargs.get(o)) for o in OPTIONS)
+
+
+def step_specialisations(engine: LLMEngine, modules: tuple, tokens: int) -> frozenset:
+    """Every specialisation the forward of one sequence's first `tokens` tokens launches."""
+    seq = engine.add_request([1 + i % 1000 for i in range(tokens + 1)],
+                             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    engine.scheduler.waiting.remove(seq)
+    engine.blocks.grow(seq, tokens + 1)
+    try:
+        batch = build_step_batch([(seq, tokens)], engine.blocks.block_size, engine.config.sliding_window,
+                                 engine.device)
+        model, kv = engine.runner.model, engine.runner.kv
+        return frozenset(specialisation(fn, kwargs) for fn, kwargs, _ in record(modules, lambda: model.forward(batch, kv)))
+    finally:
+        engine.blocks.free(seq)
+
+
+def greedy_cover(by_tokens: dict[int, frozenset]) -> list[int]:
+    """Token counts whose steps launch every specialisation, picked greedily (most new ones first,
+    the smaller count on a tie)."""
+    left, cover = set().union(*by_tokens.values()), []
+    while left:
+        t = max(by_tokens, key=lambda t: (len(by_tokens[t] & left), -t))
+        cover.append(t)
+        left -= by_tokens[t]
+    return sorted(cover)
+
+
+def token_range(text: str) -> range:
+    lo, _, hi = text.partition("-")
+    if not lo.isdigit() or not hi.isdigit() or not 1 <= int(lo) <= int(hi):
+        raise SystemExit(f"--tokens: got {text!r}, expected LO-HI with 1 <= LO <= HI")
+    return range(int(lo), int(hi) + 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="flint-40b")
+    parser.add_argument("--layers", type=int, default=3, help="the preset's first layers (their shapes and types)")
+    parser.add_argument("--quantization", default="nvfp4", choices=("nvfp4", "none"))
+    parser.add_argument("--tokens", default="2-8192", help="LO-HI: the step sizes (one sequence's new tokens)")
+    parser.add_argument("--sms", type=int, default=132, help="SMs of the GPU the launchers size grids for")
+    parser.add_argument("--out", help="JSON: every distinct specialisation and the cover")
+    args = parser.parse_args()
+    tokens = token_range(args.tokens)
+    split_k.HOST_SMS = args.sms
+    pdl.ON_HOST = tuning.PDL = True  # launched with PDL, as on sm_90
+    t0 = time.perf_counter()
+    engine = LLMEngine(EngineArgs(preset=with_layers(args.preset, args.layers), dtype="bfloat16",
+                                  quantization=None if args.quantization == "none" else args.quantization,
+                                  device="cpu", kernel_backend="triton", block_size=64, max_num_seqs=8,
+                                  max_graph_batch=8, max_num_batched_tokens=tokens[-1],
+                                  max_model_len=tokens[-1] + 64, num_kv_blocks=tokens[-1] // 64 + 4, warmup=False,
+                                  enable_prefix_caching=False))
+    print(f"built {args.preset} ({args.layers} layers: {engine.config.layer_types}) in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    modules = tuple(importlib.import_module(f"flint_kernels.{m.name}")
+                    for m in pkgutil.iter_modules(flint_kernels.__path__))
+    by_tokens = {t: step_specialisations(engine, modules, t) for t in tokens}
+    every = set().union(*by_tokens.values())
+    per_kernel = collections.Counter(s[0] for s in every)
+    cover = greedy_cover(by_tokens)
+    print(f"token counts {tokens[0]}-{tokens[-1]}: {len(every)} distinct kernel specialisations; "
+          f"a warm-up meeting all of them needs {len(cover)} steps")
+    print("| kernel | specialisations |\n| --- | ---: |")
+    for name, n in per_kernel.most_common():
+        print(f"| {name} | {n} |")
+    print("cover:", " ".join(map(str, cover)))
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "preset": args.preset, "layers": args.layers, "quantization": args.quantization, "sms": args.sms,
+            "tokens": [tokens[0], tokens[-1]], "specialisations": len(every), "per_kernel": dict(per_kernel),
+            "cover": cover}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
