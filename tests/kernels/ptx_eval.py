@@ -3,7 +3,8 @@ on numpy arrays (one lane an element): the decodes' PTX text itself runs on the 
 Triton interpreter takes the fp32 decode instead.
 
 Supported: .reg lines and braces (skipped); shl.b32, shr.u32, and.b32, lop3.b32, mov.b32
-{lo, hi} (a split into .b16 halves), cvt.rn.f16x2.e4m3x2 and mul.rn.f16x2. Operands: $N (the asm's operands), named registers, decimal or hex immediates."""
+{lo, hi} (a split into .b16 halves), cvt.rn.f16x2.e4m3x2 and mul.rn.f16x2. Operands: $N (the
+asm's operands), named registers, decimal or hex immediates."""
 
 import re
 

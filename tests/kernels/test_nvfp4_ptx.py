@@ -3,12 +3,12 @@ takes the fp32 decodes instead): every value of every byte of a word, against E2
 block scale) over the decode's unit, bit for bit."""
 
 import numpy as np
-import pytest
 import torch
 
 import ptx_eval
 from flint_backend.weights.nvfp4 import E2M1_MAGNITUDES
 from flint_kernels import nvfp4
+
 
 def _e2m1(code: np.ndarray) -> np.ndarray:
     """code -> value, code 8 as -0.0 (the sign bit kept, as the decodes keep it)."""

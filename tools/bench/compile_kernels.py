@@ -98,7 +98,9 @@ def record(modules, call) -> list:
     return log
 
 
-def compile_launch(fn, kwargs, arch: int):
+def launch_signature(fn, kwargs) -> tuple[dict, dict, dict, dict]:
+    """What Triton specialises a launch of `fn` with `kwargs` on: (signature, constexprs, attrs,
+    options) as triton.compile takes them."""
     signature, constexprs, attrs = {}, {}, {}
     options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     for i, param in enumerate(fn.params):
@@ -121,6 +123,11 @@ def compile_launch(fn, kwargs, arch: int):
             signature[param.name] = "fp32"
         else:
             raise TypeError(f"{fn.__name__}: argument {param.name}={value!r} of unexpected type")
+    return signature, constexprs, attrs, options
+
+
+def compile_launch(fn, kwargs, arch: int):
+    signature, constexprs, attrs, options = launch_signature(fn, kwargs)
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 

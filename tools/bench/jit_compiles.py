@@ -9,12 +9,13 @@ meets it. JitCompiles records each miss of the in-memory kernel cache
 (triton.knobs.runtime.jit_cache_hook) while it is entered; under the interpreter nothing compiles
 and it records nothing. Entered inside another, both record.
 
-    with JitCompiles() as before:
+    with JitCompiles() as seen:
         warm_up()
+        earlier = list(seen.specs)
         with JitCompiles() as timed:
             run()
     for spec in timed.specs:
-        print(describe(spec), "|", difference(spec, before.specs[:before.specs.index(spec)]))
+        print(describe(spec), "|", difference(spec, earlier))
 """
 
 from __future__ import annotations
@@ -39,10 +40,6 @@ class JitCompiles:
         self.specs.append(specialisation(fn, compile))
         # a true return skips the compile: whatever hook was installed before still decides
         return self._outer(fn=fn, compile=compile, **kwargs) if self._outer is not None else None
-
-    def names(self) -> list[str]:
-        """The kernels' names, one per specialisation, in the order they were met."""
-        return [s["kernel"] for s in self.specs]
 
 
 def specialisation(fn, compile: dict) -> dict:

@@ -31,8 +31,6 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)  # the launchers' GPU tiles, not the interpreter's
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, run as a file
 
-import torch  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 import flint_kernels  # noqa: E402
 from flint_backend.engine.engine import LLMEngine  # noqa: E402
@@ -41,29 +39,14 @@ from flint_backend.engine.sampling_params import SamplingParams  # noqa: E402
 from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
 from flint_kernels import pdl, split_k, tuning  # noqa: E402
 from tools.bench.bench_step_timeline import with_layers  # noqa: E402
-from tools.bench.compile_kernels import record  # noqa: E402
-
-OPTIONS = ("num_warps", "num_stages", "launch_pdl", "maxnreg")
-
+from tools.bench.compile_kernels import launch_signature, record  # noqa: E402
 
 def specialisation(fn, kwargs: dict) -> tuple:
-    """(kernel name, (argument, what Triton specialises it to)..., (option, value)...)."""
-    parts = [fn.__name__]
-    for p in fn.params:
-        v = kwargs.get(p.name)
-        if p.is_constexpr or v is None or (type(v) is int and v == 1):
-            parts.append((p.name, getattr(v, "__name__", v)))
-        elif isinstance(v, TensorDescriptor):
-            parts.append((p.name, "desc", tuple(v.block_shape)))
-        elif isinstance(v, torch.Tensor):
-            parts.append((p.name, str(v.dtype), v.data_ptr() % 16 == 0))
-        elif isinstance(v, bool):
-            parts.append((p.name, "i1"))
-        elif isinstance(v, int):
-            parts.append((p.name, "%16" if v % 16 == 0 else "int"))
-        else:
-            parts.append((p.name, type(v).__name__))
-    return tuple(parts) + tuple((o, kwargs.get(o)) for o in OPTIONS)
+    """(kernel name, signature, constexpr values, the arguments assumed divisible by 16, launch
+    options): what Triton compiles a launch for (compile_kernels.launch_signature)."""
+    signature, constexprs, attrs, options = launch_signature(fn, kwargs)
+    return (fn.__name__, tuple(signature.items()), tuple((k, repr(v)) for k, v in constexprs.items()),
+            tuple(sorted(path[0] for path in attrs)), tuple(options.items()))
 
 
 def step_specialisations(engine: LLMEngine, modules: tuple, tokens: int) -> frozenset:

@@ -17,9 +17,9 @@ had, plus one, then the same N requests concurrently, one thread and HTTP genera
 (standard library only), to `flint_model` with the engine's prompt ids and to the `flint`
 ensemble with the prompt text (tokenizer, engine and postprocessor); with --server-pid it also
 reads each server process's CPU time and Triton's model statistics around each run
-(server_probes.py). `report` prints output
-tokens/s, TTFT and ITL percentiles side by side (tools/bench/stream_stats.py), the served / in-process
-ratio of tokens/s, and each stage's host cost a token; it exits 1 when a ratio is below --target.
+(server_probes.py). `report` prints output tokens/s, TTFT and ITL percentiles side by side
+(tools/bench/stream_stats.py), the served / in-process ratio of tokens/s, and each stage's host
+cost a token; it exits 1 when a ratio is below --target.
 
 The ensemble streams text: a step whose tokens decode to no new text sends no event, so with
 random weights over a vocabulary larger than the tokenizer's (flint-40b) its events carry several
