@@ -7,10 +7,12 @@ stays "ready", and every later request fails with "Stub process ... is not healt
 can answer another model's requests, and MODE_NONE allows no reload; what is left is to end the
 server, as vLLM's API server ends when its engine core dies.
 
-EngineLease, held by each flint_model instance: a file named for the server's pid and the
-stub's, locked with flock while the engine runs. A clean stop (Triton's `finalize`) writes
-"stopped" into it and removes it before unlocking; a process that dies loses the lock with
-everything else it held, and its file stays.
+EngineLease, held by each flint_model instance: a file named for the server (its pid and start
+time) and the stub's pid, locked with flock while the engine runs. A clean stop (Triton's
+`finalize`) writes "stopped" into it and removes it before unlocking; a process that dies loses
+the lock with everything else it held, and its file stays. The start time keeps such a file from
+being read as a later server's when the pid comes round again (a restarted container's server
+often has the same pid); a new lease removes the unlocked files of servers that are gone.
 
 EngineWatch, a daemon thread in each flint_postprocess instance (every ensemble has one): every
 `interval_s` it tries to lock each lease of its server; a lease it can lock that does not say
@@ -40,16 +42,32 @@ TRITON_EXIT_TIMEOUT_S = 30  # tritonserver's default --exit-timeout-secs
 KILL_AFTER_S = 5
 
 
-def lease_path(server_pid: int, stub_pid: int, directory: Path = LEASE_DIR) -> Path:
-    return directory / f"{server_pid}-{stub_pid}"
+def process_start(pid: int) -> str | None:
+    """When the process started (clock ticks since boot, /proc/PID/stat's 22nd field): with the
+    pid, it names one process; None once the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # fields from the 3rd on follow the command's ")"
+
+
+def server_key(pid: int) -> str:
+    """"PID.START" of a running server."""
+    return f"{pid}.{process_start(pid)}"
+
+
+def lease_path(server: str, stub_pid: int, directory: Path = LEASE_DIR) -> Path:
+    return directory / f"{server}-{stub_pid}"
 
 
 class EngineLease:
     """Held from the end of flint_model's `initialize` to its `finalize`."""
 
-    def __init__(self, server_pid: int | None = None, directory: Path = LEASE_DIR):
+    def __init__(self, server: str | None = None, directory: Path = LEASE_DIR):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.path = lease_path(server_pid or os.getppid(), os.getpid(), directory)
+        remove_stale_leases(directory)
+        self.path = lease_path(server or server_key(os.getppid()), os.getpid(), directory)
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         os.write(self._fd, RUNNING)
@@ -93,31 +111,49 @@ def stop_server(server_pid: int) -> None:
     os.kill(server_pid, signal.SIGTERM)
 
 
-def dead_engines(server_pid: int, directory: Path = LEASE_DIR) -> list[Path]:
-    """Leases of the server whose holder died (unlocked, not stopped); each is removed."""
-    dead = []
-    for path in sorted(directory.glob(f"{server_pid}-*")):
+def _remove_if_unheld(path: Path) -> bool:
+    """Removes a lease nobody holds, unless it was stopped cleanly (its holder removes it);
+    True when it was removed."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False  # stopped and removed since it was listed
+    try:
         try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            continue  # stopped and removed since the glob
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # its engine runs
-            if os.pread(fd, len(STOPPED), 0) != STOPPED:
-                dead.append(path)
-                path.unlink(missing_ok=True)
-        finally:
-            os.close(fd)
-    return dead
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # its engine runs
+        if os.pread(fd, len(STOPPED), 0) == STOPPED:
+            return False
+        path.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def dead_engines(server: str, directory: Path = LEASE_DIR) -> list[Path]:
+    """Leases of the server ("PID.START") whose holder died (unlocked, not stopped); each is
+    removed."""
+    return [path for path in sorted(directory.glob(f"{server}-*")) if _remove_if_unheld(path)]
+
+
+def remove_stale_leases(directory: Path = LEASE_DIR) -> list[Path]:
+    """Removes the unheld leases of servers that are gone (their pid not running, or running a
+    later process), which no watcher is left to find."""
+    stale = []
+    for path in sorted(directory.iterdir()):
+        server = path.name.rsplit("-", 1)[0]
+        pid, _, start = server.partition(".")
+        if not (pid.isdigit() and start and process_start(int(pid)) == start) and _remove_if_unheld(path):
+            stale.append(path)
+    return stale
 
 
 class EngineWatch:
     def __init__(self, log: Callable[[str], None], server_pid: int | None = None, interval_s: float = 0.5,
                  directory: Path = LEASE_DIR):
         self.server_pid = server_pid or os.getppid()
+        self.server = server_key(self.server_pid)
         self.interval_s, self.directory, self._log = interval_s, directory, log
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="flint-engine-watch", daemon=True)
@@ -131,9 +167,9 @@ class EngineWatch:
 
     def _loop(self) -> None:
         while not self._closed.wait(self.interval_s):
-            dead = dead_engines(self.server_pid, self.directory)
+            dead = dead_engines(self.server, self.directory)
             if dead and not self._closed.is_set():
-                stubs = ", ".join(p.name.split("-", 1)[1] for p in dead)
+                stubs = ", ".join(p.name.rsplit("-", 1)[1] for p in dead)
                 self._log(f"flint_model's engine process (pid {stubs}) died without being stopped; its requests "
                           f"cannot finish and Triton would keep the model ready: stopping tritonserver "
                           f"(pid {self.server_pid}) so that clients get errors and its supervisor restarts it")

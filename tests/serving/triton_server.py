@@ -93,6 +93,12 @@ class TritonServer:
     def log_tail(self, chars: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
+    def unreachable(self, error: urllib.error.URLError) -> RuntimeError:
+        """A request that found no server: whether it still runs, and what it logged."""
+        code = self.process.poll()
+        state = "running" if code is None else f"exited ({code})"
+        return RuntimeError(f"{error.reason}: tritonserver {state}; its log ends:\n{self.log_tail(3000)}")
+
     # ---------------------------------------------------------------- HTTP
     def generate(self, body: dict, model: str = "flint") -> tuple[int, dict]:
         request = urllib.request.Request(f"http://{self.http_url}/v2/models/{model}/generate",
@@ -102,16 +108,23 @@ class TritonServer:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
+        except urllib.error.URLError as e:
+            raise self.unreachable(e) from e
 
     def generate_stream(self, body: dict, model: str = "flint") -> list[dict]:
         request = urllib.request.Request(f"http://{self.http_url}/v2/models/{model}/generate_stream",
                                          data=json.dumps(body).encode(), method="POST")
         events = []
-        with urllib.request.urlopen(request, timeout=120) as r:
-            for line in r:
-                line = line.decode().strip()
-                if line.startswith("data: "):
-                    events.append(json.loads(line[len("data: "):]))
+        try:
+            with urllib.request.urlopen(request, timeout=120) as r:
+                for line in r:
+                    line = line.decode().strip()
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[len("data: "):]))
+        except urllib.error.HTTPError:
+            raise
+        except urllib.error.URLError as e:
+            raise self.unreachable(e) from e
         return events
 
     def metrics(self) -> str:
