@@ -42,6 +42,7 @@ from the SASS control bits.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
@@ -56,8 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from flint_kernels.registers import programs_per_sm  # noqa: E402
 from tools.bench.knobs import with_knob  # noqa: E402
@@ -65,8 +66,7 @@ from tools.bench.sass_scoreboards import load_waits, loop_loads, sass_scoreboard
 
 MAX_SHARED = 232448  # bytes per block on sm_90
 H200_SMS = 132
-DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv"}
+BACKEND = make_backend(GPUTarget("cuda", 90, 32))  # (its argument specialisation is every arch's)
 
 
 class Recorder:
@@ -100,30 +100,23 @@ def record(modules, call) -> list:
 
 def launch_signature(fn, kwargs) -> tuple[dict, dict, dict, dict]:
     """What Triton specialises a launch of `fn` with `kwargs` on: (signature, constexprs, attrs,
-    options) as triton.compile takes them."""
-    signature, constexprs, attrs = {}, {}, {}
+    options) as triton.compile takes them, from the JIT's own binder (its specialisation of 1 and
+    None, of divisibility by 16, and do_not_specialize)."""
     options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
-    for i, param in enumerate(fn.params):
-        value = kwargs[param.name]
-        if param.is_constexpr or value is None or (type(value) is int and value == 1):  # the JIT specialises 1, None
-            signature[param.name], constexprs[param.name] = "constexpr", value
-        elif isinstance(value, TensorDescriptor):
-            signature[param.name] = f"tensordesc<{DTYPES[value.base.dtype]}{list(value.block_shape)}>"
-        elif isinstance(value, torch.Tensor):
-            signature[param.name] = "*" + DTYPES[value.dtype]
-            if value.data_ptr() % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, bool):
-            signature[param.name] = "i1"
-        elif isinstance(value, int):
-            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[param.name] = "fp32"
-        else:
-            raise TypeError(f"{fn.__name__}: argument {param.name}={value!r} of unexpected type")
+    _, specialization, _ = _binder(fn)(**{param.name: kwargs[param.name] for param in fn.params})
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (param, (kind, attr)) in enumerate(zip(fn.params, specialization)):
+        signature[param.name] = kind
+        if kind == "constexpr":
+            constexprs[param.name] = kwargs[param.name]
+        elif attr:  # "D": divisible by 16
+            attrs[(i,)] = BACKEND.parse_attr(attr)
     return signature, constexprs, attrs, options
+
+
+@functools.cache
+def _binder(fn):
+    return create_function_from_signature(fn.signature, fn.params, BACKEND)
 
 
 def compile_launch(fn, kwargs, arch: int):
