@@ -24,6 +24,11 @@ GEMMs of every token (nvfp4_linear, or cuBLAS for a dense weight, and silu_mul: 
 roundings), and the combine adds its rows.
 Numerics are moe.py's: fp32 dot accumulation, gate/up/silu/product and each expert output
 rounded to x's dtype, the routed combine in fp32 rounded once, the shared output added, rounded.
+First-use compiles: Triton compiles a kernel again for each new class of an int argument (== 1,
+divisible by 16, neither) and each new constexpr value, and an eager step meets the token count
+of its batch, so the counts of tokens (here, in moe_sort.py and in nvfp4_linear's GEMM, used only
+in masks and loop bounds) are do_not_specialize, and no constexpr is computed from one but
+IDS_POW2, which only the UNSORTED blocks read (tools/bench/token_specialisations.py counts what is left).
 """
 
 from __future__ import annotations
@@ -157,7 +162,7 @@ def _block_from_ids(ids_ptr, b, T, P, E, shared_blocks, K: tl.constexpr, SLOTS: 
     return e, pairs
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P", "T", "shared_blocks"])  # counts of tokens: see the module docstring
 def _moe_grouped_kernel(
     a_ptr,               # GATE_UP: x [T, H]; else inter [P, I_MAX] (HALVES: fp16 in the halves layout)
     sorted_pairs_ptr,    # [num_blocks * BLOCK_M] int32 pair ids by expert, P = padding (UNSORTED: gate/up stores them)
@@ -335,12 +340,14 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
     a13 = to_halves(x, block_k) if halves else x
-    counters = arrival_counters(2 * blocks, x.device) if handoff else block_expert  # (unread without)
+    done_at = triton.cdiv(blocks, 4) * 4  # the done counters 16-byte aligned whatever the count (one compile)
+    counters = arrival_counters(done_at + blocks, x.device) if handoff else block_expert  # (unread without)
     common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, ids_ptr=topk_ids, ready_ptr=counters,
-                  done_ptr=counters[blocks:] if handoff else counters, tiles_routed=triton.cdiv(i, block_n13),
+                  done_ptr=counters[done_at:] if handoff else counters, tiles_routed=triton.cdiv(i, block_n13),
                   tiles_shared=triton.cdiv(i_s, block_n13), HANDOFF=handoff, T=t,
                   shared_blocks=has_shared * triton.cdiv(t, block_m), UNSORTED=unsorted, K=k,
-                  IDS_POW2=triton.next_power_of_2(t * k), E_POW2=triton.next_power_of_2(e), P=p, E=e, N_EXP=e + has_shared,
+                  IDS_POW2=triton.next_power_of_2(t * k) if unsorted else 1, E_POW2=triton.next_power_of_2(e),
+                  P=p, E=e, N_EXP=e + has_shared,
                   H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
                   DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
                   SWAP=swap, HALVES=halves, ROUND_TO=_TL_DTYPES[x.dtype], **launch_args(x.device))

@@ -46,7 +46,7 @@ def _chunk_experts(ids_ptr, c, P, E, K: tl.constexpr, SLOTS: tl.constexpr, BLOCK
     return pairs, tl.load(ids_ptr + (pairs // SLOTS) * K + slot, mask=(pairs < P) & (slot < K), other=E)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])  # counts of tokens (moe_grouped.py: first-use compiles)
 def _moe_hist_kernel(
     ids_ptr,   # [T, K] int32
     hist_ptr,  # [chunks, E_POW2] int32 out: pairs of each expert in chunk c
@@ -59,7 +59,7 @@ def _moe_hist_kernel(
     tl.store(hist_ptr + c * E_POW2 + tl.arange(0, E_POW2), tl.histogram(e, E_POW2, mask=pairs < P))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P", "num_blocks", "chunks"])  # counts of tokens (moe_grouped.py: first-use compiles)
 def _moe_sort_kernel(
     ids_ptr,           # [T, K] int32
     sorted_pairs_ptr,  # [NUM_BLOCKS * BLOCK_M] int32 out

@@ -214,7 +214,7 @@ def _dequantize_kernel(
              mask=row_mask[:, None] & (cols[None, :] < K))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # a count of tokens (moe_grouped.py: first-use compiles)
 def _nvfp4_matmul_kernel(
     x_ptr,         # [T, K]
     packed_ptr,    # FP4: uint8 [N, K/2]; else the decoded weight [N, K] in x's dtype (_dequantize_kernel)

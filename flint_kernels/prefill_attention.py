@@ -178,7 +178,7 @@ def _attend(q, m, l, acc, kstart, qpos, hi, ctx, window, qk_scale, k_scale, v_sc
     return m, l, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs", "n_pages"])  # counts (moe_grouped.py: first-use compiles)
 def _prefill_kernel(
     q_ptr,                # [N, Hq, D]
     k_ptr,                # [N, Hk, D] this step's keys

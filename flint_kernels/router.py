@@ -69,7 +69,8 @@ ROUTING_WORDS = 16
 ROUTING_COLS = tl.constexpr(ROUTING_WORDS)
 
 
-@triton.jit
+# T: a count of tokens, not specialised on divisibility (moe_grouped.py: first-use compiles); == 1 still is (decode)
+@triton.jit(do_not_specialize_on_alignment=["T"])
 def _router_kernel(
     x_ptr,        # [T, H]
     w_ptr,        # [E, H] bf16/fp16/fp32
