@@ -48,6 +48,20 @@ log = logging.getLogger(__name__)
 WARMUP_PROMPTS = (17, 33)
 
 
+def warmup_step_tokens(max_tokens: int) -> list[int]:
+    """The token counts of LLMEngine.warm_up's one-prompt prefill steps: 2^k - 1, 2^k and 2^k + 1
+    from 2 up to max_tokens (a step's cap, max_num_batched_tokens), and max_tokens itself. The
+    kernel launchers choose tiles, splits and constexprs from a step's token count, at powers of
+    two and at thresholds between them; tools/bench/token_specialisations.py counts the kernel
+    specialisations that steps of 2..max_tokens tokens launch and those these steps miss."""
+    counts = {max_tokens}
+    p = 2
+    while p - 1 <= max_tokens:
+        counts.update(n for n in (p - 1, p, p + 1) if 2 <= n <= max_tokens)
+        p *= 2
+    return sorted(counts)
+
+
 class RequestError(ValueError):
     """A request the engine cannot take; the message names the field."""
 
@@ -109,26 +123,40 @@ class LLMEngine:
         self.warmup_s = self.warm_up() if warm else None
 
     def warm_up(self) -> float:
-        """Runs WARMUP_PROMPTS (a full prefill chunk and then an odd remainder, and a short prompt
-        beside it), two greedy tokens each, then forgets them: their blocks are freed and the
-        metrics start again. Triton compiles a kernel for each new specialisation on its first
-        launch (an int argument specialises on == 1 and on divisibility by 16), seconds each for
-        the prefill kernels, which the first requests would otherwise wait for. The prefix cache
-        forgets them. -> seconds taken."""
+        """Runs a prefill step of each of warmup_step_tokens' token counts (one prompt at a time,
+        one token each), then WARMUP_PROMPTS (a full prefill chunk and then an odd remainder, and
+        a short prompt beside it: steps of several sequences, and decode), two greedy tokens
+        each, then forgets them: their blocks are freed and the metrics start again. Triton
+        compiles a kernel for each new specialisation on its first launch (a new constexpr, tile
+        or int class), up to seconds each, which the first requests to meet one would otherwise
+        wait for. The prefix cache forgets them. -> seconds taken."""
         if self.has_work():
             raise RuntimeError("warm_up: the engine has requests; call it before adding any")
         t0 = time.perf_counter()
-        long, short = self.args.max_num_batched_tokens + WARMUP_PROMPTS[0], WARMUP_PROMPTS[1]
         room = min(self.max_model_len - 2, self.blocks.block_size * self.blocks.num_blocks // 2)  # half the pool
-        for i, n in enumerate((long, short)):
-            self.add_request([1 + j % (self.config.vocab_size - 1) for j in range(max(1, min(n, room)))],
-                             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), request_id=f"warmup-{i}")
-        while self.has_work():  # finished sequences leave the engine (_finish)
-            self.step()
+        steps = [n for n in warmup_step_tokens(self.args.max_num_batched_tokens) if n <= room]
+        for i, n in enumerate(steps):  # each prompt its own first token: no prefix of another's
+            self._warm_up_run([(self._warmup_prompt(n, first=i), f"warmup-step-{n}", 1)])
+        long, short = self.args.max_num_batched_tokens + WARMUP_PROMPTS[0], WARMUP_PROMPTS[1]
+        self._warm_up_run([(self._warmup_prompt(max(1, min(n, room)), first=len(steps) + i), f"warmup-{i}", 2)
+                           for i, n in enumerate((long, short))])
         self.prefix_cache.reset()
         self.prefix_cache.queries = self.prefix_cache.hits = 0
         self.metrics = EngineMetrics()
         return time.perf_counter() - t0
+
+    def _warmup_prompt(self, n: int, first: int) -> list[int]:
+        vocab = self.config.vocab_size - 1
+        return [1 + (first * 1009 + j) % vocab for j in range(n)]
+
+    def _warm_up_run(self, requests: list[tuple[list[int], str, int]]) -> None:
+        """(prompt, request id, tokens to generate) each, greedy, run until all have finished
+        (finished sequences leave the engine: _finish)."""
+        for prompt, request_id, max_tokens in requests:
+            self.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+                             request_id=request_id)
+        while self.has_work():
+            self.step()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,

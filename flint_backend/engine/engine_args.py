@@ -59,10 +59,10 @@ class EngineArgs:
     # steps with prefill, logprobs, penalties, or enforce_eager run synchronously either way
     async_scheduling: bool = True
     cpu_threads: int | None = None        # CPU: torch intra-op threads; None -> torch's default
-    # run two greedy requests through the engine when it starts (LLMEngine.warm_up), so Triton
-    # compiles the prefill kernels then and not during the first requests (a 100K prompt on an
-    # H100 without it: 19.2 s the first time, 6.5 s after; benchmarks/NOTES.md §34). None: on CUDA with the
-    # triton backend (where kernels compile), off elsewhere
+    # run a prefill step of each size class and two greedy requests through the engine when it
+    # starts (LLMEngine.warm_up), so Triton compiles their kernels then and not during the first
+    # requests (a 100K prompt on an H100 without it: 19.2 s the first time, 6.5 s after;
+    # benchmarks/NOTES.md §34). None: on CUDA with the triton backend (where kernels compile), off elsewhere
     warmup: bool | None = None
     # a request still running this many seconds after it arrived is aborted (finish_reason "abort", its
     # tokens so far delivered): a bound for clients that leave without cancelling (Triton's HTTP

@@ -9,11 +9,13 @@ hold a dense MLP, a MoE, full and sliding attention) on the CPU, then runs the f
 sequence's step of T new tokens for each T with every Triton kernel recorded instead of launched
 (compile_kernels.record: the launchers choose their tiles as on a GPU of --sms SMs). A launch's
 specialisation is what Triton compiles a kernel for: its constexpr values, each int argument's
-class (== 1, divisible by 16, neither), each pointer's 16-byte alignment, its launch options.
-Prints how many distinct specialisations each kernel has over the range, and a greedy cover: token
+class (== 1, divisible by 16, neither; do_not_specialize: none), each pointer's 16-byte
+alignment, its launch options. Prints how many distinct specialisations each kernel has over the
+range and which of its arguments differ among them, and a greedy cover: token
 counts whose steps together launch every one of them, i.e. what an engine's warm-up would have to
-run for no request to meet a compile. (A step of several sequences adds the prefill attention's
-sequence counts.) Writes JSON with --out.
+run for no request to meet a compile; and those the engine's warm-up steps (engine.py's
+warmup_step_tokens for a cap of the range's end) miss, each with the token counts that launch it.
+Writes JSON with --out.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 
 import flint_kernels  # noqa: E402
-from flint_backend.engine.engine import LLMEngine  # noqa: E402
+from flint_backend.engine.engine import LLMEngine, warmup_step_tokens  # noqa: E402
 from flint_backend.engine.engine_args import EngineArgs  # noqa: E402
 from flint_backend.engine.sampling_params import SamplingParams  # noqa: E402
 from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
@@ -42,11 +44,24 @@ from tools.bench.bench_step_timeline import with_layers  # noqa: E402
 from tools.bench.compile_kernels import launch_signature, record  # noqa: E402
 
 def specialisation(fn, kwargs: dict) -> tuple:
-    """(kernel name, signature, constexpr values, the arguments assumed divisible by 16, launch
-    options): what Triton compiles a launch for (compile_kernels.launch_signature)."""
+    """(kernel name, ((argument or launch option, what Triton compiles for it), ...)): a constexpr
+    or a constant argument (1, None) by its value, an int or a pointer by its type and whether it
+    is taken as divisible by 16 ("i32/16"), an option by its value (compile_kernels.launch_signature)."""
     signature, constexprs, attrs, options = launch_signature(fn, kwargs)
-    return (fn.__name__, tuple(signature.items()), tuple((k, repr(v)) for k, v in constexprs.items()),
-            tuple(sorted(path[0] for path in attrs)), tuple(options.items()))
+    divisible = {fn.params[path[0]].name for path in attrs}
+    keys = tuple((name, f"={constexprs[name]!r}" if kind == "constexpr" else kind + "/16" * (name in divisible))
+                 for name, kind in signature.items())
+    return fn.__name__, keys + tuple((name, f"={value!r}") for name, value in options.items())
+
+
+def varying(specialisations) -> dict[str, dict[str, list[str]]]:
+    """{kernel: {argument: its distinct keys}} for the arguments whose keys differ among a
+    kernel's specialisations: what multiplies them."""
+    keys = collections.defaultdict(lambda: collections.defaultdict(set))
+    for name, items in specialisations:
+        for arg, key in items:
+            keys[name][arg].add(key)
+    return {name: {arg: sorted(k) for arg, k in args.items() if len(k) > 1} for name, args in keys.items()}
 
 
 def step_specialisations(engine: LLMEngine, modules: tuple, tokens: int) -> frozenset:
@@ -59,7 +74,8 @@ def step_specialisations(engine: LLMEngine, modules: tuple, tokens: int) -> froz
         batch = build_step_batch([(seq, tokens)], engine.blocks.block_size, engine.config.sliding_window,
                                  engine.device)
         model, kv = engine.runner.model, engine.runner.kv
-        return frozenset(specialisation(fn, kwargs) for fn, kwargs, _ in record(modules, lambda: model.forward(batch, kv)))
+        launches = record(modules, lambda: model.forward(batch, kv))
+        return frozenset(specialisation(fn, kwargs) for fn, kwargs, _ in launches)
     finally:
         engine.blocks.free(seq)
 
@@ -73,6 +89,17 @@ def greedy_cover(by_tokens: dict[int, frozenset]) -> list[int]:
         cover.append(t)
         left -= by_tokens[t]
     return sorted(cover)
+
+
+def token_ranges(counts: list[int]) -> str:
+    """"2-4 9 17-21": runs of consecutive counts."""
+    runs = []
+    for t in counts:
+        if runs and t == runs[-1][1] + 1:
+            runs[-1][1] = t
+        else:
+            runs.append([t, t])
+    return " ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def token_range(text: str) -> range:
@@ -108,18 +135,25 @@ def main() -> None:
     by_tokens = {t: step_specialisations(engine, modules, t) for t in tokens}
     every = set().union(*by_tokens.values())
     per_kernel = collections.Counter(s[0] for s in every)
+    differ = varying(every)
     cover = greedy_cover(by_tokens)
+    warm_steps = warmup_step_tokens(tokens[-1])
+    warm = set().union(*(by_tokens.get(t) or step_specialisations(engine, modules, t) for t in warm_steps))
+    missed = [f"{s[0]} at {token_ranges([t for t in tokens if s in by_tokens[t]])}"
+              for s in sorted(every - warm)]
     print(f"token counts {tokens[0]}-{tokens[-1]}: {len(every)} distinct kernel specialisations; "
           f"a warm-up meeting all of them needs {len(cover)} steps")
-    print("| kernel | specialisations |\n| --- | ---: |")
+    print(f"the engine's warm-up steps ({len(warm_steps)}: {' '.join(map(str, warm_steps))}) miss {len(missed)}"
+          + "".join(f"\n  {m}" for m in missed))
+    print("| kernel | specialisations | what differs (distinct values) |\n| --- | ---: | --- |")
     for name, n in per_kernel.most_common():
-        print(f"| {name} | {n} |")
+        print(f"| {name} | {n} | {' '.join(f'{arg} ({len(k)})' for arg, k in differ[name].items())} |")
     print("cover:", " ".join(map(str, cover)))
     if args.out:
         Path(args.out).write_text(json.dumps({
             "preset": args.preset, "layers": args.layers, "quantization": args.quantization, "sms": args.sms,
             "tokens": [tokens[0], tokens[-1]], "specialisations": len(every), "per_kernel": dict(per_kernel),
-            "cover": cover}, indent=1))
+            "varying": differ, "cover": cover, "warmup_steps": warm_steps, "warmup_missed": missed}, indent=1))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ class TritonPythonModel:
         engine = LLMEngine(engine_args)
         if engine.warmup_s is not None:
             self.logger.log_info(f"flint_model: instance {placement.name} warmed up in {engine.warmup_s:.1f} s "
-                                 "(two requests: Triton compiled the prefill kernels)")
+                                 "(a prefill step of each size class and two requests: Triton compiled their "
+                                 "kernels)")
         self.relay = AbortRelay(placement.name, on_abort=lambda key: self.host.abort(key))
         self.host = EngineHost(engine, key_prefix=self.relay.key_prefix,
                                busy_fraction=repository.response_busy_fraction(repository.model_parameters(config)))
