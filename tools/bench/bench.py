@@ -279,8 +279,14 @@ def measure_format(fmt: str, args, bandwidth: float, seen: JitCompiles) -> dict:
     sync()
     build_s = time.perf_counter() - t0
     weights = weight_bytes_per_token(engine)
-    result = {"format": fmt, "build_s": round(build_s, 1), "weight_bytes_per_token": weights,
+    # the engine's warm-up (in build_s) and the kernel specialisations the build and it met: each a
+    # compile on a cold Triton cache, a disk read on a warm one
+    result = {"format": fmt, "build_s": round(build_s, 1),
+              "warmup_s": None if engine.warmup_s is None else round(engine.warmup_s, 1),
+              "build_specialisations": len(seen.specs), "weight_bytes_per_token": weights,
               "weights_gib": round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None, "decode": []}
+    print(f"  {fmt} built in {build_s:.1f} s (warm-up {result['warmup_s']} s, {len(seen.specs)} kernel "
+          f"specialisations met)", flush=True)
     for context in args.contexts:
         kv = kv_bytes_per_token(engine.config, context, engine.runner.kv.dtype.itemsize)
         timed = decode_ms(engine, context, args.steps)
