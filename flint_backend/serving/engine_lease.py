@@ -15,8 +15,8 @@ being read as a later server's when the pid comes round again (a restarted conta
 often has the same pid); a new lease removes the unlocked files of servers that are gone.
 
 EngineWatch, a daemon thread in each flint_postprocess instance (every ensemble has one): every
-`interval_s` it tries to lock each lease of its server; a lease it can lock that does not say
-"stopped" belongs to an engine that died: it logs that, removes the file and sends the server
+`interval_s` it tries to lock each lease of its server; a lease it can lock that still says
+"running" belongs to an engine that died: it logs that, removes the file and sends the server
 SIGTERM: tritonserver refuses new requests and waits its --exit-timeout-secs for the requests
 in flight (those of other engine instances may finish). The dead engine's requests never do,
 and tritonserver 2.51 then hangs in its exit with their connections open; so a detached
@@ -111,9 +111,9 @@ def stop_server(server_pid: int) -> None:
     os.kill(server_pid, signal.SIGTERM)
 
 
-def _remove_if_unheld(path: Path) -> bool:
-    """Removes a lease nobody holds, unless it was stopped cleanly (its holder removes it);
-    True when it was removed."""
+def _remove_if_unheld(path: Path, content: bytes | None) -> bool:
+    """Removes a lease nobody holds that reads `content` (None: whatever it reads); True when it
+    was removed."""
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
@@ -123,7 +123,7 @@ def _remove_if_unheld(path: Path) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False  # its engine runs
-        if os.pread(fd, len(STOPPED), 0) == STOPPED:
+        if content is not None and os.pread(fd, len(content) + 1, 0) != content:
             return False
         path.unlink(missing_ok=True)
         return True
@@ -132,9 +132,9 @@ def _remove_if_unheld(path: Path) -> bool:
 
 
 def dead_engines(server: str, directory: Path = LEASE_DIR) -> list[Path]:
-    """Leases of the server ("PID.START") whose holder died (unlocked, not stopped); each is
-    removed."""
-    return [path for path in sorted(directory.glob(f"{server}-*")) if _remove_if_unheld(path)]
+    """Leases of the server ("PID.START") whose holder died: unlocked, reading "running" (not
+    "stopped", and not empty: a lease between its creation and its lock); each is removed."""
+    return [path for path in sorted(directory.glob(f"{server}-*")) if _remove_if_unheld(path, RUNNING)]
 
 
 def remove_stale_leases(directory: Path = LEASE_DIR) -> list[Path]:
@@ -144,7 +144,7 @@ def remove_stale_leases(directory: Path = LEASE_DIR) -> list[Path]:
     for path in sorted(directory.iterdir()):
         server = path.name.rsplit("-", 1)[0]
         pid, _, start = server.partition(".")
-        if not (pid.isdigit() and start and process_start(int(pid)) == start) and _remove_if_unheld(path):
+        if not (pid.isdigit() and start and process_start(int(pid)) == start) and _remove_if_unheld(path, None):
             stale.append(path)
     return stale
 

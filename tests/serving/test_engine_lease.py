@@ -49,6 +49,11 @@ def test_a_released_lease_is_gone_and_not_dead(tmp_path):
     assert list(tmp_path.iterdir()) == [] and dead_engines("4242.1", tmp_path) == []
 
 
+def test_a_lease_between_its_creation_and_its_lock_is_not_a_dead_engine(tmp_path):
+    (tmp_path / "4242.1-77").write_bytes(b"")  # opened, not yet locked nor written
+    assert dead_engines("4242.1", tmp_path) == [] and (tmp_path / "4242.1-77").exists()
+
+
 def test_an_earlier_server_with_the_same_pid_leaves_no_dead_engine_to_the_next(tmp_path):
     earlier = tmp_path / f"{os.getpid()}.1-77"  # an engine that died under a server gone since
     earlier.write_bytes(b"running")
