@@ -2,7 +2,7 @@
 """The kernel specialisations an eager step of T tokens launches, for every T, on the CPU.
 
     python tools/bench/token_specialisations.py [--preset flint-40b] [--layers 3] [--tokens 2-8192]
-        [--sms 132] [--out FILE]
+        [--sms 132] [--compile] [--out FILE]
 
 Builds the preset's first --layers layers (random weights, NVFP4 as served; flint-40b's first 3
 hold a dense MLP, a MoE, full and sliding attention) on the CPU, then runs the forward of one
@@ -15,7 +15,9 @@ range and which of its arguments differ among them, and a greedy cover: token
 counts whose steps together launch every one of them, i.e. what an engine's warm-up would have to
 run for no request to meet a compile; and those the engine's warm-up steps (engine.py's
 warmup_step_tokens for a cap of the range's end) miss, each with the token counts that launch it.
-Writes JSON with --out.
+--compile: the seconds compiling the warm-up's specialisations takes for sm_90 with an empty
+Triton cache (Triton's NVIDIA backend and ptxas, as a GPU's first launch; one thread). Writes
+JSON with --out.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import os
 import pkgutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +44,7 @@ from flint_backend.engine.sampling_params import SamplingParams  # noqa: E402
 from flint_backend.engine.step_batch import build_step_batch  # noqa: E402
 from flint_kernels import pdl, split_k, tuning  # noqa: E402
 from tools.bench.bench_step_timeline import with_layers  # noqa: E402
-from tools.bench.compile_kernels import launch_signature, record  # noqa: E402
+from tools.bench.compile_kernels import compile_launch, launch_signature, record  # noqa: E402
 
 def specialisation(fn, kwargs: dict) -> tuple:
     """(kernel name, ((argument or launch option, what Triton compiles for it), ...)): a constexpr
@@ -64,8 +67,9 @@ def varying(specialisations) -> dict[str, dict[str, list[str]]]:
     return {name: {arg: sorted(k) for arg, k in args.items() if len(k) > 1} for name, args in keys.items()}
 
 
-def step_specialisations(engine: LLMEngine, modules: tuple, tokens: int) -> frozenset:
-    """Every specialisation the forward of one sequence's first `tokens` tokens launches."""
+def step_launches(engine: LLMEngine, modules: tuple, tokens: int) -> dict[tuple, tuple]:
+    """{specialisation: (fn, kwargs) of a launch of it} for every specialisation the forward of
+    one sequence's first `tokens` tokens launches."""
     seq = engine.add_request([1 + i % 1000 for i in range(tokens + 1)],
                              SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     engine.scheduler.waiting.remove(seq)
@@ -75,9 +79,21 @@ def step_specialisations(engine: LLMEngine, modules: tuple, tokens: int) -> froz
                                  engine.device)
         model, kv = engine.runner.model, engine.runner.kv
         launches = record(modules, lambda: model.forward(batch, kv))
-        return frozenset(specialisation(fn, kwargs) for fn, kwargs, _ in launches)
+        return {specialisation(fn, kwargs): (fn, kwargs) for fn, kwargs, _ in launches}
     finally:
         engine.blocks.free(seq)
+
+
+def compile_seconds(launches: list[tuple]) -> list[tuple[float, str]]:
+    """(seconds, kernel) of compiling each launch for sm_90 with an empty Triton cache, slowest first."""
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["TRITON_CACHE_DIR"] = cache
+        times = []
+        for fn, kwargs in launches:
+            t0 = time.perf_counter()
+            compile_launch(fn, kwargs, 90)
+            times.append((time.perf_counter() - t0, fn.__name__))
+    return sorted(times, reverse=True)
 
 
 def greedy_cover(by_tokens: dict[int, frozenset]) -> list[int]:
@@ -116,6 +132,8 @@ def main() -> None:
     parser.add_argument("--quantization", default="nvfp4", choices=("nvfp4", "none"))
     parser.add_argument("--tokens", default="2-8192", help="LO-HI: the step sizes (one sequence's new tokens)")
     parser.add_argument("--sms", type=int, default=132, help="SMs of the GPU the launchers size grids for")
+    parser.add_argument("--compile", action="store_true",
+                        help="also compile the warm-up's specialisations for sm_90 (an empty Triton cache) and time it")
     parser.add_argument("--out", help="JSON: every distinct specialisation and the cover")
     args = parser.parse_args()
     tokens = token_range(args.tokens)
@@ -132,14 +150,20 @@ def main() -> None:
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     modules = tuple(importlib.import_module(f"flint_kernels.{m.name}")
                     for m in pkgutil.iter_modules(flint_kernels.__path__))
-    by_tokens = {t: step_specialisations(engine, modules, t) for t in tokens}
-    every = set().union(*by_tokens.values())
+    examples, by_tokens = {}, {}  # a launch of each specialisation; those of each step size
+    for t in [*tokens, *(t for t in warmup_step_tokens(tokens[-1]) if t not in tokens)]:
+        launches = step_launches(engine, modules, t)
+        by_tokens[t] = frozenset(launches)
+        for spec, launch in launches.items():
+            examples.setdefault(spec, launch)
+    steps = {t: by_tokens[t] for t in tokens}
+    every = set().union(*steps.values())
     per_kernel = collections.Counter(s[0] for s in every)
     differ = varying(every)
-    cover = greedy_cover(by_tokens)
+    cover = greedy_cover(steps)
     warm_steps = warmup_step_tokens(tokens[-1])
-    warm = set().union(*(by_tokens.get(t) or step_specialisations(engine, modules, t) for t in warm_steps))
-    missed = [f"{s[0]} at {token_ranges([t for t in tokens if s in by_tokens[t]])}"
+    warm = set().union(*(by_tokens[t] for t in warm_steps))
+    missed = [f"{s[0]} at {token_ranges([t for t in tokens if s in steps[t]])}"
               for s in sorted(every - warm)]
     print(f"token counts {tokens[0]}-{tokens[-1]}: {len(every)} distinct kernel specialisations; "
           f"a warm-up meeting all of them needs {len(cover)} steps")
@@ -149,11 +173,17 @@ def main() -> None:
     for name, n in per_kernel.most_common():
         print(f"| {name} | {n} | {' '.join(f'{arg} ({len(k)})' for arg, k in differ[name].items())} |")
     print("cover:", " ".join(map(str, cover)))
+    compiled = None
+    if args.compile:
+        compiled = compile_seconds([examples[s] for s in sorted(warm)])
+        print(f"compiling the warm-up's {len(compiled)} specialisations for sm_90, cold: "
+              f"{sum(t for t, _ in compiled):.1f} s; slowest " + ", ".join(f"{n} {t:.1f} s" for t, n in compiled[:3]))
     if args.out:
         Path(args.out).write_text(json.dumps({
             "preset": args.preset, "layers": args.layers, "quantization": args.quantization, "sms": args.sms,
             "tokens": [tokens[0], tokens[-1]], "specialisations": len(every), "per_kernel": dict(per_kernel),
-            "varying": differ, "cover": cover, "warmup_steps": warm_steps, "warmup_missed": missed}, indent=1))
+            "varying": differ, "cover": cover, "warmup_steps": warm_steps, "warmup_missed": missed,
+            "warmup_compile_s": None if compiled is None else round(sum(t for t, _ in compiled), 1)}, indent=1))
 
 
 if __name__ == "__main__":
