@@ -137,16 +137,13 @@ def dead_engines(server: str, directory: Path = LEASE_DIR) -> list[Path]:
     return [path for path in sorted(directory.glob(f"{server}-*")) if _remove_if_unheld(path, RUNNING)]
 
 
-def remove_stale_leases(directory: Path = LEASE_DIR) -> list[Path]:
+def remove_stale_leases(directory: Path = LEASE_DIR) -> None:
     """Removes the unheld leases of servers that are gone (their pid not running, or running a
     later process), which no watcher is left to find."""
-    stale = []
-    for path in sorted(directory.iterdir()):
-        server = path.name.rsplit("-", 1)[0]
-        pid, _, start = server.partition(".")
-        if not (pid.isdigit() and start and process_start(int(pid)) == start) and _remove_if_unheld(path, None):
-            stale.append(path)
-    return stale
+    for path in directory.iterdir():
+        pid, _, start = path.name.rsplit("-", 1)[0].partition(".")
+        if not (pid.isdigit() and start and process_start(int(pid)) == start):
+            _remove_if_unheld(path, None)
 
 
 class EngineWatch:
