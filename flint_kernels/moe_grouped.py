@@ -317,6 +317,10 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 block_n13, block_n2, stages = 128, 128, 3
             elif block_m == 128:  # prefill chunks (sweep_tiles.py --tokens 8192, H100 2026-12-06: 2612 -> 1983 us)
                 block_m, block_n13, block_n2, block_k, warps, stages = 64, 128, 128, 64, 4, 4
+    if any(w is not None and not is_nvfp4(w) and w.dtype == torch.float32 for w in (w13, w2, shared_w13, shared_w2)):
+        # fp32 weight tiles (an fp32 model) are twice bf16's bytes: down's 128-column tiles overflow
+        # sm_90's 227 KB of shared memory in 3-4 stages (32 rows: 240 KB, 128 rows: 256 KB; 2 fit)
+        stages = min(stages, 2)
     if tuning.MOE_GROUPED_TILES:
         block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
     swap = block_m < 16

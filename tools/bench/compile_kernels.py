@@ -317,6 +317,16 @@ def moe_launches() -> list:
             cases.append((f"moe grouped {fmt} T=64 unsorted", (halves, moe_grouped, swiglu, lin),
                           lambda: with_knob(tuning, "MOE_UNSORTED_MAX_TOKENS", 64,
                                             lambda: moe_grouped.moe_grouped(*args(64, True)))))
+    # an fp32 model (the GPU tests' exact oracle runs): fp32 tiles at each tile class, on small
+    # experts (the tiles follow the rows an expert, 3 of 8 experts + the shared one 2I wide)
+    def fp32_args(t):
+        f32, es, hs, ii = torch.float32, 8, 64, 32
+        return (torch.randn(t, hs, dtype=f32), torch.randint(0, es, (t, 3), dtype=torch.int32), torch.rand(t, 3),
+                torch.zeros(es, 2 * ii, hs, dtype=f32), torch.zeros(es, hs, ii, dtype=f32),
+                torch.zeros(4 * ii, hs, dtype=f32), torch.zeros(hs, 2 * ii, dtype=f32))
+    cases += [(f"moe grouped fp32 T={t}", (moe_sort, halves, moe_grouped, swiglu, lin),
+               lambda t=t: with_knob(tuning, "MOE_SHARED_DENSE_MIN_TOKENS", None,
+                                     lambda: moe_grouped.moe_grouped(*fp32_args(t)))) for t in (5, 40, 300)]
     cases.append(("silu_mul I=6144", swiglu, lambda: swiglu.silu_mul(torch.randn(4, 12288, dtype=bf16))))
     return cases
 
