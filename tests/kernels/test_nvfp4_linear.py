@@ -29,6 +29,13 @@ def weight(n, k, seed=0, per_row=False):
     return quantize_nvfp4(torch.randn(n, k, generator=g)).to(DEVICE)
 
 
+@pytest.fixture
+def interpreter_steps(monkeypatch):
+    """The GEMV's word steps of 256 weights, as in the interpreter, on a GPU too (1024 there): the
+    cases below count steps and splits of small K in those units."""
+    monkeypatch.setattr(nvfp4_linear_module, "GEMV_WORDS_BLOCK_K", 256)
+
+
 @pytest.fixture(params=[False, True], ids=["bytes", "words-prefetch"])
 def words(request, monkeypatch):
     """Both NVFP4 decodes of the GEMV kernels (tuning.FP4_GEMV_WORDS); words load splits of whole
@@ -58,7 +65,7 @@ def test_one_hot_activations_read_back_the_exact_weights(t, words):
     (17, 24, 512, 2),         # GEMM split-K
     (64, 40, 256, 2),         # GEMM, whole row tiles: x loads unmasked (MASK_M off)
 ])
-def test_matches_dequantise_then_matmul(t, n, k, splits, dtype, words):
+def test_matches_dequantise_then_matmul(t, n, k, splits, dtype, words, interpreter_steps):
     w = weight(n, k, seed=t, per_row=t % 2 == 1)
     x = torch.randn(t, k, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(dtype)
     got = nvfp4_linear(x, w, num_splits=splits)
@@ -91,7 +98,7 @@ def test_one_split_of_three_or_four_prefetched_steps(k, norm, monkeypatch):
 
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rows", [8, 32])
-def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch):
+def test_unsplit_launch_of_fewer_rows(rows, norm, monkeypatch, interpreter_steps):
     """tuning.FP4_GEMV_UNSPLIT_ROWS: a batch-1 launch that would split its 4 steps (the
     interpreter's step is 256 weights) runs as one prefetching split of `rows` rows a program,
     close to dequantise-then-matmul, with and without the folded RMSNorm; the launch it makes is
@@ -129,7 +136,7 @@ def test_fp16_activations_give_the_bf16_products(t, splits):
         nvfp4_linear(x, w, out_dtype=torch.int8)
 
 
-def test_split_k_is_deterministic():
+def test_split_k_is_deterministic(interpreter_steps):
     w = weight(16, 2048, seed=3)
     x = torch.randn(2, 2048, device=DEVICE)
     once, again = nvfp4_linear(x, w, num_splits=8), nvfp4_linear(x, w, num_splits=8)
@@ -179,7 +186,7 @@ def test_unsplit_real_shapes(t, rows, monkeypatch):
     assert_scaled_close(got, expected, rel=1e-2)
 
 
-def test_dense_mlp_launches(monkeypatch):
+def test_dense_mlp_launches(monkeypatch, interpreter_steps):
     """tuning.FP4_GEMV_WIDE_ROWS and FP4_GEMV_LONG_K_SPLITS (the GPU defaults for the dense MLP's
     decode GEMVs; the interpreter's step is 256 weights): a launch of N >= FP4_GEMV_WIDE_N rows
     takes programs of that many rows, one whose K takes more steps than a split prefetches takes
@@ -292,9 +299,11 @@ def test_x_rows_masked_only_in_a_partial_row_tile(monkeypatch):
     (33, 24, 512, 2),      # split-K
 ])
 def test_prefill_chunks_decode_each_weight_once(t, n, k, splits, dtype, monkeypatch):
-    """From tuning.FP4_DEQUANT_MIN_TOKENS tokens (the interpreter's: 32) a launch decodes the
-    weight into a dense scratch and the GEMM tiles load it: close to dequantise-then-matmul and,
-    on the CPU, the bits of the tiles that decode the weight themselves (FP4_DEQUANT_MIN_TOKENS None)."""
+    """From tuning.FP4_DEQUANT_MIN_TOKENS tokens (the interpreter's 32, here on a GPU too) a launch
+    decodes the weight into a dense scratch and the GEMM tiles load it: close to
+    dequantise-then-matmul and, on the CPU, the bits of the tiles that decode the weight themselves
+    (FP4_DEQUANT_MIN_TOKENS None)."""
+    monkeypatch.setattr(tuning, "FP4_DEQUANT_MIN_TOKENS", 32)
     decodes = spy_launches(monkeypatch, nvfp4_linear_module, "_dequantize_kernel", "N", "K", "MASK_K")
     gemms = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "FP4", "SPLIT")
     w = weight(n, k, seed=t, per_row=t % 2 == 1)
