@@ -5,12 +5,15 @@ decoding tiles, tuning.FP4_GEMM_TILES, on the attention projections, NVFP4, at t
 of decode batches; the router, fp32 weight, by its tile; the MoE sort by the chunk count from
 which its histograms take a launch of their own; decode attention's splits at that many
 sequences) and prefill attention's tiles (tuning.PREFILL_ATTENTION_TILES) on a prefill chunk at
-the start and at the end of a 100K-token prompt. Weights rotate over sets that read twice the L2
+the start and at the end of a 100K-token prompt. moe_experts: the grouped MoE's default tiles with
+each step's tokens routed over only N experts (--experts), so its gate/up programs with work (4
+column tiles a block of an expert's 8 pairs, 8 a shared block) step past multiples of what the GPU
+holds at once: whether its time follows those waves or the bytes. Weights rotate over sets that read twice the L2
 between two uses (bench_kernels.Rotation), as in a step. Each row is checked against the torch
 twin.
 
-    python tools/bench/sweep_tiles.py [--only moe,w4a16,router,sort,decode_attention,prefill_attention]
-        [--tokens 64,256] [--out FILE]
+    python tools/bench/sweep_tiles.py [--only moe,w4a16,router,sort,decode_attention,prefill_attention,moe_experts]
+        [--tokens 64,256] [--experts 48,64,...] [--out FILE]
 
 Prints a table per launch (the default shape first) and writes JSON (by default
 benchmarks/<gpu>/<date>-<commit>-sweep-tiles.json).
@@ -143,11 +146,24 @@ def decode_attention_rows(batch: int, shape: dict, device, bandwidth: float) -> 
     return rows
 
 
-def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidth: float) -> list[dict]:
-    """The grouped MoE, the W4A16 GEMM's decoding tiles, the MoE sort and the router at t tokens."""
+def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidth: float,
+                touched: list[int] = ()) -> list[dict]:
+    """The grouped MoE, the W4A16 GEMM's decoding tiles, the MoE sort and the router at t tokens;
+    the grouped MoE over each of `touched` experts (moe_experts)."""
     h, e, k = shape["hidden"], shape["experts"], shape["top_k"]
     w13, w2, s13, s2 = experts
     rows = []
+    if "moe_experts" in only:
+        x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+        for n in touched:
+            # two sets in turn: experts [0, n) and [e - n, e), disjoint up to n = e / 2
+            sets = [(x, *_routing_over(t, n, first, shape, device), w13, w2, s13, s2) for first in (0, e - n)]
+            turns = Rotation(sets)
+            programs = sum(gate_up_programs(s[1], t, shape) for s in sets) / len(sets)
+            rows += time_rows(f"moe T={t} over {n} experts ({programs:g} gate/up programs)", "MOE_GROUPED_TILES",
+                              [None], lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+                              lambda s=sets, turns=turns: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
+                              n * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth)
     if "moe" in only:
         x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
         sets = [(x, *_routing(t, shape, device), w13, w2, s13, s2) for _ in range(2)]
@@ -213,10 +229,27 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
     return rows
 
 
+def _routing_over(t: int, n: int, first: int, shape: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [t, top_k] int32 drawn among experts [first, first + n) only, router weights [t, top_k]."""
+    ids = torch.rand(t, n, device=device).topk(shape["top_k"], dim=-1).indices + first
+    return ids.to(torch.int32), torch.softmax(torch.randn(t, shape["top_k"], device=device), -1)
+
+
+def gate_up_programs(ids: torch.Tensor, t: int, shape: dict, block_m: int = 8, block_n: int = 128) -> int:
+    """The decode tiles' gate/up programs with work: a program a column tile of a block of an
+    expert's block_m pairs (moe_grouped: 8 pairs, 128 columns), the shared expert's blocks in order."""
+    counts = torch.bincount(ids.flatten().long(), minlength=shape["experts"])
+    blocks = int(((counts + block_m - 1) // block_m).sum())
+    return blocks * triton.cdiv(shape["moe_inter"], block_n) + \
+        triton.cdiv(t, block_m) * triton.cdiv(shape["shared_inter"], block_n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="moe,w4a16,router,sort,decode_attention,prefill_attention")
     parser.add_argument("--tokens", default="64,256")
+    parser.add_argument("--experts", default="48,64,96,112,120,128,160,192,224,240,256",
+                        help="moe_experts: the experts each step's tokens are routed over")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -224,10 +257,13 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print("| launch | shape | us | % copy or TFLOP/s | rel err |\n| --- | --- | ---: | ---: | ---: |")
     results = {"meta": run_meta(__file__, bandwidth / 1e12), "rows": []}
-    if only & {"moe", "w4a16", "router", "sort"}:
+    if only & {"moe", "w4a16", "router", "sort", "moe_experts"}:
         experts = _experts(FULL, device, "nvfp4")
+        touched = [int(n) for n in args.experts.split(",")]
+        if not all(FULL["top_k"] <= n <= FULL["experts"] for n in touched):
+            raise SystemExit(f"--experts: got {args.experts!r}, expected counts in [{FULL['top_k']}, {FULL['experts']}]")
         for t in [int(n) for n in args.tokens.split(",")]:
-            results["rows"] += decode_rows(t, only, FULL, experts, device, bandwidth)
+            results["rows"] += decode_rows(t, only, FULL, experts, device, bandwidth, touched)
     if "decode_attention" in only:
         for t in [int(n) for n in args.tokens.split(",")]:
             results["rows"] += decode_attention_rows(t, FULL, device, bandwidth)
