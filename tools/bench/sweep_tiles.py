@@ -7,10 +7,10 @@ which its histograms take a launch of their own; decode attention's splits at th
 sequences) and prefill attention's tiles (tuning.PREFILL_ATTENTION_TILES) on a prefill chunk at
 the start and at the end of a 100K-token prompt. moe_experts: the grouped MoE's default tiles with
 each step's tokens routed over only N experts (--experts), so its gate/up programs with work (4
-column tiles a block of an expert's 8 pairs, 8 a shared block) step past multiples of what the GPU
-holds at once: whether its time follows those waves or the bytes. Weights rotate over sets that read twice the L2
-between two uses (bench_kernels.Rotation), as in a step. Each row is checked against the torch
-twin.
+column tiles a block of an expert's 8 pairs, 8 a shared block) step past multiples of what the
+GPU holds at once: whether its time follows those waves or the bytes. Weights rotate over sets
+that read twice the L2 between two uses (bench_kernels.Rotation), as in a step. Each row is
+checked against the torch twin.
 
     python tools/bench/sweep_tiles.py [--only moe,w4a16,router,sort,decode_attention,prefill_attention,moe_experts]
         [--tokens 64,256] [--experts 48,64,...] [--out FILE]
@@ -230,9 +230,9 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
 
 
 def _routing_over(t: int, n: int, first: int, shape: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [t, top_k] int32 drawn among experts [first, first + n) only, router weights [t, top_k]."""
-    ids = torch.rand(t, n, device=device).topk(shape["top_k"], dim=-1).indices + first
-    return ids.to(torch.int32), torch.softmax(torch.randn(t, shape["top_k"], device=device), -1)
+    """bench_kernels._routing among experts [first, first + n) only."""
+    ids, weights = _routing(t, {**shape, "experts": n}, device)
+    return ids + first, weights
 
 
 def gate_up_programs(ids: torch.Tensor, t: int, shape: dict, block_m: int = 8, block_n: int = 128) -> int:
