@@ -226,14 +226,10 @@ def _nvfp4_matmul_kernel(
     greedy_ptr,    # [T] int64 argmax slots, EMPTY before the launch (GREEDY; greedy.py)
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT: tl.constexpr, MASK_M: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, GREEDY: tl.constexpr,
-    PDL: tl.constexpr,
+    SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, GREEDY: tl.constexpr, PDL: tl.constexpr,
 ):
-    """MASK_M: T is not whole BLOCK_M tiles (T itself is not specialised on, so without this
-    flag every x load would test its rows against T: qkv's sm_90 K step at 64 tokens 317
-    instructions against 294).
-    F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16).
+    """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16).
     GREEDY (one split, fp32 out): each program also packs each token's best of its rows into the
     token's slot, as the GEMV does."""
     pdl_prologue(PDL)
@@ -256,7 +252,7 @@ def _nvfp4_matmul_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
-        a_mask = (tokens[:, None] < T) | (not MASK_M)
+        a_mask = tokens[:, None] < T
         if MASK_K:
             a_mask = a_mask & (cols[None, :] < K)
         a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
@@ -440,7 +436,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         weight = dequantize_for_gemm(w, x.dtype) if dequant else w.packed
         _nvfp4_matmul_kernel[(tiles, splits)](
             **common, packed_ptr=weight, stride_pn=weight.stride(0),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, MASK_M=t % block_m != 0,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FP4=not dequant,
             F16=f16, PTX=nvfp4.ptx_decode(),
             **launch_args(x.device),

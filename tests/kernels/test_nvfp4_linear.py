@@ -63,7 +63,6 @@ def test_one_hot_activations_read_back_the_exact_weights(t, words):
     (1, 24, 1024, 2),         # GEMV split-K, two k steps a split
     (5, 70, 64, None),        # GEMM, partial tiles
     (17, 24, 512, 2),         # GEMM split-K
-    (64, 40, 256, 2),         # GEMM, whole row tiles: x loads unmasked (MASK_M off)
 ])
 def test_matches_dequantise_then_matmul(t, n, k, splits, dtype, words, interpreter_steps):
     w = weight(n, k, seed=t, per_row=t % 2 == 1)
@@ -282,17 +281,6 @@ def test_f16_products_real_shapes(name, n, k, t, scale, monkeypatch):
     assert errors[True] <= 2 * errors[False] + ulp
 
 
-def test_x_rows_masked_only_in_a_partial_row_tile(monkeypatch):
-    """T is not specialised on (one compile for every T of a tile choice): MASK_M says whether x's
-    row loads test T. 64 tokens are whole tiles (16 rows in the interpreter, 64 on a GPU), 5 and 65
-    are not (65: 128-row tiles on a GPU)."""
-    gemms = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "MASK_M")
-    w = weight(40, 64)
-    for t in (5, 64, 65):
-        nvfp4_linear(torch.randn(t, 64, device=DEVICE), w)
-    assert [g[1] for g in gemms] == [True, False, True]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t,n,k,splits", [
     (40, 70, 96, None),    # partial tiles, K not a multiple of the k step
@@ -315,9 +303,10 @@ def test_prefill_chunks_decode_each_weight_once(t, n, k, splits, dtype, monkeypa
     decoding = nvfp4_linear(x, w, num_splits=splits)
     if DEVICE == "cpu":
         assert torch.equal(got, decoding)
-    split = splits or 1
     assert [d[1:] for d in decodes] == [(n, k, k % nvfp4_linear_module.DEQUANT_BLOCK_K != 0)]
-    assert [g[1:] for g in gemms] == [(False, split), (True, split)]
+    assert [g[1] for g in gemms] == [False, True]  # the dense scratch, then the decoding tiles
+    if splits or DEVICE == "cpu":  # (the launcher's own split count follows the GPU's SMs)
+        assert [g[2] for g in gemms] == [splits or 1] * 2
 
 
 def test_prefill_scratch_holds_the_exact_weights():
