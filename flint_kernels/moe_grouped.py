@@ -305,6 +305,7 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     p = t * slots
     rows_per_expert = p / (e + has_shared)
     block_m, block_n13, block_n2, block_k, warps, stages = _tiles(rows_per_expert)
+    maxnreg = None  # registers a thread (ptxas .maxnreg): None, ptxas's choice
     f16 = tuning.FP4_MMA_F16 and x.dtype != torch.float32  # fp16 tiles (an fp32 model keeps fp32 x)
     if f16 and is_nvfp4(w13):
         if rows_per_expert <= 8:  # decode batches (the interpreter's too): 8-token blocks, transposed, in
@@ -322,7 +323,8 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         # sm_90's 227 KB of shared memory in 3-4 stages (32 rows: 240 KB, 128 rows: 256 KB; 2 fit)
         stages = min(stages, 2)
     if tuning.MOE_GROUPED_TILES:
-        block_m, block_n13, block_n2, block_k, warps, stages = tuning.MOE_GROUPED_TILES
+        block_m, block_n13, block_n2, block_k, warps, stages, *cap = tuning.MOE_GROUPED_TILES
+        maxnreg = cap[0] if cap else None
     swap = block_m < 16
     # decode tiles: down takes each block as soon as gate/up stored it (HANDOFF); small batches'
     # blocks straight from the ids (UNSORTED: no sort launch)
@@ -354,7 +356,7 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                   P=p, E=e, N_EXP=e + has_shared,
                   H=h, I=i, IS=i_s, SLOTS=slots, BLOCK_M=block_m, BLOCK_K=block_k, DOT_FP32=DOT_FP32,
                   DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
-                  SWAP=swap, HALVES=halves, ROUND_TO=_TL_DTYPES[x.dtype], **launch_args(x.device))
+                  maxnreg=maxnreg, SWAP=swap, HALVES=halves, ROUND_TO=_TL_DTYPES[x.dtype], **launch_args(x.device))
     for stage, (w, s, a, dst, n_max, block_n, n_ks) in enumerate([
             (w13, shared_w13, a13, inter, max(i, i_s), block_n13, (h,)),
             (w2, shared_w2, inter, ys, h, block_n2, (i, i_s))]):

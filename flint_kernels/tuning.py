@@ -96,9 +96,10 @@ MOE_UNSORTED_MAX_TOKENS = _tokens("MOE_UNSORTED_MAX_TOKENS", 64)
 # The interpreter's tests take batches from 32 tokens through it.
 MOE_SHARED_DENSE_MIN_TOKENS = _tokens("MOE_SHARED_DENSE_MIN_TOKENS", 32 if INTERPRET else 1024)
 
-# (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages) of the grouped MoE's launches
-# (moe_grouped.py); None: moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
-MOE_GROUPED_TILES: tuple[int, int, int, int, int, int] | None = None
+# (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages[, registers a thread]) of the
+# grouped MoE's launches (moe_grouped.py; the registers as ptxas's .maxnreg); None:
+# moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
+MOE_GROUPED_TILES: tuple[int, ...] | None = None
 # (BLOCK_M, BLOCK_N, warps, stages, K splits or 0 for the launcher's) of the W4A16 GEMM's decoding
 # tiles (batches above the GEMV's tokens, below FP4_DEQUANT_MIN_TOKENS); None: nvfp4_linear._gemm_tiles.
 FP4_GEMM_TILES: tuple[int, int, int, int, int] | None = None

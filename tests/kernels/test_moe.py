@@ -112,6 +112,21 @@ def test_grouped_tiles_and_the_halves_layout(fmt, dtype, t, k, block_m, monkeypa
           fused_moe_torch(x, ids, weights, w13, w2, s13, s2), dtype)
 
 
+def test_grouped_tiles_cap_registers_a_thread(monkeypatch):
+    """A seventh entry of tuning.MOE_GROUPED_TILES is ptxas's .maxnreg for both expert launches
+    (programs an SM by registers; the interpreter ignores it): the outputs stay moe.py's."""
+    tiles = (128, 128, 128, 4, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
+    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (8, *tiles, 64))
+    launches = spy_launches(monkeypatch, moe_grouped, "_moe_grouped_kernel", "GATE_UP", "maxnreg")
+    e, h, i = 8, 128, 64
+    w13, w2, s13, s2 = experts(e, h, i, 2 * i, torch.bfloat16, "nvfp4", seed=4)
+    ids, weights = routing(5, e, 3, seed=4)
+    x = torch.randn(5, h, device=DEVICE).to(torch.bfloat16)
+    check(fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped"),
+          fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.bfloat16)
+    assert [launch[1:] for launch in launches] == [(True, 64), (False, 64)]
+
+
 @pytest.mark.parametrize("handoff,unsorted", [(True, False), (True, True), (False, False)],
                          ids=["handoff", "handoff-unsorted", "whole-launch"])
 @pytest.mark.parametrize("t,one_expert", [(17, False), (17, True), (3, False)],

@@ -61,13 +61,16 @@ def parse_variant(text: str) -> list[tuple[str, str, str]]:
 
 
 def set_variant(settings: list[tuple[str, str, str]]) -> dict:
-    """Sets the attributes (values parsed as the attribute's current type) -> the old values."""
+    """Sets the attributes (values parsed as the attribute's current type; "a:b:c" a tuple of
+    ints) -> the old values."""
     old = {}
     for module, attr, value in settings:
         mod = importlib.import_module(module)
         current = getattr(mod, attr)
         old[(module, attr)] = current
-        if current is None or isinstance(current, int) and not isinstance(current, bool):
+        if ":" in value:  # a tuple knob: "8:128:128:64:4:3"
+            typed = tuple(None if v == "None" else int(v) for v in value.split(":"))
+        elif current is None or isinstance(current, int) and not isinstance(current, bool):
             typed = None if value == "None" else int(value)  # ints, and int knobs that default to None
         elif isinstance(current, bool):
             typed = value in ("1", "true", "True")

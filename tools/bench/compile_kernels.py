@@ -102,7 +102,7 @@ def launch_signature(fn, kwargs) -> tuple[dict, dict, dict, dict]:
     """What Triton specialises a launch of `fn` with `kwargs` on: (signature, constexprs, attrs,
     options) as triton.compile takes them, from the JIT's own binder (its specialisation of 1 and
     None, of divisibility by 16, and do_not_specialize)."""
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if kwargs.get(k) is not None}
     _, specialization, _ = _binder(fn)(**{param.name: kwargs[param.name] for param in fn.params})
     signature, constexprs, attrs = {}, {}, {}
     for i, (param, (kind, attr)) in enumerate(zip(fn.params, specialization)):

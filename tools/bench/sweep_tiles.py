@@ -42,12 +42,16 @@ from tools.bench.bench_kernels import (FULL, PREFILL_TOKENS, Rotation, _cold_set
 from tools.bench.knobs import with_knob  # noqa: E402
 from tools.bench.timing import copy_bandwidth, graph_us, nbytes, result_path, run_meta  # noqa: E402
 
-# (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages)
+# (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages[, registers a thread])
 # (H100 2026-12-06: 16 x 32 or 64 columns, 8 warps and 32-row blocks were slower, 300-505 us at T=64
-# against 222-240; the list varies weight rows a warp, and 8-token blocks, computed transposed)
-MOE_TILES = [None, (16, 128, 128, 128, 2, 3), (16, 128, 128, 64, 2, 4), (8, 128, 128, 128, 2, 3),
-             (8, 128, 128, 128, 4, 3), (8, 128, 128, 64, 2, 4), (8, 256, 256, 64, 4, 3), (8, 256, 256, 128, 4, 3),
-             (8, 64, 64, 128, 2, 3)]
+# against 222-240; the list varies weight rows a warp, and 8-token blocks, computed transposed.
+# The default decode tiles hold 4 programs an SM, by their 116 registers (128 x 128 x 128, 3 stages,
+# 45 KB of shared memory: 5 by it); the later entries hold 5-8 (compile_kernels.py, sm_90): a cap
+# of 96 registers (64 B spilled), K steps of 64 (80 registers, 22.5 KB), 64 columns (72, 26.6 KB))
+MOE_TILES = [None, (16, 128, 128, 128, 2, 3), (8, 128, 128, 128, 2, 3), (8, 128, 128, 64, 2, 4),
+             (8, 64, 64, 128, 2, 3), (8, 128, 128, 128, 4, 3, 96), (8, 128, 128, 128, 4, 2, 80),
+             (8, 128, 128, 64, 4, 3), (8, 128, 128, 64, 4, 3, 64), (8, 128, 128, 64, 4, 4),
+             (8, 64, 64, 128, 4, 3), (8, 64, 64, 128, 4, 3, 64), (8, 64, 64, 128, 4, 2, 64)]
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
 # ... at prefill sizes (--tokens 8192: a prefill chunk)

@@ -3,7 +3,7 @@
 import pytest
 
 from flint_backend.config import PRESETS, FlintConfig
-from tools.bench.bench_step_timeline import with_layers
+from tools.bench.bench_step_timeline import parse_variant, set_variant, with_layers
 
 
 def test_with_layers_keeps_the_shapes_and_the_layer_types():
@@ -24,3 +24,15 @@ def test_with_layers_keeps_the_shapes_and_the_layer_types():
 def test_with_layers_names_the_flag_and_the_range(layers):
     with pytest.raises(SystemExit, match=r"--layers: got -?\d+, expected 1 to 49 \(flint-40b's layers\)"):
         with_layers("flint-40b", layers)
+
+
+def test_variant_sets_a_tuple_knob_and_gives_back_the_old_values(monkeypatch):
+    from flint_kernels import tuning
+    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", None)
+    monkeypatch.setattr(tuning, "MOE_UNSORTED_MAX_TOKENS", 64)
+    old = set_variant(parse_variant("flint_kernels.tuning.MOE_GROUPED_TILES=8:64:64:128:4:3:64,"
+                                    "flint_kernels.tuning.MOE_UNSORTED_MAX_TOKENS=None"))
+    assert tuning.MOE_GROUPED_TILES == (8, 64, 64, 128, 4, 3, 64)
+    assert tuning.MOE_UNSORTED_MAX_TOKENS is None
+    assert old == {("flint_kernels.tuning", "MOE_GROUPED_TILES"): None,
+                   ("flint_kernels.tuning", "MOE_UNSORTED_MAX_TOKENS"): 64}
