@@ -98,7 +98,9 @@ MOE_SHARED_DENSE_MIN_TOKENS = _tokens("MOE_SHARED_DENSE_MIN_TOKENS", 32 if INTER
 
 # (BLOCK_M, BLOCK_N gate/up, BLOCK_N down, BLOCK_K, warps, stages[, registers a thread]) of the
 # grouped MoE's launches (moe_grouped.py; the registers as ptxas's .maxnreg); None:
-# moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py.
+# moe_grouped._tiles by the mean rows an expert. tools/bench/sweep_tiles.py. (No cap by default: at
+# 64 tokens caps of 64-96 registers, for 5-8 programs an SM, took 192.6-231.0 us against 176.1,
+# H100 2026-12-07, 7d6a687.)
 MOE_GROUPED_TILES: tuple[int, ...] | None = None
 # (BLOCK_M, BLOCK_N, warps, stages, K splits or 0 for the launcher's) of the W4A16 GEMM's decoding
 # tiles (batches above the GEMV's tokens, below FP4_DEQUANT_MIN_TOKENS); None: nvfp4_linear._gemm_tiles.

@@ -8,6 +8,7 @@ import torch
 
 from flint_kernels.prefill_attention import prefill_attention, prefill_attention_torch
 from kv_cases import assert_scaled_close, make_step
+from launch_spy import spy_launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: output rounding plus bf16 probabilities in the P.V dot (on a GPU); fp32: summation order
@@ -72,29 +73,38 @@ def test_gpu_tile_sizes(monkeypatch, window):
     torch.testing.assert_close(got, expected, **TOL[torch.float32])
 
 
+# whole pages: the default tiles hold two pages a key tile (the interpreter's 32 keys over pages
+# of 16 rows, a GPU's 128 over 64); these tiles one
+PAGE_ROWS = 16 if DEVICE == "cpu" else 64
+ONE_PAGE_TILES = (32, 16, 4, 1) if DEVICE == "cpu" else (128, 64, 8, 2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tiles", [None, (32, 32, 4, 3)])  # a key tile of one page (the interpreter's 16), of two
-def test_whole_pages_of_a_cache_holding_the_step(monkeypatch, tiles, dtype):
+@pytest.mark.parametrize("tiles,pages", [(None, 2), (ONE_PAGE_TILES, 1)], ids=["two-pages", "one-page"])
+def test_whole_pages_of_a_cache_holding_the_step(monkeypatch, tiles, pages, dtype):
     # full layers write the step's K/V first (kv_in_cache): keys come by whole pages (tensor
     # descriptors); rows past the written ones are NaN in make_step's cache and must not reach P V
-    from flint_kernels import tuning
+    from flint_kernels import prefill_attention as module, tuning
     monkeypatch.setattr(tuning, "PREFILL_ATTENTION_TILES", tiles)
+    launches = spy_launches(monkeypatch, module, "_prefill_kernel", "PAGES")
     seqs = [(50, 30), (0, 17), (16, 1), (33, 16), (0, 1), (47, 2)]
-    step = make_step(seqs, dtype=dtype, rows_per=16, write_current=True, seed=5, device=DEVICE)
+    step = make_step(seqs, dtype=dtype, rows_per=PAGE_ROWS, write_current=True, seed=5, device=DEVICE)
     got, expected = run_both(step, 0, kv_in_cache=True)
     torch.testing.assert_close(got, expected, **TOL[dtype])
+    assert [launch[1] for launch in launches] == [pages]
 
 
 @pytest.mark.parametrize("layout,rows_per,window", [("paged", 8, 0), ("paged", 16, WINDOW), ("ring", 16, WINDOW)])
 def test_kv_in_cache_where_pages_do_not_fit(monkeypatch, layout, rows_per, window):
     # pages under 16 rows and windowed layers keep the gathered path, which reads the step's k / v
+    from flint_kernels import prefill_attention as module
+    launches = spy_launches(monkeypatch, module, "_prefill_kernel", "PAGES")
     step = make_step([(20, 9), (0, 5)], layout=layout, rows_per=rows_per, write_current=True, device=DEVICE)
     args = (step.q, step.k, step.v, step.query_start_loc, step.context_lens, step.k_cache, step.v_cache,
             step.sinks, 0.25, window, 9)
     got = prefill_attention(*args, **step.cache_kwargs(), kv_in_cache=True)
     torch.testing.assert_close(got, prefill_attention_torch(*args, **step.cache_kwargs()), **TOL[torch.float32])
-    from flint_kernels import prefill_attention as module
-    assert module._tile_pages(module.TILE_N, rows_per) == (1 if rows_per == 16 else 0)
+    assert [launch[1] for launch in launches] == [0]
 
 
 def test_huge_sink_and_no_sink():
