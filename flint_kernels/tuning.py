@@ -33,6 +33,13 @@ def _tokens(name: str, default: int) -> int | None:
     return int(text) or None
 
 
+def _splits(name: str, default: int) -> int:
+    text = os.environ.get(f"FLINT_{name}", str(default))
+    if not text.isdigit() or int(text) & (int(text) - 1) or int(text) == 0:
+        raise ValueError(f"FLINT_{name}: got {text!r}, expected a power of two >= 1")
+    return int(text)
+
+
 # --- every kernel ---
 # Programmatic dependent launch (pdl.py): each launch loads its weights while the one before
 # finishes. H200 2026-12-03: NVFP4 3.035 ms without, 2.645 with. Off: every launch waits for its
@@ -76,6 +83,13 @@ MOE_HALVES = _flag("MOE_HALVES", True)
 # 64 streams 4651 decode tok/s; at 4f7e8c3 4622 against 4499 off at 9a3104b (test_moe's handoff
 # cases passed on the H100 there).
 MOE_HANDOFF = _flag("MOE_HANDOFF", True)
+
+# The grouped MoE's decode tiles with MOE_HANDOFF and MOE_HALVES run gate/up over K in this many
+# programs a column tile (moe_grouped K_SPLITS: scaled fp32 partials, summed in split order by the
+# last to arrive, then SwiGLU), for shorter programs: at 64 tokens the launch's time over the
+# experts it reads has a ~63 us intercept (H200 2026-12-07, sweep_tiles.py --only moe_experts),
+# a program's chain of 16 K steps each for gate and up.
+MOE_GATE_UP_SPLITS = _splits("MOE_GATE_UP_SPLITS", 1)
 
 # Up to this many tokens the grouped MoE's decode tiles with MOE_HANDOFF take each block straight
 # from the router's ids (moe_grouped UNSORTED: routed expert e's first 8 pairs are block e, its

@@ -5,7 +5,8 @@ decoding tiles, tuning.FP4_GEMM_TILES, on the attention projections, NVFP4, at t
 of decode batches; the router, fp32 weight, by its tile; the MoE sort by the chunk count from
 which its histograms take a launch of their own; decode attention's splits at that many
 sequences) and prefill attention's tiles (tuning.PREFILL_ATTENTION_TILES) on a prefill chunk at
-the start and at the end of a 100K-token prompt. moe_experts: the grouped MoE's default tiles with
+the start and at the end of a 100K-token prompt; the grouped MoE's default decode tiles also with
+gate/up over K in 2 and 4 programs a column tile (tuning.MOE_GATE_UP_SPLITS). moe_experts: the grouped MoE's default tiles with
 each step's tokens routed over only N experts (--experts), so its gate/up programs with work (4
 column tiles a block of an expert's 8 pairs, 8 a shared block) step past multiples of what the
 GPU holds at once: whether its time follows those waves or the bytes. Weights rotate over sets
@@ -189,6 +190,13 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                     lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
                     chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
                     flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)))
+        if t < 1024:  # the default tiles with gate/up over K in programs of a half / a quarter
+            for splits in (2, 4):
+                rows += with_knob(tuning, "MOE_GATE_UP_SPLITS", splits, lambda: time_rows(
+                    f"moe T={t} ({chosen:g}+1 experts) gate/up K splits {splits}", "MOE_GROUPED_TILES", [None],
+                    lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+                    lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
+                    chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth))
     if "w4a16" in only:
         # (name, N, K, x dtype): o_proj again with x in fp16 where its decoding tiles take it from
         # decode attention (tuning.FP4_GEMM_F16_ACTIVATIONS); the LM head of a decode batch
