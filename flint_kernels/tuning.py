@@ -88,7 +88,8 @@ MOE_HANDOFF = _flag("MOE_HANDOFF", True)
 # programs a column tile (moe_grouped K_SPLITS: scaled fp32 partials, summed in split order by the
 # last to arrive, then SwiGLU), for shorter programs: at 64 tokens the launch's time over the
 # experts it reads has a ~63 us intercept (H200 2026-12-07, sweep_tiles.py --only moe_experts),
-# a program's chain of 16 K steps each for gate and up.
+# a program's chain of 16 K steps each for gate and up. Not yet timed on a GPU, so 1 (off);
+# docs/performance.md, open ideas, has the prediction and the commands.
 MOE_GATE_UP_SPLITS = _splits("MOE_GATE_UP_SPLITS", 1)
 
 # Up to this many tokens the grouped MoE's decode tiles with MOE_HANDOFF take each block straight
