@@ -47,12 +47,13 @@ from tools.bench.timing import copy_bandwidth, graph_us, nbytes, result_path, ru
 # (H100 2026-12-06: 16 x 32 or 64 columns, 8 warps and 32-row blocks were slower, 300-505 us at T=64
 # against 222-240; the list varies weight rows a warp, and 8-token blocks, computed transposed.
 # The default decode tiles hold 4 programs an SM, by their 116 registers (128 x 128 x 128, 3 stages,
-# 45 KB of shared memory: 5 by it); the later entries hold 5-8 (compile_kernels.py, sm_90): a cap
-# of 96 registers (64 B spilled), K steps of 64 (80 registers, 22.5 KB), 64 columns (72, 26.6 KB);
-# H100 2026-12-07, 7d6a687, T=64: 176.1 us the default, 178.5-231.0 these)
+# 45 KB of shared memory: 5 by it); the last five hold 5-8 (compile_kernels.py, sm_90): a cap of 96
+# registers (64 B spilled), K steps of 64 (80 registers, 22.5 KB), 64 columns (72, 26.6 KB; 64 with
+# the cap). H100 2026-12-07, 7d6a687, T=64: the default 176.1 us, these 209.9 / 201.3 / 178.5 /
+# 198.3 / 192.6; dropped: (8, 128, 128, 128, 4, 2, 80) 217.8, (8, 128, 128, 64, 4, 3, 64) 231.0,
+# (8, 128, 128, 64, 4, 4) 236.8)
 MOE_TILES = [None, (16, 128, 128, 128, 2, 3), (8, 128, 128, 128, 2, 3), (8, 128, 128, 64, 2, 4),
-             (8, 64, 64, 128, 2, 3), (8, 128, 128, 128, 4, 3, 96), (8, 128, 128, 128, 4, 2, 80),
-             (8, 128, 128, 64, 4, 3), (8, 128, 128, 64, 4, 3, 64), (8, 128, 128, 64, 4, 4),
+             (8, 64, 64, 128, 2, 3), (8, 128, 128, 128, 4, 3, 96), (8, 128, 128, 64, 4, 3),
              (8, 64, 64, 128, 4, 3), (8, 64, 64, 128, 4, 3, 64), (8, 64, 64, 128, 4, 2, 64)]
 # (BLOCK_M rows, BLOCK_N keys, warps, stages)
 ATTENTION_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3)]
