@@ -44,7 +44,7 @@ from .halves import dot_halves, halves_col, to_halves
 from .nvfp4 import F16_BLOCK_K, F16_TILE_UNIT, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
 from .nvfp4_linear import nvfp4_linear
 from .pdl import launch_args, pdl_prologue, poll_at_least
-from .split_k import arrival_counters, last_to_arrive
+from .split_k import arrival_counters, last_to_arrive, sum_in_split_order
 from .swiglu import silu_mul, silu_mul_rounded
 from .tuning import INTERPRET
 
@@ -119,16 +119,13 @@ def _sum_splits(acc, acc_up, part_ptr, counter_ptr, tile, s, K_SPLITS: tl.conste
     sums them in split order -> (gate, up, whether this program is the last)."""
     n: tl.constexpr = acc.shape[0] * acc.shape[1]
     offs = tl.arange(0, acc.shape[0])[:, None] * acc.shape[1] + tl.arange(0, acc.shape[1])[None, :]
-    base = part_ptr + tile.to(tl.int64) * (K_SPLITS * 2 * n)
+    base = part_ptr + tile.to(tl.int64) * (K_SPLITS * 2 * n)  # [K_SPLITS, 2, n]: gate, up
     tl.store(base + s * (2 * n) + offs, acc)
     tl.store(base + s * (2 * n) + n + offs, acc_up)
     last = last_to_arrive(counter_ptr, K_SPLITS)
     if last:
-        acc = tl.zeros(acc.shape, tl.float32)
-        acc_up = tl.zeros(acc.shape, tl.float32)
-        for i in tl.static_range(K_SPLITS):
-            acc += tl.load(base + i * (2 * n) + offs, cache_modifier=".cg")
-            acc_up += tl.load(base + i * (2 * n) + n + offs, cache_modifier=".cg")
+        acc = sum_in_split_order(base, offs, None, 2 * n, K_SPLITS)
+        acc_up = sum_in_split_order(base + n, offs, None, 2 * n, K_SPLITS)
     return acc, acc_up, last
 
 
@@ -390,8 +387,8 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     # gate/up over K in programs of K / splits (tuning.MOE_GATE_UP_SPLITS), decode tiles handing off
     splits = tuning.MOE_GATE_UP_SPLITS if handoff and halves and h % (tuning.MOE_GATE_UP_SPLITS * block_k) == 0 else 1
     col_tiles13 = triton.cdiv(max(i, i_s), block_n13)
-    parts = torch.empty(blocks * col_tiles13 * splits * 2 * block_n13 * block_m if splits > 1 else 1,
-                        dtype=torch.float32, device=x.device)
+    parts = torch.empty(blocks * col_tiles13 * splits * 2 * block_n13 * block_m, dtype=torch.float32,
+                        device=x.device) if splits > 1 else ys  # (unread unsplit)
     done_at = triton.cdiv(blocks, 4) * 4  # counters 16-byte aligned whatever the count (one compile)
     arrive_at = 2 * done_at
     counters = arrival_counters(arrive_at + (blocks * col_tiles13 if splits > 1 else 0), x.device) if handoff \
