@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import nvfp4, tuning
 from .nvfp4 import (F16_BLOCK_K, F16_TILE_UNIT, check_nvfp4, fp4_dot_loaded, fp4_dot_words, fp4_load_words,
@@ -224,14 +225,17 @@ def _nvfp4_matmul_kernel(
     part_ptr,      # [SPLIT, T, N] fp32 (used when SPLIT > 1)
     counter_ptr,   # [cdiv(T, BLOCK_M) * cdiv(N, BLOCK_N)] int32, zero between launches
     greedy_ptr,    # [T] int64 argmax slots, EMPTY before the launch (GREEDY; greedy.py)
+    x_desc, w_desc,  # DESC: descriptors of x and the decoded weight, blocks [BLOCK_M | BLOCK_N, BLOCK_K]
     T, N, K, stride_xt, stride_pn, stride_sn, stride_gn, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr, MASK_K: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, GREEDY: tl.constexpr, PDL: tl.constexpr,
+    FP4: tl.constexpr, F16: tl.constexpr, PTX: tl.constexpr, GREEDY: tl.constexpr, DESC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """F16 (FP4): tiles decoded to fp16 (nvfp4.weight_tile_f16) and x taken as fp16 (tuning.FP4_MMA_F16).
     GREEDY (one split, fp32 out): each program also packs each token's best of its rows into the
-    token's slot, as the GEMV does."""
+    token's slot, as the GEMV does. DESC (a decoded weight): x and weight tiles through tensor
+    descriptors (TMA on Hopper; rows and columns past the ends read as zeros)."""
     pdl_prologue(PDL)
     tile = tl.program_id(0)
     s = tl.program_id(1)
@@ -255,8 +259,13 @@ def _nvfp4_matmul_kernel(
         a_mask = tokens[:, None] < T
         if MASK_K:
             a_mask = a_mask & (cols[None, :] < K)
-        a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
-        if F16:
+        if DESC:
+            a = x_desc.load([pm * BLOCK_M, k0])
+        else:
+            a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
+        if DESC:
+            w = w_desc.load([pn * BLOCK_N, k0])
+        elif F16:
             w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, PTX)
         else:
             w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, FP4)
@@ -434,13 +443,23 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         if norm is not None:
             raise ValueError(f"nvfp4_linear: the folded RMSNorm takes at most {GEMV_MAX_TOKENS} tokens, got {t}")
         weight = dequantize_for_gemm(w, x.dtype) if dequant else w.packed
+        desc = dequant and tuning.FP4_DEQUANT_GEMM_TMA and _descriptor_ok(x) and _descriptor_ok(weight)
+        x_desc, w_desc = (TensorDescriptor.from_tensor(x, [block_m, block_k]),
+                          TensorDescriptor.from_tensor(weight, [block_n, block_k])) if desc else (None, None)
         _nvfp4_matmul_kernel[(tiles, splits)](
-            **common, packed_ptr=weight, stride_pn=weight.stride(0),
+            **common, packed_ptr=weight, stride_pn=weight.stride(0), x_desc=x_desc, w_desc=w_desc, DESC=desc,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FP4=not dequant,
             F16=f16, PTX=nvfp4.ptx_decode(),
             **launch_args(x.device),
             num_warps=warps, num_stages=stages)
+
+
+def _descriptor_ok(t: torch.Tensor) -> bool:
+    """Whether a [rows, K] operand can be read through a tensor descriptor: 2-byte elements, unit
+    stride in K, rows and base 16-byte aligned (TMA's rules)."""
+    return (t.element_size() == 2 and t.stride(-1) == 1 and t.stride(0) * 2 % 16 == 0
+            and t.data_ptr() % 16 == 0)
 
 
 def dequantize_for_gemm(w, dtype: torch.dtype) -> torch.Tensor:

@@ -150,6 +150,10 @@ FP4_GEMM_F16_ACTIVATIONS = _flag("FP4_GEMM_F16_ACTIVATIONS", True)
 # (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: the decoding tiles'
 # shapes. H100 2026-12-05: (128, 256, 8, 3) took qkv 350 us against 345 (bench_kernels.py's row).
 FP4_DEQUANT_GEMM_TILES: tuple[int, int, int, int] | None = None
+# The GEMM over the decoded weight reads x and weight tiles through tensor descriptors (TMA)
+# instead of per-thread pointer copies, where both are 2-byte, K-contiguous and 16-byte aligned
+# (no address arithmetic or masks in the K loop). Not yet timed on a GPU: off.
+FP4_DEQUANT_GEMM_TMA = _flag("FP4_DEQUANT_GEMM_TMA", False)
 
 # --- the decode GEMVs (dense_gemv.py, nvfp4_linear.py) ---
 # Up to this many K steps a split loads before its PDL wait (1..4). H200 2026-12-03: the BF16

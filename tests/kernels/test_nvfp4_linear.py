@@ -309,6 +309,34 @@ def test_prefill_chunks_decode_each_weight_once(t, n, k, splits, dtype, monkeypa
         assert [g[2] for g in gemms] == [splits or 1] * 2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("t,n,k,splits", [
+    (40, 70, 96, None),    # partial tiles: rows, columns and the last K step past the ends
+    (33, 24, 512, 2),      # split-K
+])
+def test_prefill_gemm_through_descriptors_gives_the_pointer_tiles_bits(t, n, k, splits, dtype, monkeypatch):
+    """tuning.FP4_DEQUANT_GEMM_TMA: the GEMM over the decoded weight reads x and weight tiles
+    through tensor descriptors, whose reads past the ends are zeros as the pointer tiles' masks
+    make them: close to dequantise-then-matmul and, on the CPU, the pointer tiles' bits. An x
+    whose rows are not 16-byte aligned goes the pointer way."""
+    monkeypatch.setattr(tuning, "FP4_DEQUANT_MIN_TOKENS", 32)
+    gemms = spy_launches(monkeypatch, nvfp4_linear_module, "_nvfp4_matmul_kernel", "DESC")
+    w = weight(n, k, seed=t, per_row=True)
+    wide = torch.randn(t, k + 1, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(t)).to(dtype)
+    x = wide[:, :k].contiguous()
+    monkeypatch.setattr(tuning, "FP4_DEQUANT_GEMM_TMA", True)
+    got = nvfp4_linear(x, w, num_splits=splits)
+    unaligned = nvfp4_linear(wide[:, 1:], w, num_splits=splits)
+    monkeypatch.setattr(tuning, "FP4_DEQUANT_GEMM_TMA", False)
+    pointers = nvfp4_linear(x, w, num_splits=splits)
+    tol = TOL[torch.bfloat16]  # (fp16 rounds finer)
+    torch.testing.assert_close(got, nvfp4_linear_torch(x, w), **tol)
+    if DEVICE == "cpu":
+        assert torch.equal(got, pointers)
+    torch.testing.assert_close(unaligned, nvfp4_linear_torch(wide[:, 1:], w), **tol)
+    assert [g[1] for g in gemms] == [True, False, False]
+
+
 def test_prefill_scratch_holds_the_exact_weights():
     # the decode launch's output is dequantize_nvfp4 without the global scale, bit for bit, in
     # bf16 and fp32 (E2M1 x E4M3 is exact in both)
