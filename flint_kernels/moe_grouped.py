@@ -10,14 +10,15 @@ three launches:
   down     program (block, BLOCK_N hidden cols): inter rows @ W2[e].T -> ys [P, H] (x.dtype)
   combine  program (token, BLOCK_H): routed outputs weighted in fp32, rounded, + shared output.
 Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are decoded in
-registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F16; else
-bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows an expert,
-NVFP4) take blocks of 8 tokens computed transposed (SWAP) and, with every weight NVFP4, the
-activations in fp16 in the halves layout (HALVES, halves.py: x converted by to_halves, inter
-written so by gate/up); with tuning.MOE_HANDOFF, down takes each block once gate/up counted its
-tiles stored (HANDOFF), not after the whole gate/up launch, and up to tuning.MOE_UNSORTED_MAX_TOKENS
-tokens both take their blocks straight from the router's ids, with no sort launch (UNSORTED:
-blocks_from_ids_torch is the table they make).
+registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F16, x and inter
+stored so with tuning.MOE_F16_ACTIVATIONS; else bf16), the global scale applied to the
+accumulator. Decode batches (up to 8 rows an expert, NVFP4) take blocks of 8 tokens computed
+transposed (SWAP) and, with every weight NVFP4, the activations in fp16 in the halves layout
+(HALVES, halves.py: x converted by to_halves, inter written so by gate/up); with
+tuning.MOE_HANDOFF, down takes each block once gate/up counted its tiles stored (HANDOFF), not
+after the whole gate/up launch, and up to tuning.MOE_UNSORTED_MAX_TOKENS tokens both take their
+blocks straight from the router's ids, with no sort launch (UNSORTED: blocks_from_ids_torch is
+the table they make).
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)); from
 tuning.MOE_SHARED_DENSE_MIN_TOKENS tokens (prefill chunks) it runs apart instead, as the dense
 GEMMs of every token (nvfp4_linear, or cuBLAS for a dense weight, and silu_mul: the same
@@ -381,9 +382,12 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     halves = tuning.MOE_HALVES and swap and f16 \
         and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None) \
         and not (h % block_k or i % block_k or i_s % block_k)
-    inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
+    # the upright fp16 tiles with x and inter already in fp16 (tuning.MOE_F16_ACTIVATIONS)
+    f16_acts = tuning.MOE_F16_ACTIVATIONS and f16 and not swap \
+        and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None)
+    inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves or f16_acts else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
-    a13 = to_halves(x, block_k) if halves else x
+    a13 = to_halves(x, block_k) if halves else x.to(torch.float16) if f16_acts else x
     # gate/up over K in programs of K / splits (tuning.MOE_GATE_UP_SPLITS), decode tiles handing off
     splits = tuning.MOE_GATE_UP_SPLITS if handoff and halves and h % (tuning.MOE_GATE_UP_SPLITS * block_k) == 0 else 1
     col_tiles13 = triton.cdiv(max(i, i_s), block_n13)

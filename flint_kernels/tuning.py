@@ -74,6 +74,11 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 # NVFP4 in fp16 tiles: no instruction pairs the decoded weight's halves, none converts x. H100
 # 2026-12-06 (326bb96), T=64: 214.3 -> 201.8 us. Off: x and inter in x's dtype, tiles in k order.
 MOE_HALVES = _flag("MOE_HALVES", True)
+# The grouped MoE's upright fp16 tiles (batches over 8 rows an expert, prefill chunks) take x and
+# inter in fp16 (x converted once a launch, inter written so by gate/up after its rounding to x's
+# dtype) instead of converting each activation tile in every K step of every column tile (~48 of
+# the prefill loop's 335 sm_90 instructions a step). Same bits on a GPU. Not yet timed: off.
+MOE_F16_ACTIVATIONS = _flag("MOE_F16_ACTIVATIONS", False)
 
 # The grouped MoE's transposed decode tiles hand each block from gate/up to down by a counter
 # (moe_grouped HANDOFF): down programs, scheduled once every gate/up program has started, take

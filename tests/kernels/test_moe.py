@@ -127,6 +127,31 @@ def test_grouped_tiles_cap_registers_a_thread(monkeypatch):
     assert [launch[1:] for launch in launches] == [(True, 64), (False, 64)]
 
 
+@pytest.mark.parametrize("t,k,apart", [(17, 4, None), (40, 6, 32)], ids=["shared-in-grid", "shared-apart"])
+def test_upright_tiles_take_activations_stored_in_fp16(t, k, apart, monkeypatch):
+    """tuning.MOE_F16_ACTIVATIONS: the upright fp16 tiles read x converted to fp16 once and inter
+    written in fp16 by gate/up (after its rounding to x's dtype), both launches, the shared expert
+    in the grid or apart: close to moe.py's twin and, on a GPU, the bits of the tiles that convert
+    each activation tile themselves."""
+    tiles = (128, 128, 64, 4, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
+    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (16, *tiles))
+    monkeypatch.setattr(tuning, "MOE_SHARED_DENSE_MIN_TOKENS", apart)
+    launches = spy_launches(monkeypatch, moe_grouped, "_moe_grouped_kernel", "a_ptr", "out_ptr")
+    e, h, i = 8, 128, 64
+    w13, w2, s13, s2 = experts(e, h, i, 2 * i, torch.bfloat16, "nvfp4", seed=t)
+    ids, weights = routing(t, e, k, seed=t)
+    x = torch.randn(t, h, device=DEVICE).to(torch.bfloat16)
+    monkeypatch.setattr(tuning, "MOE_F16_ACTIVATIONS", True)
+    got = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
+    monkeypatch.setattr(tuning, "MOE_F16_ACTIVATIONS", False)
+    converting = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
+    check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.bfloat16)
+    if DEVICE == "cuda":
+        assert torch.equal(got, converting)
+    f16, bf16 = torch.float16, torch.bfloat16
+    assert [(a.dtype, out.dtype) for _, a, out in launches] == [(f16, f16), (f16, bf16), (bf16, bf16), (bf16, bf16)]
+
+
 @pytest.mark.parametrize("handoff,unsorted,splits", [(True, False, 1), (True, True, 1), (True, True, 2),
                                                      (True, False, 4), (False, False, 1)],
                          ids=["handoff", "handoff-unsorted", "handoff-unsorted-K-halves", "handoff-K-quarters",

@@ -199,14 +199,14 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                     lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
                     chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
                     flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)))
-        if t >= 1024:  # x already fp16 (its outputs then fp16 too): what the tiles' per-step conversion of x costs
-            sets16 = [(s[0].half(), *s[1:]) for s in sets]
-            turns16 = Rotation(sets16)
-            rows += time_rows(f"moe T={t} ({chosen:g}+1 experts) x fp16", "MOE_GROUPED_TILES", [None],
-                              lambda turns=turns16: fused_moe(*turns.next(), path="grouped"),
-                              lambda s=sets16, turns=turns16: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-                              chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
-                              flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]))
+        if t >= 1024:  # the upright tiles with x and inter stored in fp16 (tuning.MOE_F16_ACTIVATIONS); its
+            # down launch in 3 stages as well (4 hold 93 KB of shared memory: 2 programs an SM, not 3)
+            rows += with_knob(tuning, "MOE_F16_ACTIVATIONS", True, lambda: time_rows(
+                f"moe T={t} ({chosen:g}+1 experts) fp16 activations", "MOE_GROUPED_TILES",
+                [None, (64, 128, 128, 64, 4, 3)], lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+                lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
+                chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
+                flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"])))
         if t < 1024:  # the default tiles with gate/up over K in programs of a half / a quarter
             for splits in (2, 4):
                 rows += with_knob(tuning, "MOE_GATE_UP_SPLITS", splits, lambda: time_rows(
