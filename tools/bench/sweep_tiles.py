@@ -200,10 +200,12 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                     chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
                     flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)))
         if t >= 1024:  # the upright tiles with x and inter stored in fp16 (tuning.MOE_F16_ACTIVATIONS); its
-            # down launch in 3 stages as well (4 hold 93 KB of shared memory: 2 programs an SM, not 3)
+            # down launch in 3 stages as well (4 hold 93 KB of shared memory: 2 programs an SM, not 3); and
+            # 128-token blocks, whose decode a token halves where no per-step conversion of x grows with them
             rows += with_knob(tuning, "MOE_F16_ACTIVATIONS", True, lambda: time_rows(
                 f"moe T={t} ({chosen:g}+1 experts) fp16 activations", "MOE_GROUPED_TILES",
-                [None, (64, 128, 128, 64, 4, 3)], lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
+                [None, (64, 128, 128, 64, 4, 3), (128, 128, 128, 64, 8, 3)],
+                lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
                 lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
                 chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
                 flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"])))
