@@ -379,12 +379,10 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         blocks = block_expert.numel()
     # fp16 activations in the halves layout where every weight is NVFP4 in fp16 tiles: their even
     # and odd columns meet the decoded weight's halves (halves.py; every K a multiple of BLOCK_K)
-    halves = tuning.MOE_HALVES and swap and f16 \
-        and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None) \
-        and not (h % block_k or i % block_k or i_s % block_k)
+    all_fp4 = all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None)
+    halves = tuning.MOE_HALVES and swap and f16 and all_fp4 and not (h % block_k or i % block_k or i_s % block_k)
     # the upright fp16 tiles with x and inter already in fp16 (tuning.MOE_F16_ACTIVATIONS)
-    f16_acts = tuning.MOE_F16_ACTIVATIONS and f16 and not swap \
-        and all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None)
+    f16_acts = tuning.MOE_F16_ACTIVATIONS and f16 and not swap and all_fp4
     inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves or f16_acts else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
     a13 = to_halves(x, block_k) if halves else x.to(torch.float16) if f16_acts else x

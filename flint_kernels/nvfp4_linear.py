@@ -255,20 +255,21 @@ def _nvfp4_matmul_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        a_mask = tokens[:, None] < T
-        if MASK_K:
-            a_mask = a_mask & (cols[None, :] < K)
         if DESC:
             a = x_desc.load([pm * BLOCK_M, k0])
-        else:
-            a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
-        if DESC:
             w = w_desc.load([pn * BLOCK_N, k0])
-        elif F16:
-            w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, PTX)
         else:
-            w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K, MASK_K, FP4)
+            cols = k0 + tl.arange(0, BLOCK_K)
+            a_mask = tokens[:, None] < T
+            if MASK_K:
+                a_mask = a_mask & (cols[None, :] < K)
+            a = tl.load(x_ptr + tokens[:, None].to(tl.int64) * stride_xt + cols[None, :], mask=a_mask, other=0.0)
+            if F16:
+                w = weight_tile_f16(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K,
+                                    MASK_K, PTX)
+            else:
+                w = weight_tile(packed_ptr, scales_ptr, rows, row_mask, k0, K, stride_pn, stride_sn, BLOCK_K,
+                                MASK_K, FP4)
         if DOT_FP32:
             a = a.to(tl.float32)
             w = w.to(tl.float32)

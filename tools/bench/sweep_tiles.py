@@ -184,6 +184,15 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
         sets = [(x, *_routing(t, shape, device), w13, w2, s13, s2) for _ in range(2)]
         chosen = sum(len(torch.unique(s[1])) for s in sets) / len(sets)
         turns = Rotation(sets)
+        flops = t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0
+
+        def moe_rows(tag: str, tiles: list) -> list[dict]:
+            """The grouped MoE over the rotating sets in each of `tiles`, as the knobs now stand."""
+            return time_rows(f"moe T={t} ({chosen:g}+1 experts){tag}", "MOE_GROUPED_TILES", tiles,
+                             lambda: fused_moe(*turns.next(), path="grouped"),
+                             lambda: fused_moe_torch(*sets[(turns.calls - 1) % len(sets)]),
+                             chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth, flops=flops)
+
         # every tile; then the default one with tuning.MOE_HALVES off, and at prefill sizes with
         # the shared expert the other way (tuning.MOE_SHARED_DENSE_MIN_TOKENS: apart or in the grid)
         apart = tuning.MOE_SHARED_DENSE_MIN_TOKENS is not None and t >= tuning.MOE_SHARED_DENSE_MIN_TOKENS
@@ -192,30 +201,17 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
                                                (False, tuning.MOE_SHARED_DENSE_MIN_TOKENS, " halves off")] \
                 + ([(True, *other)] if t >= 1024 else []):
             rows += with_knob(tuning, "MOE_HALVES", halves, lambda: with_knob(
-                tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: time_rows(
-                    f"moe T={t} ({chosen:g}+1 experts){tag}", "MOE_GROUPED_TILES",
-                    (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if not tag else 1],
-                    lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
-                    lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-                    chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
-                    flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"]) if t >= 1024 else 0.0)))
+                tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: moe_rows(
+                    tag, (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if not tag else 1])))
         if t >= 1024:  # the upright tiles with x and inter stored in fp16 (tuning.MOE_F16_ACTIVATIONS); its
             # down launch in 3 stages as well (4 hold 93 KB of shared memory: 2 programs an SM, not 3); and
             # 128-token blocks, whose decode a token halves where no per-step conversion of x grows with them
-            rows += with_knob(tuning, "MOE_F16_ACTIVATIONS", True, lambda: time_rows(
-                f"moe T={t} ({chosen:g}+1 experts) fp16 activations", "MOE_GROUPED_TILES",
-                [None, (64, 128, 128, 64, 4, 3), (128, 128, 128, 64, 8, 3)],
-                lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
-                lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-                chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth,
-                flops=t * 6 * h * (k * shape["moe_inter"] + shape["shared_inter"])))
+            rows += with_knob(tuning, "MOE_F16_ACTIVATIONS", True, lambda: moe_rows(
+                " fp16 activations", [None, (64, 128, 128, 64, 4, 3), (128, 128, 128, 64, 8, 3)]))
         if t < 1024:  # the default tiles with gate/up over K in programs of a half / a quarter
             for splits in (2, 4):
-                rows += with_knob(tuning, "MOE_GATE_UP_SPLITS", splits, lambda: time_rows(
-                    f"moe T={t} ({chosen:g}+1 experts) gate/up K splits {splits}", "MOE_GROUPED_TILES", [None],
-                    lambda turns=turns: fused_moe(*turns.next(), path="grouped"),
-                    lambda s=sets: fused_moe_torch(*s[(turns.calls - 1) % len(s)]),
-                    chosen * nbytes(w13, w2) / e + nbytes(s13, s2), bandwidth))
+                rows += with_knob(tuning, "MOE_GATE_UP_SPLITS", splits,
+                                  lambda: moe_rows(f" gate/up K splits {splits}", [None]))
     if "w4a16" in only:
         # (name, N, K, x dtype): o_proj again with x in fp16 where its decoding tiles take it from
         # decode attention (tuning.FP4_GEMM_F16_ACTIVATIONS); the LM head of a decode batch
