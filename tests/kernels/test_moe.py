@@ -211,8 +211,8 @@ def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, unsorted, spli
             assert (block_expert == 5).sum() == 3 and block_expert[3 + 5] == 5
     blocks = block_expert.numel()
     assert (grid13[1], grid2[1]) == (blocks, blocks) if handoff else (grid13[0], grid2[0]) == (blocks, blocks)
-    if handoff:  # column tiles: 4 (the shared expert's), each in `splits` programs; down's 128 / 32
-        assert (grid13[0], grid2[0]) == (4 * splits, 4)
+    if handoff:  # column tiles: 4 (the shared expert's), each in `splits` programs; down's H / BLOCK_N
+        assert (grid13[0], grid2[0]) == (4 * splits, h // tiles[1])
     if handoff:
         wanted = torch.where(block_expert == e, kw["tiles_shared"], kw["tiles_routed"]).to(DEVICE)
         assert (kw["tiles_routed"], kw["tiles_shared"]) == (2, 4)
