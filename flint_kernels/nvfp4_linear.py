@@ -65,6 +65,10 @@ GROUP_M = 8
 # From this many rows (an LM head) the decoding tiles of a decode batch are 128 rows wide: each
 # tile reads all of x, 256 KB at 64 tokens, for its rows
 GEMM_WIDE_N = 16384
+# From this many tokens the GEMM over the decoded weight runs 256 x 128 tiles in 8 warps, 3 stages
+# (half the x and weight tile reloads a FLOP of 128 x 128). H100 2026-12-07 (41a0aec, sweep_tiles.py
+# --only w4a16 --tokens 8192, through descriptors): qkv 294 -> 267 us, o_proj 224 -> 204.
+DEQUANT_WIDE_M_TOKENS = 4096
 # From tuning.FP4_DEQUANT_MIN_TOKENS tokens (a prefill chunk) the GEMM decodes each weight once: a
 # first launch writes the weight's E2M1 x E4M3 values (exact) to an [N, K] scratch in x's dtype,
 # and the tl.dot tiles then load it as a dense matrix, so the decode no longer runs in every one
@@ -395,7 +399,7 @@ def _launch(x: torch.Tensor, w, out: torch.Tensor, num_splits: int | None, norm:
         block_k = min(GEMV_WORDS_BLOCK_K if words else GEMV_BLOCK_K, triton.next_power_of_2(k))
     else:
         dequant = dequantizes(t, head)
-        block_m, block_n, warps, stages = (dequant and tuning.FP4_DEQUANT_GEMM_TILES) or _gemm_tiles(t, n)
+        block_m, block_n, warps, stages = (dequant and tuning.FP4_DEQUANT_GEMM_TILES) or _gemm_tiles(t, n, dequant)
         tiles, block_k = triton.cdiv(t, block_m) * triton.cdiv(n, block_n), GEMM_BLOCK_K
         f16 = tuning.FP4_MMA_F16 and not dequant and x.dtype != torch.float32
         if f16 and not INTERPRET:
@@ -476,11 +480,13 @@ def dequantize_for_gemm(w, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _gemm_tiles(t: int, n: int) -> tuple[int, int, int, int]:
+def _gemm_tiles(t: int, n: int, dequant: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, warps, stages): M tiles just cover small batches; large T gets the
-    H100/H200 128x128 tile."""
+    H100/H200 128x128 tile, and the GEMM over the decoded weight at long chunks 256 x 128."""
     if INTERPRET:
         return 16, 32, 4, 1
+    if dequant and t >= DEQUANT_WIDE_M_TOKENS:
+        return 256, 128, 8, 3
     if t <= 16:
         return 16, 64, 4, 4
     if t <= 64 and n >= GEMM_WIDE_N:  # the LM head: sweep_tiles.py, H100 2026-12-07, T=64: 217 -> 147 us

@@ -157,8 +157,11 @@ FP4_GEMM_F16_ACTIVATIONS = _flag("FP4_GEMM_F16_ACTIVATIONS", True)
 FP4_DEQUANT_GEMM_TILES: tuple[int, int, int, int] | None = None
 # The GEMM over the decoded weight reads x and weight tiles through tensor descriptors (TMA)
 # instead of per-thread pointer copies, where both are 2-byte, K-contiguous and 16-byte aligned
-# (no address arithmetic or masks in the K loop). Not yet timed on a GPU: off.
-FP4_DEQUANT_GEMM_TMA = _flag("FP4_DEQUANT_GEMM_TMA", False)
+# (no address arithmetic or masks in the K loop). H100 2026-12-07 (41a0aec, sweep_tiles.py --only
+# w4a16 --tokens 8192): qkv 302 -> 294 us, o_proj 232 -> 224 in 128 x 128 tiles, 267 and 204 in
+# 256 x 128 (nvfp4_linear._gemm_tiles); an 8192-token chunk at 92160 cached positions 527.6 ->
+# 524.1 ms, 521.6 with the 256-row tiles (bench_step_timeline.py --variant, paired).
+FP4_DEQUANT_GEMM_TMA = _flag("FP4_DEQUANT_GEMM_TMA", True)
 
 # --- the decode GEMVs (dense_gemv.py, nvfp4_linear.py) ---
 # Up to this many K steps a split loads before its PDL wait (1..4). H200 2026-12-03: the BF16

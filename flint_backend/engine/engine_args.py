@@ -37,9 +37,11 @@ class EngineArgs:
     max_num_seqs: int = 64                # running sequences (= sliding-window ring rows)
     # token budget per step (prefill chunk size). H100 2026-12-06, flint-40b NVFP4, TTFT of 8K / 32K /
     # 100K tokens: 2048 0.311 / 1.54 / 7.43 s, 8192 0.226 / 1.18 / 6.33 s, 16384 0.226 / 1.12 / 6.14 s
-    # (bench.py --ttft-chunks); 8192: 16384's further 3% would double a chunk step's stall of the
-    # decoding streams beside it
-    max_num_batched_tokens: int = 8192
+    # (bench.py --ttft-chunks); 16384's further 3% would double a chunk step's stall of the decoding
+    # streams beside it. 8448 = 132 SMs x 64: whole waves of full-layer prefill attention programs
+    # (one an SM) and of the 128-row GEMM tiles; H100 2026-12-07 (41a0aec), 100K TTFT 4.116 s in
+    # 8192-token chunks, 4.049 in 8448, 3.987 in 16896 (predicted -0.08 s for 8448)
+    max_num_batched_tokens: int = 8448
     max_model_len: int | None = None      # None -> the config's max_position_embeddings
     num_kv_blocks: int | None = None      # fixed pool size; None -> sized from the memory budget
     kv_cache_memory_fraction: float = 0.9  # GPU: fraction of free memory (after weights) for the KV cache

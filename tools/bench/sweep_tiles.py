@@ -73,9 +73,9 @@ GEMM_TILES = [None, (64, 32, 2, 4, 0), (64, 32, 2, 4, 4), (64, 32, 4, 4, 4), (32
               (64, 128, 4, 3, 0), (64, 128, 4, 3, 4), (64, 128, 4, 3, 8), (64, 64, 4, 4, 4)]
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over a decoded weight (prefill chunks; None: 128 x 128,
-# 8 warps, 3 stages), timed with its tiles through tensor descriptors (tuning.FP4_DEQUANT_GEMM_TMA)
-DEQUANT_GEMM_TILES = [None, (128, 128, 8, 4), (128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3)]
+# (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over a decoded weight (prefill chunks; None:
+# nvfp4_linear._gemm_tiles), timed with its tiles through tensor descriptors (tuning.FP4_DEQUANT_GEMM_TMA)
+DEQUANT_GEMM_TILES = [None, (128, 128, 8, 3), (128, 128, 8, 4), (256, 128, 8, 3), (256, 128, 8, 4)]
 
 
 # (tokens, experts[, H splits]) a program; H100 2026-12-06 at T=64: (16, 64) 27.5 us, (1, 2) 21.0, (1, 8) 20.1
@@ -232,10 +232,10 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
             reference = lambda wt=wturns, xs=xs, ws=ws, f=linear_torch: f(xs, ws[(wt.calls - 1) % len(ws)])
             for decode_tiles in (False, True) if dequant else (False,):  # the decoding tiles at this t
                 rows += with_knob(tuning, "FP4_DEQUANT_MIN_TOKENS", None if decode_tiles else tuning.FP4_DEQUANT_MIN_TOKENS,
-                                  lambda: time_rows(
-                    f"w4a16 {name} T={t}" + (" (decoded weight)" if dequant and not decode_tiles else ""),
+                                  lambda: with_knob(tuning, "FP4_DEQUANT_GEMM_TMA", False, lambda: time_rows(
+                    f"w4a16 {name} T={t}" + (" (decoded weight, pointers)" if dequant and not decode_tiles else ""),
                     "FP4_GEMM_TILES", GEMM_TILES if not dequant else [None], run, reference,
-                    nbytes(ws[0]), bandwidth, flops=2 * t * n * kk if dequant else 0.0))
+                    nbytes(ws[0]), bandwidth, flops=2 * t * n * kk if dequant else 0.0)))
             if dequant:  # the decoded weight's GEMM through tensor descriptors (tuning.FP4_DEQUANT_GEMM_TMA)
                 rows += with_knob(tuning, "FP4_DEQUANT_GEMM_TMA", True, lambda: time_rows(
                     f"w4a16 {name} T={t} (decoded weight, descriptors)", "FP4_DEQUANT_GEMM_TILES", DEQUANT_GEMM_TILES,
