@@ -10,9 +10,8 @@ three launches:
   down     program (block, BLOCK_N hidden cols): inter rows @ W2[e].T -> ys [P, H] (x.dtype)
   combine  program (token, BLOCK_H): routed outputs weighted in fp32, rounded, + shared output.
 Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are decoded in
-registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F16, x and inter
-stored so with tuning.MOE_F16_ACTIVATIONS; else bf16), the global scale applied to the
-accumulator. Decode batches (up to 8 rows an expert, NVFP4) take blocks of 8 tokens computed
+registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F16; else
+bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows an expert, NVFP4) take blocks of 8 tokens computed
 transposed (SWAP) and, with every weight NVFP4, the activations in fp16 in the halves layout
 (HALVES, halves.py: x converted by to_halves, inter written so by gate/up); with
 tuning.MOE_HANDOFF, down takes each block once gate/up counted its tiles stored (HANDOFF), not
@@ -45,7 +44,7 @@ from .halves import dot_halves, halves_col, to_halves
 from .nvfp4 import F16_BLOCK_K, F16_TILE_UNIT, is_nvfp4, ptx_decode, weight_args, weight_tile, weight_tile_f16
 from .nvfp4_linear import nvfp4_linear
 from .pdl import launch_args, pdl_prologue, poll_at_least
-from .split_k import arrival_counters, last_to_arrive, sum_in_split_order
+from .split_k import arrival_counters, last_to_arrive
 from .swiglu import silu_mul, silu_mul_rounded
 from .tuning import INTERPRET
 
@@ -115,22 +114,6 @@ def _expert_gemm(acc, acc_up, a_rows_ptr, a_mask, w_ptr, scales_ptr, scale_ptr, 
 
 
 @triton.jit
-def _sum_splits(acc, acc_up, part_ptr, counter_ptr, tile, s, K_SPLITS: tl.constexpr):
-    """K_SPLITS programs' gate and up partials of one tile: each stores its own, the last to arrive
-    sums them in split order -> (gate, up, whether this program is the last)."""
-    n: tl.constexpr = acc.shape[0] * acc.shape[1]
-    offs = tl.arange(0, acc.shape[0])[:, None] * acc.shape[1] + tl.arange(0, acc.shape[1])[None, :]
-    base = part_ptr + tile.to(tl.int64) * (K_SPLITS * 2 * n)  # [K_SPLITS, 2, n]: gate, up
-    tl.store(base + s * (2 * n) + offs, acc)
-    tl.store(base + s * (2 * n) + n + offs, acc_up)
-    last = last_to_arrive(counter_ptr, K_SPLITS)
-    if last:
-        acc = sum_in_split_order(base, offs, None, 2 * n, K_SPLITS)
-        acc_up = sum_in_split_order(base + n, offs, None, 2 * n, K_SPLITS)
-    return acc, acc_up, last
-
-
-@triton.jit
 def _by_col(v, SWAP: tl.constexpr):
     """A per-output-column vector broadcast against the accumulator (transposed with SWAP)."""
     if SWAP:
@@ -188,8 +171,6 @@ def _moe_grouped_kernel(
     out_ptr,             # GATE_UP: inter [P, I_MAX] (HALVES: fp16 in the halves layout); else ys [P, H]
     ready_ptr,           # [num_blocks] int32 (HANDOFF): gate/up tiles of each block stored, zero between launches
     done_ptr,            # [num_blocks] int32 (HANDOFF): down tiles of each block past their poll, likewise
-    part_ptr,            # [num_blocks * col tiles, K_SPLITS, 2, BLOCK_N, BLOCK_M] fp32 gate/up partials (K_SPLITS > 1)
-    arrive_ptr,          # [num_blocks * col tiles] int32 (K_SPLITS > 1): splits of each tile stored, likewise
     w_ptr, w_scales_ptr, w_scale_ptr,   # routed [E, N, K] (dense or NVFP4)
     s_ptr, s_scales_ptr, s_scale_ptr,   # shared [N_s, K_s] (read when HAS_SHARED)
     w_se, w_sn, w_sse, w_ssn, w_sge, w_sgn,
@@ -200,7 +181,7 @@ def _moe_grouped_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr,
     W_FP4: tl.constexpr, S_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     W_F16: tl.constexpr, S_F16: tl.constexpr, PTX: tl.constexpr, SWAP: tl.constexpr, HALVES: tl.constexpr,
-    ROUND_TO: tl.constexpr, HANDOFF: tl.constexpr, K_SPLITS: tl.constexpr, PDL: tl.constexpr,
+    ROUND_TO: tl.constexpr, HANDOFF: tl.constexpr, PDL: tl.constexpr,
 ):
     """SWAP: the tiles computed transposed ([BLOCK_N, BLOCK_M], _dot_rows). HALVES (SWAP, both
     weights NVFP4 in fp16 tiles): the activations come in fp16 in the halves layout, and gate/up writes
@@ -211,16 +192,9 @@ def _moe_grouped_kernel(
     programs still run; only its stores wait for the whole gate/up launch (pdl.py).
     UNSORTED (HANDOFF): each block from the router's ids (_block_from_ids, no sort launch); gate/up's
     column tile 0 stores its block's pairs for down, which reads them once its poll has seen every
-    gate/up tile of the block counted.
-    K_SPLITS (GATE_UP, SWAP, HANDOFF): a column tile's gate and up over K in K_SPLITS programs (grid
-    column tiles x splits, adjacent), each storing its scaled fp32 partials; the last to arrive sums
-    them in split order, applies SwiGLU, stores the tile and counts it for down."""
-    s = 0
+    gate/up tile of the block counted."""
     if HANDOFF:
         col_tile, b = tl.program_id(0), tl.program_id(1)
-        if K_SPLITS > 1:
-            s = col_tile % K_SPLITS
-            col_tile = col_tile // K_SPLITS
     else:
         col_tile, b = tl.program_id(1), tl.program_id(0)
     if not HANDOFF or GATE_UP:
@@ -246,7 +220,7 @@ def _moe_grouped_kernel(
     if not UNSORTED:
         pairs = tl.load(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
     elif GATE_UP:
-        tl.store(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M), pairs, mask=(col_tile == 0) & (s == 0))
+        tl.store(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M), pairs, mask=col_tile == 0)
     else:  # stored by gate/up's column tile 0 before its count, which the poll saw
         pairs = tl.load(sorted_pairs_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg")
     valid = pairs < P
@@ -254,14 +228,6 @@ def _moe_grouped_kernel(
     a_rows_ptr = a_ptr + a_row.to(tl.int64) * stride_a
     acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
-    if K_SPLITS > 1:  # this split's K range [k_lo, k_lo + n_k) as shifted pointers (NVFP4, the halves
-        n_k = tl.multiple_of(n_k // K_SPLITS, BLOCK_K)  # layout: K steps whole, each column's place
-        k_lo = tl.multiple_of(s * n_k, BLOCK_K)  # kept), the loop as unsplit, its loads as aligned
-        a_rows_ptr += k_lo
-        w_ptr += k_lo // 2
-        s_ptr += k_lo // 2
-        w_scales_ptr += k_lo // 16
-        s_scales_ptr += k_lo // 16
     if shared:
         acc, acc_up = _expert_gemm(acc, acc_up, a_rows_ptr, valid, s_ptr, s_scales_ptr, s_scale_ptr, cols_n,
                                    n_out, n_k, s_sn, s_ssn, s_sgn, GATE_UP, BLOCK_K, MASK_K, S_FP4, DOT_FP32,
@@ -272,11 +238,6 @@ def _moe_grouped_kernel(
                                    w_scale_ptr + e64 * w_sge, cols_n, n_out, n_k, w_sn, w_ssn, w_sgn,
                                    GATE_UP, BLOCK_K, MASK_K, W_FP4, DOT_FP32, DOT_PRECISION, W_F16, PTX, SWAP,
                                    HALVES)
-    if K_SPLITS > 1:
-        tile = b * (tl.num_programs(0) // K_SPLITS) + col_tile
-        acc, acc_up, last = _sum_splits(acc, acc_up, part_ptr, arrive_ptr + tile, tile, s, K_SPLITS)
-        if not last:
-            return
     dtype = out_ptr.dtype.element_ty
     y = silu_mul_rounded(acc, acc_up, ROUND_TO).to(dtype) if GATE_UP else acc.to(dtype)
     if HANDOFF and not GATE_UP:
@@ -381,23 +342,13 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     # and odd columns meet the decoded weight's halves (halves.py; every K a multiple of BLOCK_K)
     all_fp4 = all(is_nvfp4(w) for w in (w13, w2, shared_w13, shared_w2) if w is not None)
     halves = tuning.MOE_HALVES and swap and f16 and all_fp4 and not (h % block_k or i % block_k or i_s % block_k)
-    # the upright fp16 tiles with x and inter already in fp16 (tuning.MOE_F16_ACTIVATIONS)
-    f16_acts = tuning.MOE_F16_ACTIVATIONS and f16 and not swap and all_fp4
-    inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves or f16_acts else x.dtype, device=x.device)
+    inter = torch.empty((p, max(i, i_s)), dtype=torch.float16 if halves else x.dtype, device=x.device)
     ys = torch.empty((p, h), dtype=x.dtype, device=x.device)
-    a13 = to_halves(x, block_k) if halves else x.to(torch.float16) if f16_acts else x
-    # gate/up over K in programs of K / splits (tuning.MOE_GATE_UP_SPLITS), decode tiles handing off
-    splits = tuning.MOE_GATE_UP_SPLITS if handoff and halves and h % (tuning.MOE_GATE_UP_SPLITS * block_k) == 0 else 1
-    col_tiles13 = triton.cdiv(max(i, i_s), block_n13)
-    parts = torch.empty(blocks * col_tiles13 * splits * 2 * block_n13 * block_m, dtype=torch.float32,
-                        device=x.device) if splits > 1 else ys  # (unread unsplit)
-    done_at = triton.cdiv(blocks, 4) * 4  # counters 16-byte aligned whatever the count (one compile)
-    arrive_at = 2 * done_at
-    counters = arrival_counters(arrive_at + (blocks * col_tiles13 if splits > 1 else 0), x.device) if handoff \
-        else block_expert  # (unread without)
+    a13 = to_halves(x, block_k) if halves else x
+    done_at = triton.cdiv(blocks, 4) * 4  # the done counters 16-byte aligned whatever the count (one compile)
+    counters = arrival_counters(done_at + blocks, x.device) if handoff else block_expert  # (unread without)
     common = dict(sorted_pairs_ptr=sorted_pairs, block_expert_ptr=block_expert, ids_ptr=topk_ids, ready_ptr=counters,
-                  done_ptr=counters[done_at:] if handoff else counters, part_ptr=parts,
-                  arrive_ptr=counters[arrive_at:] if splits > 1 else counters, tiles_routed=triton.cdiv(i, block_n13),
+                  done_ptr=counters[done_at:] if handoff else counters, tiles_routed=triton.cdiv(i, block_n13),
                   tiles_shared=triton.cdiv(i_s, block_n13), HANDOFF=handoff, T=t,
                   shared_blocks=has_shared * triton.cdiv(t, block_m), UNSORTED=unsorted, K=k,
                   IDS_POW2=triton.next_power_of_2(t * k) if unsorted else 1, E_POW2=triton.next_power_of_2(e),
@@ -411,10 +362,9 @@ def moe_grouped(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         s = s if has_shared else w[0]
         w_f16, s_f16 = f16 and is_nvfp4(w), f16 and is_nvfp4(s)
         col_tiles = triton.cdiv(n_max, block_n)
-        k_splits = splits if stage == 0 else 1
-        _moe_grouped_kernel[(col_tiles * k_splits, blocks) if handoff else (blocks, col_tiles)](
+        _moe_grouped_kernel[(col_tiles, blocks) if handoff else (blocks, col_tiles)](
             a_ptr=a, out_ptr=dst, **weight_args("w", w), **weight_args("s", s),
-            stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n, K_SPLITS=k_splits,
+            stride_a=a.stride(0), stride_out=dst.stride(0), GATE_UP=stage == 0, BLOCK_N=block_n,
             MASK_K=any(n % block_k for n in n_ks), W_FP4=is_nvfp4(w), S_FP4=is_nvfp4(s),
             W_F16=w_f16, S_F16=s_f16, PTX=ptx_decode(), **common)
     shared_rows = ys.view(t, slots, h)[:, k] if has_shared else shared_out  # [T, H] or None

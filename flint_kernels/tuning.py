@@ -33,13 +33,6 @@ def _tokens(name: str, default: int) -> int | None:
     return int(text) or None
 
 
-def _splits(name: str, default: int) -> int:
-    text = os.environ.get(f"FLINT_{name}", str(default))
-    if not text.isdigit() or int(text) & (int(text) - 1) or int(text) == 0:
-        raise ValueError(f"FLINT_{name}: got {text!r}, expected a power of two >= 1")
-    return int(text)
-
-
 # --- every kernel ---
 # Programmatic dependent launch (pdl.py): each launch loads its weights while the one before
 # finishes. H200 2026-12-03: NVFP4 3.035 ms without, 2.645 with. Off: every launch waits for its
@@ -74,11 +67,6 @@ FP4_MMA_F16 = _flag("FP4_MMA_F16", True)
 # NVFP4 in fp16 tiles: no instruction pairs the decoded weight's halves, none converts x. H100
 # 2026-12-06 (326bb96), T=64: 214.3 -> 201.8 us. Off: x and inter in x's dtype, tiles in k order.
 MOE_HALVES = _flag("MOE_HALVES", True)
-# The grouped MoE's upright fp16 tiles (batches over 8 rows an expert, prefill chunks) take x and
-# inter in fp16 (x converted once a launch, inter written so by gate/up after its rounding to x's
-# dtype) instead of converting each activation tile in every K step of every column tile (~48 of
-# the prefill loop's 335 sm_90 instructions a step). Same bits on a GPU. Not yet timed: off.
-MOE_F16_ACTIVATIONS = _flag("MOE_F16_ACTIVATIONS", False)
 
 # The grouped MoE's transposed decode tiles hand each block from gate/up to down by a counter
 # (moe_grouped HANDOFF): down programs, scheduled once every gate/up program has started, take
@@ -88,14 +76,6 @@ MOE_F16_ACTIVATIONS = _flag("MOE_F16_ACTIVATIONS", False)
 # 64 streams 4651 decode tok/s; at 4f7e8c3 4622 against 4499 off at 9a3104b (test_moe's handoff
 # cases passed on the H100 there).
 MOE_HANDOFF = _flag("MOE_HANDOFF", True)
-
-# The grouped MoE's decode tiles with MOE_HANDOFF and MOE_HALVES run gate/up over K in this many
-# programs a column tile (moe_grouped K_SPLITS: scaled fp32 partials, summed in split order by the
-# last to arrive, then SwiGLU), for shorter programs: at 64 tokens the launch's time over the
-# experts it reads has a ~63 us intercept (H200 2026-12-07, sweep_tiles.py --only moe_experts),
-# a program's chain of 16 K steps each for gate and up. Not yet timed on a GPU, so 1 (off);
-# docs/performance.md, open ideas, has the prediction and the commands.
-MOE_GATE_UP_SPLITS = _splits("MOE_GATE_UP_SPLITS", 1)
 
 # Up to this many tokens the grouped MoE's decode tiles with MOE_HANDOFF take each block straight
 # from the router's ids (moe_grouped UNSORTED: routed expert e's first 8 pairs are block e, its

@@ -127,49 +127,19 @@ def test_grouped_tiles_cap_registers_a_thread(monkeypatch):
     assert [launch[1:] for launch in launches] == [(True, 64), (False, 64)]
 
 
-@pytest.mark.parametrize("t,k,apart", [(17, 4, None), (40, 6, 32)], ids=["shared-in-grid", "shared-apart"])
-def test_upright_tiles_take_activations_stored_in_fp16(t, k, apart, monkeypatch):
-    """tuning.MOE_F16_ACTIVATIONS: the upright fp16 tiles read x converted to fp16 once and inter
-    written in fp16 by gate/up (after its rounding to x's dtype), both launches, the shared expert
-    in the grid or apart: close to moe.py's twin and, on a GPU, the bits of the tiles that convert
-    each activation tile themselves."""
-    tiles = (128, 128, 64, 4, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
-    monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (16, *tiles))
-    monkeypatch.setattr(tuning, "MOE_SHARED_DENSE_MIN_TOKENS", apart)
-    launches = spy_launches(monkeypatch, moe_grouped, "_moe_grouped_kernel", "a_ptr", "out_ptr")
-    e, h, i = 8, 128, 64
-    w13, w2, s13, s2 = experts(e, h, i, 2 * i, torch.bfloat16, "nvfp4", seed=t)
-    ids, weights = routing(t, e, k, seed=t)
-    x = torch.randn(t, h, device=DEVICE).to(torch.bfloat16)
-    monkeypatch.setattr(tuning, "MOE_F16_ACTIVATIONS", True)
-    got = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
-    monkeypatch.setattr(tuning, "MOE_F16_ACTIVATIONS", False)
-    converting = fused_moe(x, ids, weights, w13, w2, s13, s2, path="grouped")
-    check(got, fused_moe_torch(x, ids, weights, w13, w2, s13, s2), torch.bfloat16)
-    if DEVICE == "cuda":
-        assert torch.equal(got, converting)
-    f16, bf16 = torch.float16, torch.bfloat16
-    assert [(a.dtype, out.dtype) for _, a, out in launches] == [(f16, f16), (f16, bf16), (bf16, bf16), (bf16, bf16)]
-
-
-@pytest.mark.parametrize("handoff,unsorted,splits", [(True, False, 1), (True, True, 1), (True, True, 2),
-                                                     (True, False, 4), (False, False, 1)],
-                         ids=["handoff", "handoff-unsorted", "handoff-unsorted-K-halves", "handoff-K-quarters",
-                              "whole-launch"])
+@pytest.mark.parametrize("handoff,unsorted", [(True, False), (True, True), (False, False)],
+                         ids=["handoff", "handoff-unsorted", "whole-launch"])
 @pytest.mark.parametrize("t,one_expert", [(17, False), (17, True), (3, False)],
                          ids=["experts-past-8-tokens", "one-expert-for-all", "few"])
-def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, unsorted, splits, t, one_expert, monkeypatch):
+def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, unsorted, t, one_expert, monkeypatch):
     """Transposed decode tiles with tuning.MOE_HANDOFF: gate/up counts each block's stored column
     tiles (a routed expert's, or the twice as wide shared expert's), which is the count down
     polls for; both grids run column tiles first; every counter is zero again after the call,
     so a second call (a graph replay) computes the same bits. Without it, the usual grids.
     UNSORTED (tuning.MOE_UNSORTED_MAX_TOKENS): no sort launch; the blocks are
     blocks_from_ids_torch's (gate/up stores each block's pairs), with experts of no pairs, of
-    more than 8 (further blocks) and of every token.
-    tuning.MOE_GATE_UP_SPLITS: gate/up's column tiles each over K in that many programs (adjacent
-    in the grid), the last to arrive storing the tile and counting it once."""
+    more than 8 (further blocks) and of every token."""
     monkeypatch.setattr(tuning, "MOE_HANDOFF", handoff)
-    monkeypatch.setattr(tuning, "MOE_GATE_UP_SPLITS", splits)
     monkeypatch.setattr(tuning, "MOE_UNSORTED_MAX_TOKENS", 64 if unsorted else None)
     tiles = (128, 128, 128, 2, 3) if DEVICE == "cuda" else (32, 32, 32, 4, 1)
     monkeypatch.setattr(tuning, "MOE_GROUPED_TILES", (8, *tiles))
@@ -202,7 +172,6 @@ def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, unsorted, spli
     assert len(sorts) == (0 if unsorted else 2)
     (grid13, flag13, gate_up, block_expert, sorted_pairs, ready, kw), (grid2, flag2, *_) = launches[:2]
     assert gate_up and flag13 is handoff and flag2 is handoff and kw["UNSORTED"] is unsorted
-    assert (kw["K_SPLITS"], launches[1][-1]["K_SPLITS"]) == (splits, 1)
     if unsorted:
         block_expert, pairs = moe_grouped.blocks_from_ids_torch(ids, e, True, 8)
         used = (block_expert <= e).repeat_interleave(8).to(DEVICE)
@@ -211,8 +180,8 @@ def test_down_takes_each_block_from_gate_up_by_a_counter(handoff, unsorted, spli
             assert (block_expert == 5).sum() == 3 and block_expert[3 + 5] == 5
     blocks = block_expert.numel()
     assert (grid13[1], grid2[1]) == (blocks, blocks) if handoff else (grid13[0], grid2[0]) == (blocks, blocks)
-    if handoff:  # column tiles: 4 (the shared expert's), each in `splits` programs; down's H / BLOCK_N
-        assert (grid13[0], grid2[0]) == (4 * splits, h // tiles[1])
+    if handoff:  # column tiles: 4 (the shared expert's); down's H / BLOCK_N
+        assert (grid13[0], grid2[0]) == (4, h // tiles[1])
     if handoff:
         wanted = torch.where(block_expert == e, kw["tiles_shared"], kw["tiles_routed"]).to(DEVICE)
         assert (kw["tiles_routed"], kw["tiles_shared"]) == (2, 4)

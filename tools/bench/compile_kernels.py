@@ -317,9 +317,6 @@ def moe_launches() -> list:
             cases.append((f"moe grouped {fmt} T=64 unsorted", (halves, moe_grouped, swiglu, lin),
                           lambda: with_knob(tuning, "MOE_UNSORTED_MAX_TOKENS", 64,
                                             lambda: moe_grouped.moe_grouped(*args(64, True)))))
-            cases.append((f"moe grouped {fmt} T=64 unsorted gate/up K halves", (halves, moe_grouped, swiglu, lin),
-                          lambda: with_knob(tuning, "MOE_GATE_UP_SPLITS", 2, lambda: with_knob(
-                              tuning, "MOE_UNSORTED_MAX_TOKENS", 64, lambda: moe_grouped.moe_grouped(*args(64, True))))))
     # an fp32 model (the GPU tests' exact oracle runs): fp32 tiles at each tile class, on small
     # experts (the tiles follow the rows an expert, 3 of 8 experts + the shared one 2I wide)
     def fp32_args(t):

@@ -5,8 +5,7 @@ decoding tiles, tuning.FP4_GEMM_TILES, on the attention projections, NVFP4, at t
 of decode batches; the router, fp32 weight, by its tile; the MoE sort by the chunk count from
 which its histograms take a launch of their own; decode attention's splits at that many
 sequences) and prefill attention's tiles (tuning.PREFILL_ATTENTION_TILES) on a prefill chunk at
-the start and at the end of a 100K-token prompt; the grouped MoE's default decode tiles also with
-gate/up over K in 2 and 4 programs a column tile (tuning.MOE_GATE_UP_SPLITS). moe_experts: the grouped MoE's default tiles with
+the start and at the end of a 100K-token prompt. moe_experts: the grouped MoE's default tiles with
 each step's tokens routed over only N experts (--experts), so its gate/up programs with work (4
 column tiles a block of an expert's 8 pairs, 8 a shared block) step past multiples of what the
 GPU holds at once: whether its time follows those waves or the bytes. Weights rotate over sets
@@ -203,15 +202,6 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
             rows += with_knob(tuning, "MOE_HALVES", halves, lambda: with_knob(
                 tuning, "MOE_SHARED_DENSE_MIN_TOKENS", shared_apart_from, lambda: moe_rows(
                     tag, (MOE_TILES if t < 1024 else PREFILL_MOE_TILES)[:None if not tag else 1])))
-        if t >= 1024:  # the upright tiles with x and inter stored in fp16 (tuning.MOE_F16_ACTIVATIONS); its
-            # down launch in 3 stages as well (4 hold 93 KB of shared memory: 2 programs an SM, not 3); and
-            # 128-token blocks, whose decode a token halves where no per-step conversion of x grows with them
-            rows += with_knob(tuning, "MOE_F16_ACTIVATIONS", True, lambda: moe_rows(
-                " fp16 activations", [None, (64, 128, 128, 64, 4, 3), (128, 128, 128, 64, 8, 3)]))
-        if t < 1024:  # the default tiles with gate/up over K in programs of a half / a quarter
-            for splits in (2, 4):
-                rows += with_knob(tuning, "MOE_GATE_UP_SPLITS", splits,
-                                  lambda: moe_rows(f" gate/up K splits {splits}", [None]))
     if "w4a16" in only:
         # (name, N, K, x dtype): o_proj again with x in fp16 where its decoding tiles take it from
         # decode attention (tuning.FP4_GEMM_F16_ACTIVATIONS); the LM head of a decode batch
