@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuning
 from .pdl import launch_args, pdl_prologue
 from .rms_norm import check_norm_inputs, folded_row, normed_by, rms_norm_torch
 from .split_k import arrival_counters, last_to_arrive, num_sms
@@ -48,6 +49,7 @@ TOPK_ROWS = tl.constexpr(16)      # tokens a pass of a tile's top-k ([16, E] key
 # 16 x 64 241 us, 32 x 64 159, 64 x 64 224, 64 x 32 262, 32 x 32 559)
 PREFILL_BLOCK_T = 32
 BLOCK_H = 32 if INTERPRET else 128
+PARTS_BLOCK = 1024     # weights a program of weight_parts
 GEMV_MAX_T = 8         # decode batches up to here read W once per token (8 MB of L2 reads at 8)
 GEMV_BLOCK_E = 2       # experts per decode program: 128 programs for E = 256
 # larger decode batches: 16 tokens x 32 experts x SPLIT_H of H a program. Alone (sweep_tiles.py,
@@ -89,7 +91,7 @@ def _router_kernel(
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_POW2: tl.constexpr,
     K_POW2: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, LOGITS_ONLY: tl.constexpr,
-    SPLIT_W: tl.constexpr, H_SPLITS: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_W: tl.constexpr, PARTS: tl.constexpr, H_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     """NORM (decode tiles with ONE_CHUNK): x is the previous sublayer's output and the router
     reads rms_norm(residual + x), computed in every program (the RMSNorm launch folded in); the
@@ -97,7 +99,9 @@ def _router_kernel(
     LOGITS_ONLY: stop at the logits (the expert launches pick the top-k: route_from_logits); the
     programs of expert block 0 zero their token's row of the routing handoff (moe_gemv.py).
     H_SPLITS > 1 (USE_DOT): program (token tile, expert block, split) covers BLOCK_H of H; the
-    last split of a (token tile, expert block) to arrive sums the partials, in split order."""
+    last split of a (token tile, expert block) to arrive sums the partials, in split order.
+    PARTS (SPLIT_W, one split): w_ptr holds the fp32 weight's three bf16 parts [3, E, H]
+    (weight_parts), which the programs load instead of splitting each weight tile themselves."""
     tt = tl.program_id(0)
     tokens = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -122,8 +126,8 @@ def _router_kernel(
             logits += tl.load(part_ptr + i * T * E + offs, mask=mask, other=0.0, cache_modifier=".cg")
     elif USE_DOT:
         pdl_prologue(PDL)
-        logits = _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
-                             BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION, SPLIT_W)
+        logits = _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, E, H, stride_xt, stride_we,
+                             BLOCK_T, BLOCK_E, BLOCK_H, DOT_FP32, DOT_PRECISION, SPLIT_W, PARTS)
     else:
         logits = _logits_sum(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
                              BLOCK_E, BLOCK_H, ONE_CHUNK, PDL)
@@ -142,20 +146,42 @@ def _router_kernel(
 
 
 @triton.jit
-def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, H, stride_xt, stride_we,
+def _logits_dot(x_ptr, w_ptr, tokens, t_mask, experts, e_mask, E, H, stride_xt, stride_we,
                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr):
-    """[BLOCK_T, BLOCK_E] fp32 logits with tl.dot over H chunks (_weight_parts, _dot_weight)."""
+                DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr,
+                PARTS: tl.constexpr):
+    """[BLOCK_T, BLOCK_E] fp32 logits with tl.dot over H chunks (_weight_parts, _dot_weight);
+    PARTS: the weight's parts loaded from [3, E, H] (row stride stride_we) instead."""
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
         a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :],
                     mask=t_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_T, BLOCK_H]
-        w = tl.load(w_ptr + experts[:, None] * stride_we + cols[None, :],
-                    mask=e_mask[:, None] & (cols[None, :] < H), other=0.0)  # [BLOCK_E, BLOCK_H]
-        hi, mid, lo = _weight_parts(w, SPLIT_W)
+        w_tile = w_ptr + experts[:, None] * stride_we + cols[None, :]
+        w_mask = e_mask[:, None] & (cols[None, :] < H)
+        if PARTS:  # [BLOCK_E, BLOCK_H] bf16 each
+            hi = tl.load(w_tile, mask=w_mask, other=0.0)
+            mid = tl.load(w_tile + E * stride_we, mask=w_mask, other=0.0)
+            lo = tl.load(w_tile + 2 * E * stride_we, mask=w_mask, other=0.0)
+            w = hi  # (unread with SPLIT_W)
+        else:
+            w = tl.load(w_tile, mask=w_mask, other=0.0)  # [BLOCK_E, BLOCK_H]
+            hi, mid, lo = _weight_parts(w, SPLIT_W)
         acc = _dot_weight(acc, a, w, hi, mid, lo, DOT_FP32, DOT_PRECISION, SPLIT_W)
     return acc
+
+
+@triton.jit
+def _weight_parts_kernel(w_ptr, parts_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """fp32 w [N] (an [E, H] weight, contiguous) -> parts [3, N] bf16 (_weight_parts); the
+    weight is loaded before the PDL wait."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    hi, mid, lo = _weight_parts(tl.load(w_ptr + offs, mask=mask, other=0.0), True)
+    pdl_prologue(PDL)
+    tl.store(parts_ptr + offs, hi, mask=mask)
+    tl.store(parts_ptr + N + offs, mid, mask=mask)
+    tl.store(parts_ptr + 2 * N + offs, lo, mask=mask)
 
 
 @triton.jit
@@ -405,23 +431,47 @@ def _launch(x, weight, top_k, renormalize, tile, norm, routing=None):
     one_chunk = not use_dot and block_h >= h  # a decode program loads its weight rows at once
     fp32 = torch.float32 in (x.dtype, weight.dtype)
     split_w = use_dot and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32
+    parts = split_w and splits == 1 and tuning.ROUTER_WEIGHT_PARTS
+    w = weight_parts(weight) if parts else weight
     residual, res_out, h_out, norm_w, eps = norm or (None, x, x, x, 0.0)
     counters = tiles[0] * (1 + (tiles[1] if splits > 1 else 0))  # top-k tails, then the splits' tiles
     _router_kernel[tiles](
-        x_ptr=x, w_ptr=weight, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
+        x_ptr=x, w_ptr=w, ids_ptr=ids, weights_ptr=weights, logits_ptr=logits,
         part_ptr=torch.empty((splits, t, e), dtype=torch.float32, device=x.device) if splits > 1 else logits,
         counter_ptr=arrival_counters(counters, x.device), routing_ptr=ids if routing is None else routing,
         res_ptr=x if residual is None else residual, res_out_ptr=res_out, h_ptr=h_out, norm_w_ptr=norm_w,
-        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=weight.stride(0), eps=eps,
+        T=t, E=e, H=h, stride_xt=x.stride(0), stride_we=w.stride(-2), eps=eps,
         TOP_K=top_k, RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
         E_POW2=max(16, triton.next_power_of_2(e)), K_POW2=triton.next_power_of_2(top_k), USE_DOT=use_dot,
         DOT_FP32=DOT_FP32, DOT_PRECISION="ieee" if fp32 and not split_w else "tf32", ONE_CHUNK=one_chunk,
-        SPLIT_W=split_w, H_SPLITS=splits,
+        SPLIT_W=split_w, PARTS=parts, H_SPLITS=splits,
         NORM=norm is not None, HAS_RESIDUAL=residual is not None, LOGITS_ONLY=routing is not None,
         **launch_args(x.device),
         num_warps=4 if use_dot else GEMV_NORM_WARPS if norm is not None else GEMV_WARPS,
     )
     return ids, weights, logits
+
+
+def weight_parts(weight: torch.Tensor) -> torch.Tensor:
+    """fp32 router weight [E, H] -> its three bf16 parts [3, E, H], which sum to it exactly
+    (_weight_parts): one launch, so that a prefill chunk's router programs load them instead of
+    each splitting its weight tiles."""
+    if weight.dtype != torch.float32 or weight.dim() != 2:
+        raise ValueError(f"weight_parts: weight is {weight.dtype} {tuple(weight.shape)}, expected float32 [E, H]")
+    weight = weight.contiguous()
+    parts = torch.empty((3, *weight.shape), dtype=torch.bfloat16, device=weight.device)
+    n = weight.numel()
+    _weight_parts_kernel[(triton.cdiv(n, PARTS_BLOCK),)](w_ptr=weight, parts_ptr=parts, N=n, BLOCK=PARTS_BLOCK,
+                                                         **launch_args(weight.device))
+    return parts
+
+
+def weight_parts_torch(weight: torch.Tensor) -> torch.Tensor:
+    """Same as `weight_parts`."""
+    hi = weight.to(torch.bfloat16)
+    rest = weight - hi.float()
+    mid = rest.to(torch.bfloat16)
+    return torch.stack([hi, mid, (rest - mid.float()).to(torch.bfloat16)])
 
 
 def _tile(t: int, e: int, h: int, device: torch.device, asked: tuple[int, ...] | None) -> tuple[int, int, int]:

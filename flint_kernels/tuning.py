@@ -116,6 +116,13 @@ PREFILL_ATTENTION_TILES: tuple[int, int, int, int] | None = None
 # H100 2026-12-06, an 8192-token chunk at 92160 cached positions: 296 -> 452 TFLOP/s (at 0: 308 -> 448).
 PREFILL_ATTENTION_TMA = _flag("PREFILL_ATTENTION_TMA", True)
 
+# --- the router at prefill chunks (router.py) ---
+# The fp32 router weight's three bf16 parts (router.weight_parts: one launch a chunk, 3 MB) are
+# loaded by the prefill tiles instead of each of the 1024 programs of an 8192-token chunk
+# splitting its weight tiles again (~7 instructions a weight; 255 registers). Same bits. Not yet
+# timed: off.
+ROUTER_WEIGHT_PARTS = _flag("ROUTER_WEIGHT_PARTS", False)
+
 # --- the W4A16 prefill GEMM (nvfp4_linear.py) ---
 # From this many tokens the weight is decoded once into a dense scratch the GEMM tiles load
 # (env 0: None, the tiles decode it in their K loop; bench_kernels.py times both). H100

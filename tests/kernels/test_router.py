@@ -7,7 +7,8 @@ import transformers
 from transformers.models.flint import modeling_flint as hf
 
 from flint_backend.config import FlintConfig
-from flint_kernels.router import router_topk, router_topk_torch
+from flint_kernels import tuning
+from flint_kernels.router import router_topk, router_topk_torch, weight_parts, weight_parts_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # weights: fp32 sigmoid/normalisation of logits that differ only in summation order
@@ -139,3 +140,37 @@ def test_real_shapes(t, w_dtype):
     assert torch.equal(got_ids, expected_ids)
     torch.testing.assert_close(got[1][clear].gather(-1, order), expected[1][clear].gather(-1, expected_order),
                                **WEIGHT_TOL)
+
+
+def test_weight_parts_sum_to_the_weight():
+    """weight_parts: three bf16 parts that sum back to the fp32 weight exactly, each part at most
+    half an ulp of the sum before it (tiny, huge and negative weights; E and H whose product is no
+    multiple of the program's block); on a GPU the twin's bits (the interpreter's bf16 conversion
+    rounds otherwise, to the same sums)."""
+    g = torch.Generator(DEVICE).manual_seed(3)
+    w = torch.randn(40, 97, device=DEVICE, generator=g) * torch.logspace(-30, 30, 97, device=DEVICE)
+    parts = weight_parts(w)
+    assert parts.dtype == torch.bfloat16 and parts.shape == (3, 40, 97)
+    hi, mid, lo = parts.float()
+    assert torch.equal(lo + mid + hi, w) and torch.equal((w - hi) - mid, lo)
+    assert ((w - hi).abs() <= hi.abs() * 2.0 ** -7).all() and ((w - hi - mid).abs() <= mid.abs() * 2.0 ** -7).all()
+    if DEVICE == "cuda":
+        assert torch.equal(parts, weight_parts_torch(w))
+    twin = weight_parts_torch(w).float()
+    assert torch.equal(twin[2] + twin[1] + twin[0], w)
+    with pytest.raises(ValueError, match="weight_parts: weight is torch.bfloat16"):
+        weight_parts(w.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("tile", [(16, 16), (32, 64), (64, 32)])
+@pytest.mark.parametrize("t", [17, 70])
+def test_prefill_tiles_from_weight_parts_give_the_same_bits(t, tile, monkeypatch):
+    """tuning.ROUTER_WEIGHT_PARTS: the dot tiles load the fp32 weight's parts instead of splitting
+    each weight tile: the same logits bits (so picks and weights), and the same routing as the twin."""
+    x, w = inputs(t, 40, 96, torch.bfloat16, seed=t, w_dtype=torch.float32)
+    monkeypatch.setattr(tuning, "ROUTER_WEIGHT_PARTS", False)
+    split = router_topk(x, w, 6, True, tile=tile)
+    monkeypatch.setattr(tuning, "ROUTER_WEIGHT_PARTS", True)
+    got = router_topk(x, w, 6, True, tile=tile)
+    assert torch.equal(got[0], split[0]) and torch.equal(got[1], split[1])
+    assert_same_routing(got, router_topk_torch(x, w, 6, True))

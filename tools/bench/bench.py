@@ -382,7 +382,8 @@ def main() -> None:
     parser.add_argument("--formats", default="bf16,nvfp4")
     parser.add_argument("--contexts", default="1024,32768,100000")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
+    parser.add_argument("--chunk", type=int, default=EngineArgs.max_num_batched_tokens,
+                        help="max_num_batched_tokens (default: the engine's)")
     parser.add_argument("--ttft", default="8192,32768,100000", help="prompt lengths for TTFT (0: none)")
     parser.add_argument("--ttft-chunks", default="", help="also TTFT at each of these chunk sizes (e.g. 2048,8192)")
     parser.add_argument("--streams", default="1,8,64,128,256", help="concurrent requests of each throughput run")

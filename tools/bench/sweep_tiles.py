@@ -244,10 +244,12 @@ def decode_rows(t: int, only: set, shape: dict, experts: tuple, device, bandwidt
     if "router" in only:
         router_w = torch.randn(e, h, device=device) / h ** 0.5  # fp32, as flint-40b's
         xr = torch.randn(t, h, device=device, dtype=torch.bfloat16)
-        rows += time_rows(
-            f"router T={t} (fp32 weight)", None, ROUTER_TILES if t < 1024 else PREFILL_ROUTER_TILES,
-            lambda tile: router_topk(xr, router_w, k, True, tile=tile)[1],
-            lambda tile: router_topk_torch(xr, router_w, k, True)[1], nbytes(router_w), bandwidth)
+        for parts in (False, True) if t >= 1024 else (False,):  # the prefill tiles from the weight's parts
+            rows += with_knob(tuning, "ROUTER_WEIGHT_PARTS", parts, lambda: time_rows(
+                f"router T={t} (fp32 weight{', its parts' if parts else ''})", None,
+                ROUTER_TILES if t < 1024 else PREFILL_ROUTER_TILES,
+                lambda tile: router_topk(xr, router_w, k, True, tile=tile)[1],
+                lambda tile: router_topk_torch(xr, router_w, k, True)[1], nbytes(router_w), bandwidth))
     return rows
 
 
