@@ -119,9 +119,11 @@ PREFILL_ATTENTION_TMA = _flag("PREFILL_ATTENTION_TMA", True)
 # --- the router at prefill chunks (router.py) ---
 # The fp32 router weight's three bf16 parts (router.weight_parts: one launch a chunk, 3 MB) are
 # loaded by the prefill tiles instead of each of the 1024 programs of an 8192-token chunk
-# splitting its weight tiles again (~7 instructions a weight; 255 registers). Same bits. Not yet
-# timed: off.
-ROUTER_WEIGHT_PARTS = _flag("ROUTER_WEIGHT_PARTS", False)
+# splitting its weight tiles again (~7 instructions a weight). H100 2026-12-07 (6ce1c89,
+# sweep_tiles.py --only router --tokens 8192): 166.8 -> 119.4 us a layer in the default 32 x 64
+# tiles (16 x 64: 253.5 -> 170.0, 64 x 64: 227.3 -> 153.3), the same bits there (its GPU test);
+# a tile the parts move onto wgmma (64 x 32) sums in another order. Off: each program splits.
+ROUTER_WEIGHT_PARTS = _flag("ROUTER_WEIGHT_PARTS", True)
 
 # --- the W4A16 prefill GEMM (nvfp4_linear.py) ---
 # From this many tokens the weight is decoded once into a dense scratch the GEMM tiles load

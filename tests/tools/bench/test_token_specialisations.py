@@ -19,9 +19,11 @@ def test_the_engine_warm_up_meets_every_specialisation_of_steps_up_to_its_cap(tm
     result = json.loads(out.read_text())
     # where the launchers change what they launch: the small MoE's tiles at 6, 9 and 11 tokens,
     # the grouped MoE's from 17 (blocks from the ids), 28 (sorted) and 55; nvfp4_linear's GEMM
-    # from 5, 17 and 65; prefill attention's query tile at 3, 5, 9 and 17
+    # from 5, 17 and 65; prefill attention's query tile at 3, 5, 9 and 17; the router's weight
+    # parts (one specialisation) with its prefill tiles
     assert result["cover"] == [2, 6, 9, 11, 17, 28, 65]
-    assert result["specialisations"] == sum(result["per_kernel"].values()) == 45
+    assert result["specialisations"] == sum(result["per_kernel"].values()) == 46
+    assert result["per_kernel"]["_weight_parts_kernel"] == 1
     assert result["warmup_steps"] == [2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 80]
     assert result["warmup_missed"] == []
     assert "warm-up steps (17: 2 3 4 5 7 8 9 15 16 17 31 32 33 63 64 65 80) miss 0" in run.stdout
