@@ -15,7 +15,8 @@ tile's [BLOCK_T, E] logits back and does sigmoid, top-k and the weights. Two til
   split order (split_k.py), the last expert block of a token tile picks its top-k;
 - prefill: PREFILL_BLOCK_T tokens x 64 experts with tl.dot over H chunks (fewer tokens, 16, and
   16-64 experts where that gives every SM a program); an fp32 weight against bf16 activations
-  as three bf16 parts on the tensor cores (exact products, _logits_dot). The top-k of a token
+  as three bf16 parts on the tensor cores (exact products, _logits_dot), made once a launch
+  (weight_parts: tuning.ROUTER_WEIGHT_PARTS) rather than by every program. The top-k of a token
   tile goes 16 tokens at a time ([16, E] keys a pass).
 Both give exact products in fp32 (an fp32 operand: IEEE fp32 dots); sums differ in order only.
 Top-k: each expert's key is the order-preserving int of its score's fp32 bits in the high half
