@@ -112,7 +112,8 @@ class LLMEngine:
         self.blocks = BlockManager(spec.num_blocks, spec.block_size, spec.num_ring_rows)
         self.prefix_cache = PrefixCache(self.blocks, spec.num_window_pages, config.sliding_window,
                                         enabled=args.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens, self.prefix_cache)
+        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens, self.prefix_cache,
+                                   args.max_num_batched_tokens_with_decodes)
         self.default_stop_ids = frozenset(config.eos_token_id or ())
         self.metrics = EngineMetrics()
         self._seqs: dict[str, Sequence] = {}

@@ -37,11 +37,14 @@ class EngineArgs:
     max_num_seqs: int = 64                # running sequences (= sliding-window ring rows)
     # token budget per step (prefill chunk size). H100 2026-12-06, flint-40b NVFP4, TTFT of 8K / 32K /
     # 100K tokens: 2048 0.311 / 1.54 / 7.43 s, 8192 0.226 / 1.18 / 6.33 s, 16384 0.226 / 1.12 / 6.14 s
-    # (bench.py --ttft-chunks); 16384's further 3% would double a chunk step's stall of the decoding
-    # streams beside it. 8448 = 132 SMs x 64: whole waves of full-layer prefill attention programs
-    # (one an SM) and of the 128-row GEMM tiles; H100 2026-12-07 (41a0aec), 100K TTFT 4.116 s in
-    # 8192-token chunks, 4.049 in 8448, 3.987 in 16896 (predicted -0.08 s for 8448)
-    max_num_batched_tokens: int = 8448
+    # (bench.py --ttft-chunks). Multiples of 132 SMs x 64: whole waves of full-layer prefill
+    # attention programs (one an SM) and of the 128-row GEMM tiles; H100 2026-12-07 (41a0aec), 100K
+    # TTFT 4.116 s in 8192-token chunks, 4.049 in 8448, 3.987 in 16896. A step never exceeds it
+    max_num_batched_tokens: int = 16896
+    # token budget of a step that also decodes: the streams wait for it (their inter-token latency),
+    # so 8448 there, twice as long a stall for -1.5% of a long prompt's TTFT not being worth it.
+    # None (or above max_num_batched_tokens): max_num_batched_tokens
+    max_num_batched_tokens_with_decodes: int | None = 8448
     max_model_len: int | None = None      # None -> the config's max_position_embeddings
     num_kv_blocks: int | None = None      # fixed pool size; None -> sized from the memory budget
     kv_cache_memory_fraction: float = 0.9  # GPU: fraction of free memory (after weights) for the KV cache
@@ -105,7 +108,7 @@ class EngineArgs:
                                   "expected [0, 1)")
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise EngineArgsError(f"warmup: got {self.warmup!r}, expected true, false or null")
-        for name in ("max_model_len", "num_kv_blocks", "cpu_threads"):
+        for name in ("max_model_len", "num_kv_blocks", "cpu_threads", "max_num_batched_tokens_with_decodes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise EngineArgsError(f"{name}: got {value!r}, expected a positive integer or null")

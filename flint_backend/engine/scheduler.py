@@ -2,7 +2,8 @@
 
 Every step takes all running decodes first (one token each, so streams never stall behind a
 long prompt), then prefill chunks — running prefills first, then waiting requests in arrival
-order — until the per-step token budget is spent. When the KV pool runs out, the latest-arrived
+order — until the per-step token budget is spent: max_num_batched_tokens, or the smaller
+max_num_batched_tokens_with_decodes in a step that decodes (its streams wait for the step). When the KV pool runs out, the latest-arrived
 running sequence is preempted: its blocks are freed and it is recomputed later (FCFS).
 A waiting request starts after the longest prefix the prefix cache holds (engine.prefix_cache).
 """
@@ -32,13 +33,19 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 cache: PrefixCache | None = None):
+                 cache: PrefixCache | None = None, max_num_batched_tokens_with_decodes: int | None = None):
         self.blocks = blocks
         self.cache = cache or PrefixCache(blocks, 0, window=1, enabled=False)
         self.max_num_seqs = min(max_num_seqs, blocks.num_ring_rows)
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_batched_tokens_with_decodes = max_num_batched_tokens_with_decodes  # None: the above
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order
+
+    @property
+    def decoding_step_tokens(self) -> int:
+        """The token budget of a step that decodes."""
+        return min(self.max_num_batched_tokens, self.max_num_batched_tokens_with_decodes or self.max_num_batched_tokens)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -60,7 +67,7 @@ class Scheduler:
         nothing else (no admission, no preemption, none left out), at most `max_batch` of them: a
         step async scheduling may launch before the host has read the previous step's tokens."""
         running = self.running
-        if not running or len(running) > min(max_batch, self.max_num_batched_tokens):
+        if not running or len(running) > min(max_batch, self.decoding_step_tokens):
             return False
         if self.waiting and len(running) < self.max_num_seqs:
             return False  # it may admit a request (a prefill)
@@ -70,10 +77,10 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        budget = self.max_num_batched_tokens
         scheduled: set[int] = set()
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
+        budget = self.decoding_step_tokens if decodes else self.max_num_batched_tokens
         for seq in decodes + prefills:
             if budget == 0:
                 break

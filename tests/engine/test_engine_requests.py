@@ -90,7 +90,8 @@ def test_requests_past_max_request_seconds_end_as_aborted_with_their_tokens():
                                           ("kv_cache_memory_fraction", 1.5), ("preset", "flint-1t"),
                                           ("seed", -1), ("quantization", "int4"), ("async_scheduling", "yes"),
                                           ("warmup", "yes"), ("max_request_seconds", 0),
-                                          ("max_request_seconds", "60")])
+                                          ("max_request_seconds", "60"),
+                                          ("max_num_batched_tokens_with_decodes", 0)])
 def test_bad_engine_args_name_the_field(field, value):
     with pytest.raises(EngineArgsError, match=field):
         EngineArgs(**{field: value})

@@ -39,6 +39,28 @@ def test_chunked_prefill_within_budget_and_decodes_first():
     assert [(s.request_id, n) for s, n in b5.entries] == [("long", 1), ("short", 1), ("new", 8)]
 
 
+def test_a_step_that_decodes_takes_the_smaller_budget():
+    """max_num_batched_tokens_with_decodes: a step with a decoding sequence (whose stream waits for
+    it) takes up to that many tokens, decodes included; a step that decodes nothing takes up to
+    max_num_batched_tokens; a budget with decodes above max_num_batched_tokens leaves that in force."""
+    sched = Scheduler(BlockManager(100, 4, 8), max_num_seqs=8, max_num_batched_tokens=16,
+                      max_num_batched_tokens_with_decodes=10)
+    long, short = seq("long", 40, 0.0), seq("short", 3, 1.0)
+    sched.add(short)
+    sched.add(long)
+    b1 = sched.schedule()  # nothing decodes: 16 tokens, the short prompt whole and 13 of the long one
+    assert [(s.request_id, n) for s, n in b1.entries] == [("short", 3), ("long", 13)]
+    advance(b1)
+    b2 = sched.schedule()  # short decodes now: the long prompt's chunk is what 10 leaves
+    assert [(s.request_id, n) for s, n in b2.entries] == [("short", 1), ("long", 9)]
+    sched.remove(short)
+    advance(b2)
+    b3 = sched.schedule()  # alone again
+    assert [(s.request_id, n) for s, n in b3.entries] == [("long", 16)]
+    assert Scheduler(BlockManager(100, 4, 8), 8, 10, max_num_batched_tokens_with_decodes=64).decoding_step_tokens == 10
+    assert Scheduler(BlockManager(100, 4, 8), 8, 10).decoding_step_tokens == 10
+
+
 def test_preempts_latest_arrival_when_blocks_run_out():
     sched = Scheduler(BlockManager(4, 4, 4), max_num_seqs=4, max_num_batched_tokens=64)
     a, b = seq("a", 8, 0.0), seq("b", 7, 1.0)

@@ -270,7 +270,8 @@ def measure_format(fmt: str, args, bandwidth: float, seen: JitCompiles) -> dict:
                        dtype="bfloat16", kv_cache_dtype=kv_dtype or "auto",
                        device=args.device, kernel_backend=args.kernel_backend, block_size=args.block_size,
                        max_num_seqs=max([64, *args.streams]), max_graph_batch=max([64, *args.streams]),
-                       max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
+                       max_num_batched_tokens=args.chunk, max_num_batched_tokens_with_decodes=args.chunk_with_decodes,
+                       max_model_len=args.max_model_len,
                        kv_cache_memory_fraction=args.kv_fraction,
                        async_scheduling=not args.no_async_scheduling, warmup=False if args.no_engine_warmup else None,
                        # the timed runs repeat their warm-up's prompts: a prefix cache would serve them
@@ -325,7 +326,7 @@ def measure_format(fmt: str, args, bandwidth: float, seen: JitCompiles) -> dict:
         result["ttft_s"][str(length)] = round(ttft(engine, length), 3)
         print(f"  {fmt} TTFT of {length} tokens: {result['ttft_s'][str(length)]} s "
               f"(first {result['ttft_first_s'][str(length)]} s)", flush=True)
-    if args.ttft_chunks:  # the scheduler's chunk size (max_num_batched_tokens), set on the running engine
+    if args.ttft_chunks:  # a lone prompt's chunk (max_num_batched_tokens), set on the running engine
         result["ttft_by_chunk_s"] = {}
         for chunk in args.ttft_chunks:
             engine.scheduler.max_num_batched_tokens = chunk
@@ -383,7 +384,10 @@ def main() -> None:
     parser.add_argument("--contexts", default="1024,32768,100000")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--chunk", type=int, default=EngineArgs.max_num_batched_tokens,
-                        help="max_num_batched_tokens (default: the engine's)")
+                        help="max_num_batched_tokens, a step's budget (default: the engine's)")
+    parser.add_argument("--chunk-with-decodes", type=int, default=EngineArgs.max_num_batched_tokens_with_decodes,
+                        help="max_num_batched_tokens_with_decodes, a decoding step's budget (default: the engine's; "
+                             "0: --chunk)")
     parser.add_argument("--ttft", default="8192,32768,100000", help="prompt lengths for TTFT (0: none)")
     parser.add_argument("--ttft-chunks", default="", help="also TTFT at each of these chunk sizes (e.g. 2048,8192)")
     parser.add_argument("--streams", default="1,8,64,128,256", help="concurrent requests of each throughput run")
@@ -408,6 +412,7 @@ def main() -> None:
     args.ttft = [int(n) for n in args.ttft.split(",") if int(n)]
     args.streams = [int(n) for n in args.streams.split(",")]
     args.ttft_chunks = [int(n) for n in args.ttft_chunks.split(",") if n]
+    args.chunk_with_decodes = args.chunk_with_decodes or None
     args.workloads = [tuple(int(n) for n in w.split(":")) for w in args.workloads.split(",")]
     if any(n < 1 for n in args.streams) or any(len(w) != 2 or min(w) < 1 for w in args.workloads):
         raise SystemExit("--streams: expected counts >= 1; --workloads: expected PROMPT:OUTPUT pairs, e.g. 1024:512")
@@ -418,6 +423,8 @@ def main() -> None:
                         # ms_per_token's clock starts after a step() that only launches (decode_ms);
                         # runs without this key counted a token made before the clock
                         "clock": "after-first-step", "steps": args.steps,
+                        # the step budgets: max_num_batched_tokens, and a decoding step's
+                        "chunk": args.chunk, "chunk_with_decodes": args.chunk_with_decodes,
                         # every tuning switch as this run had it (the environment sets them:
                         # flint_kernels/tuning.py)
                         "tuning": tuning.snapshot()},
