@@ -11,13 +11,13 @@ three launches:
   combine  program (token, BLOCK_H): routed outputs weighted in fp32, rounded, + shared output.
 Each expert's weight tile is read once per block of its tokens; NVFP4 tiles are decoded in
 registers to exact values before the dot (fp16, with x as fp16: tuning.FP4_MMA_F16; else
-bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows an expert, NVFP4) take blocks of 8 tokens computed
-transposed (SWAP) and, with every weight NVFP4, the activations in fp16 in the halves layout
-(HALVES, halves.py: x converted by to_halves, inter written so by gate/up); with
-tuning.MOE_HANDOFF, down takes each block once gate/up counted its tiles stored (HANDOFF), not
-after the whole gate/up launch, and up to tuning.MOE_UNSORTED_MAX_TOKENS tokens both take their
-blocks straight from the router's ids, with no sort launch (UNSORTED: blocks_from_ids_torch is
-the table they make).
+bf16), the global scale applied to the accumulator. Decode batches (up to 8 rows an expert,
+NVFP4) take blocks of 8 tokens computed transposed (SWAP) and, with every weight NVFP4, the
+activations in fp16 in the halves layout (HALVES, halves.py: x converted by to_halves, inter
+written so by gate/up); with tuning.MOE_HANDOFF, down takes each block once gate/up counted its
+tiles stored (HANDOFF), not after the whole gate/up launch, and up to tuning.MOE_UNSORTED_MAX_TOKENS
+tokens both take their blocks straight from the router's ids, with no sort launch (UNSORTED:
+blocks_from_ids_torch is the table they make).
 The shared expert is one pair of its full width Is (any size; its blocks span max(I, Is)); from
 tuning.MOE_SHARED_DENSE_MIN_TOKENS tokens (prefill chunks) it runs apart instead, as the dense
 GEMMs of every token (nvfp4_linear, or cuBLAS for a dense weight, and silu_mul: the same

@@ -57,21 +57,11 @@ def finish_split(y, scale, out_ptrs, part_ptr, offs, mask, s, split_stride, coun
     else:
         tl.store(part_ptr + s.to(tl.int64) * split_stride + offs, y, mask=mask)
         if last_to_arrive(counter_ptr, SPLIT):
-            total = sum_in_split_order(part_ptr, offs, mask, split_stride.to(tl.int64), SPLIT)
+            total = tl.zeros(y.shape, tl.float32)
+            for i in tl.static_range(SPLIT):
+                total += tl.load(part_ptr + i * split_stride.to(tl.int64) + offs, mask=mask, other=0.0,
+                                 cache_modifier=".cg")
             tl.store(out_ptrs, _rounded(total * scale, ROUND_TO).to(out_ptrs.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def sum_in_split_order(part_ptr, offs, mask, split_stride, SPLIT: tl.constexpr):
-    """The SPLIT fp32 partials at offs (slices split_stride apart; mask None: every one) summed in
-    split order: the last program to arrive's sum (other programs' stores read past L1)."""
-    total = tl.zeros(offs.shape, tl.float32)
-    for i in tl.static_range(SPLIT):
-        if mask is None:
-            total += tl.load(part_ptr + i * split_stride + offs, cache_modifier=".cg")
-        else:
-            total += tl.load(part_ptr + i * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    return total
 
 
 @triton.jit

@@ -141,8 +141,9 @@ FP4_DEQUANT_MIN_TOKENS = _tokens("FP4_DEQUANT_MIN_TOKENS", 32 if INTERPRET else 
 # replay 13.428 -> 13.402 and 13.120 -> 13.094 ms in two paired timelines (bench_step_timeline.py
 # --variant), 64 streams 4742 -> 4749 decode tok/s (bench.py), its GPU tests passed.
 FP4_GEMM_F16_ACTIVATIONS = _flag("FP4_GEMM_F16_ACTIVATIONS", True)
-# (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None: the decoding tiles'
-# shapes. H100 2026-12-05: (128, 256, 8, 3) took qkv 350 us against 345 (bench_kernels.py's row).
+# (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over the decoded weight; None:
+# nvfp4_linear._gemm_tiles (256 x 128 from DEQUANT_WIDE_M_TOKENS). H100 2026-12-05: (128, 256, 8,
+# 3) took qkv 350 us against 345 (bench_kernels.py's row, pointer tiles).
 FP4_DEQUANT_GEMM_TILES: tuple[int, int, int, int] | None = None
 # The GEMM over the decoded weight reads x and weight tiles through tensor descriptors (TMA)
 # instead of per-thread pointer copies, where both are 2-byte, K-contiguous and 16-byte aligned

@@ -3,8 +3,9 @@
 Every step takes all running decodes first (one token each, so streams never stall behind a
 long prompt), then prefill chunks — running prefills first, then waiting requests in arrival
 order — until the per-step token budget is spent: max_num_batched_tokens, or the smaller
-max_num_batched_tokens_with_decodes in a step that decodes (its streams wait for the step). When the KV pool runs out, the latest-arrived
-running sequence is preempted: its blocks are freed and it is recomputed later (FCFS).
+max_num_batched_tokens_with_decodes in a step that decodes (its streams wait for the step).
+When the KV pool runs out, the latest-arrived running sequence is preempted: its blocks are
+freed and it is recomputed later (FCFS).
 A waiting request starts after the longest prefix the prefix cache holds (engine.prefix_cache).
 """
 

@@ -65,11 +65,10 @@ PREFILL_MOE_TILES = [None, (64, 128, 128, 64, 8, 3), (64, 256, 128, 64, 8, 3), (
 DECODE_SPLITS = [None, 1, 3, 4, 6, 8, 12]
 # (BLOCK_M, BLOCK_N, warps, stages, splits: 0 the launcher's)
 # (H100 2026-12-06: 16-row tiles and 64 x 64 in one split were slower at T=64; the list varies warps and splits.
-# The last three: wide tiles in 4 or 8 K splits. Every column tile reads all of x, so qkv's 160 tiles
-# of 32 columns at 64 tokens read 41 MB of x from L2 for 5.9 MB of weights; 128 columns read a
-# quarter of it, and the K splits give those 40 tiles programs enough for the SMs)
+# 64 x 128 is the LM head's; for qkv and o_proj it and its 4 / 8 K splits measured slower, H100 2026-12-07,
+# 41a0aec: docs/performance.md, "did not")
 GEMM_TILES = [None, (64, 32, 2, 4, 0), (64, 32, 2, 4, 4), (64, 32, 4, 4, 4), (32, 64, 2, 4, 0), (32, 32, 2, 4, 0),
-              (64, 128, 4, 3, 0), (64, 128, 4, 3, 4), (64, 128, 4, 3, 8), (64, 64, 4, 4, 4)]
+              (64, 128, 4, 3, 0), (64, 64, 4, 4, 4)]
 
 
 # (BLOCK_M, BLOCK_N, warps, stages) of the GEMM over a decoded weight (prefill chunks; None:
